@@ -1,0 +1,39 @@
+// The file system seen by dataset readers, as an injected interface so tests can hand in
+// files that fail or shrink.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gpufeed {
+
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Size when the file was opened.
+  virtual uint64_t size() const = 0;
+  // Reads exactly dst.size() bytes at `offset`; a short read is DATA_LOSS (the file shrank).
+  // Thread-safe.
+  virtual absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // NOT_FOUND / PERMISSION_DENIED / INVALID_ARGUMENT (a directory) naming the path.
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
+      const std::string& path) = 0;
+};
+
+// The real file system: open(2) and pread(2). Reading with pread, not through a mapping, is
+// deliberate: a file that shrinks underneath gives an error instead of SIGBUS.
+FileSystem* PosixFileSystem();
+
+}  // namespace gpufeed

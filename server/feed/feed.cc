@@ -1,0 +1,126 @@
+#include "server/feed/feed.h"
+
+#include <stdlib.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/os/fd.h"
+#include "common/status.h"
+
+namespace gpufeed::server {
+namespace {
+
+constexpr uint64_t kTensorAlign = 256;
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+std::string FeedSpec::Canonical() const {
+  return absl::StrCat("kind=", static_cast<int>(dataset.kind), ";path=", dataset.path,
+                      ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=",
+                      dataset.seq_len, ";batch_size=", batch_size, ";world_size=", world_size,
+                      ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last);
+}
+
+std::string FeedKeyOf(const std::string& canonical) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : canonical) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return absl::StrFormat("%016x", h);
+}
+
+absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs) {
+  GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset, OpenDataset(spec.dataset, fs));
+  SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
+                       spec.seed,              spec.shuffle,    spec.drop_last};
+  GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
+  return std::shared_ptr<Feed>(new Feed(std::move(spec), std::move(dataset), std::move(sampler)));
+}
+
+Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler)
+    : spec_(std::move(spec)),
+      key_(FeedKeyOf(spec_.Canonical())),
+      dataset_(std::move(dataset)),
+      sampler_(std::move(sampler)) {
+  uint64_t offset = 0;
+  for (const SampleTensor& t : dataset_->tensors()) {
+    TensorLayout layout;
+    layout.name = t.name;
+    layout.dtype = t.dtype;
+    layout.shape.push_back(spec_.batch_size);
+    layout.shape.insert(layout.shape.end(), t.shape.begin(), t.shape.end());
+    layout.byte_offset = AlignUp(offset, kTensorAlign);
+    layout.row_bytes = t.byte_size;
+    layout.byte_size = t.byte_size * static_cast<uint64_t>(spec_.batch_size);
+    offset = layout.byte_offset + layout.byte_size;
+    layout_.tensors.push_back(std::move(layout));
+  }
+  layout_.stride_bytes = AlignUp(offset, PageSize());
+}
+
+absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
+                                   std::span<int64_t> ids) const {
+  const int64_t valid = sampler_->RankSlice(p, rank, ids);
+  std::vector<std::span<std::byte>> rows(layout_.tensors.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const TensorLayout& l = layout_.tensors[t];
+      rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
+    }
+    absl::Status status = dataset_->ReadSample(static_cast<uint64_t>(ids[i]), rows);
+    if (!status.ok()) {
+      return Annotate(status, absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ",
+                                           p.step));
+    }
+  }
+  batches_produced_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t bytes = 0;
+  for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
+  bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);
+  return valid;
+}
+
+absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& requested) {
+  FeedSpec spec = requested;
+  // Canonicalise the path so "/data/x" and "/data/./x" share a feed.
+  if (!spec.dataset.path.empty() && spec.dataset.path[0] == '/') {
+    char resolved[PATH_MAX];
+    if (::realpath(spec.dataset.path.c_str(), resolved) == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.dataset.path));
+    }
+    spec.dataset.path = resolved;
+  }
+  const std::string key = FeedKeyOf(spec.Canonical());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = feeds_.find(key);
+    if (it != feeds_.end()) {
+      if (std::shared_ptr<Feed> feed = it->second.lock()) return feed;
+    }
+  }
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, Feed::Create(spec, fs_));
+  absl::MutexLock lock(&mu_);
+  // Two attaches may have raced to create it: keep the first, so both share one feed.
+  auto& slot = feeds_[key];
+  if (std::shared_ptr<Feed> existing = slot.lock()) return existing;
+  slot = feed;
+  // Drop entries of feeds nobody uses any more.
+  absl::erase_if(feeds_, [](const auto& entry) { return entry.second.expired(); });
+  return feed;
+}
+
+std::vector<std::shared_ptr<Feed>> FeedRegistry::List() const {
+  std::vector<std::shared_ptr<Feed>> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, weak] : feeds_) {
+    if (std::shared_ptr<Feed> feed = weak.lock()) out.push_back(std::move(feed));
+  }
+  return out;
+}
+
+}  // namespace gpufeed::server

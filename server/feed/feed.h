@@ -1,0 +1,99 @@
+// A feed: one dataset and one sampling configuration, shared by every session that attaches
+// with an equal key (the ranks of a job, and other jobs asking for the same stream). It owns
+// the open dataset and the per-epoch permutations; sessions own their rings and cursors.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/os/file.h"
+#include "server/reader/dataset.h"
+#include "server/sampler/sampler.h"
+
+namespace gpufeed::server {
+
+struct FeedSpec {
+  DatasetSpec dataset;
+  int64_t batch_size = 0;  // per rank
+  int32_t world_size = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = true;
+
+  // A canonical text of every field; equal specs give equal text.
+  std::string Canonical() const;
+};
+
+// One tensor of a slot: the per-rank batch of a sample tensor.
+struct TensorLayout {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;  // [batch_size, ...sample shape]
+  uint64_t byte_offset = 0;    // from the slot's start, 256-byte aligned
+  uint64_t byte_size = 0;
+  uint64_t row_bytes = 0;
+};
+
+struct SlotLayout {
+  std::vector<TensorLayout> tensors;
+  uint64_t stride_bytes = 0;  // page-aligned
+};
+
+class Feed {
+ public:
+  // Opens the dataset and validates the sampling; errors name the field or path.
+  static absl::StatusOr<std::shared_ptr<Feed>> Create(FeedSpec spec, FileSystem* fs);
+
+  const FeedSpec& spec() const { return spec_; }
+  const std::string& key() const { return key_; }
+  const Sampler& sampler() const { return *sampler_; }
+  const Dataset& dataset() const { return *dataset_; }
+  const SlotLayout& layout() const { return layout_; }
+
+  // Reads `rank`'s slice of global batch `p` into the slot at `slot` (layout() bytes) and
+  // writes its sample ids to `ids`; returns the number of valid (unpadded) rows.
+  absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot,
+                               std::span<int64_t> ids) const;
+
+  int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
+  uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }
+
+ private:
+  Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler);
+
+  const FeedSpec spec_;
+  const std::string key_;
+  const std::unique_ptr<Dataset> dataset_;
+  const std::unique_ptr<Sampler> sampler_;
+  SlotLayout layout_;
+  mutable std::atomic<int64_t> batches_produced_{0};
+  mutable std::atomic<uint64_t> bytes_produced_{0};
+};
+
+// Feeds by key. Holds them weakly: a feed lives while a session uses it.
+class FeedRegistry {
+ public:
+  explicit FeedRegistry(FileSystem* fs) : fs_(fs) {}
+
+  // The live feed with spec's key, or a new one. The dataset is opened outside the lock.
+  absl::StatusOr<std::shared_ptr<Feed>> GetOrCreate(const FeedSpec& spec);
+  std::vector<std::shared_ptr<Feed>> List() const;
+
+ private:
+  FileSystem* const fs_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
+};
+
+// The stable, printable key of a canonical spec text (FNV-1a, 64 bits, hex).
+std::string FeedKeyOf(const std::string& canonical);
+
+}  // namespace gpufeed::server

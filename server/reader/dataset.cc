@@ -1,0 +1,155 @@
+#include "server/reader/dataset.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "server/reader/npy.h"
+
+namespace gpufeed::server {
+namespace {
+
+// Sample i is the window of seq_len + 1 tokens starting at token i * seq_len, so that the
+// last token of one sample is the first of the next (inputs and shifted targets in one row).
+class TokensDataset final : public Dataset {
+ public:
+  TokensDataset(std::unique_ptr<RandomAccessFile> file, DType dtype, int64_t seq_len,
+                uint64_t num_samples)
+      : file_(std::move(file)),
+        token_bytes_(DTypeSize(dtype)),
+        seq_len_(static_cast<uint64_t>(seq_len)),
+        num_samples_(num_samples) {
+    const uint64_t width = seq_len_ + 1;
+    tensors_.push_back({"tokens", dtype, {static_cast<int64_t>(width)}, width * token_bytes_});
+  }
+
+  uint64_t num_samples() const override { return num_samples_; }
+  const std::vector<SampleTensor>& tensors() const override { return tensors_; }
+
+  absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
+    return file_->ReadAt(id * seq_len_ * token_bytes_, rows[0]);
+  }
+
+ private:
+  const std::unique_ptr<RandomAccessFile> file_;
+  const uint64_t token_bytes_;
+  const uint64_t seq_len_;
+  const uint64_t num_samples_;
+  std::vector<SampleTensor> tensors_;
+};
+
+// Row i of a C-order .npy array.
+class RecordsDataset final : public Dataset {
+ public:
+  RecordsDataset(std::unique_ptr<RandomAccessFile> file, const NpyHeader& header,
+                 uint64_t row_bytes)
+      : file_(std::move(file)),
+        data_offset_(header.data_offset),
+        row_bytes_(row_bytes),
+        num_samples_(static_cast<uint64_t>(header.shape[0])) {
+    tensors_.push_back({"data", header.dtype,
+                        std::vector<int64_t>(header.shape.begin() + 1, header.shape.end()),
+                        row_bytes});
+  }
+
+  uint64_t num_samples() const override { return num_samples_; }
+  const std::vector<SampleTensor>& tensors() const override { return tensors_; }
+
+  absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
+    return file_->ReadAt(data_offset_ + id * row_bytes_, rows[0]);
+  }
+
+ private:
+  const std::unique_ptr<RandomAccessFile> file_;
+  const uint64_t data_offset_;
+  const uint64_t row_bytes_;
+  const uint64_t num_samples_;
+  std::vector<SampleTensor> tensors_;
+};
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const DatasetSpec& spec,
+                                                    std::unique_ptr<RandomAccessFile> file) {
+  if (spec.token_dtype != DType::kUInt16 && spec.token_dtype != DType::kUInt32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.token_dtype: tokens must be uint16 or uint32, got ",
+        DTypeName(spec.token_dtype)));
+  }
+  if (spec.seq_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.seq_len: must be >= 1, got ", spec.seq_len));
+  }
+  const uint64_t token_bytes = DTypeSize(spec.token_dtype);
+  if (file->size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", spec.path, " is empty"));
+  }
+  if (file->size() % token_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", spec.path, " holds ", file->size(), " bytes, not a whole number of ",
+        DTypeName(spec.token_dtype), " tokens"));
+  }
+  const uint64_t tokens = file->size() / token_bytes;
+  const uint64_t num_samples = (tokens - 1) / static_cast<uint64_t>(spec.seq_len);
+  if (num_samples == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.seq_len: ", spec.seq_len, " needs at least ", spec.seq_len + 1,
+        " tokens, but ", spec.path, " holds ", tokens));
+  }
+  return std::make_unique<TokensDataset>(std::move(file), spec.token_dtype, spec.seq_len,
+                                         num_samples);
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const DatasetSpec& spec,
+                                                     std::unique_ptr<RandomAccessFile> file) {
+  std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
+  GPUFEED_RETURN_IF_ERROR(file->ReadAt(
+      0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: ", spec.path, ": ", header.status().message()));
+  }
+  // Row bytes = itemsize x product of the trailing dimensions, overflow-checked.
+  __uint128_t row = DTypeSize(header->dtype);
+  for (size_t i = 1; i < header->shape.size(); ++i) {
+    row *= static_cast<uint64_t>(header->shape[i]);
+    if (row > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", spec.path, ": rows larger than 1 TiB"));
+    }
+  }
+  const uint64_t rows = static_cast<uint64_t>(header->shape[0]);
+  if (rows == 0 || row == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", spec.path, ": array of shape (", absl::StrJoin(header->shape, ", "),
+        ") has no data"));
+  }
+  const __uint128_t need = header->data_offset + static_cast<__uint128_t>(rows) * row;
+  if (need > file->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", spec.path, " is truncated: shape (", absl::StrJoin(header->shape, ", "),
+        ") needs ", static_cast<uint64_t>(need), " bytes, the file has ", file->size()));
+  }
+  return std::make_unique<RecordsDataset>(std::move(file), *header, static_cast<uint64_t>(row));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs) {
+  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kRecords) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
+                     " (want tokens or records)"));
+  }
+  if (spec.path.empty() || spec.path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
+  }
+  GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, fs->OpenForRead(spec.path));
+  if (spec.kind == DatasetKind::kTokens) return OpenTokens(spec, std::move(file));
+  return OpenRecords(spec, std::move(file));
+}
+
+}  // namespace gpufeed::server

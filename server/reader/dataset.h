@@ -1,0 +1,48 @@
+// Datasets: a source of fixed-size samples read with pread straight into staging memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "common/os/file.h"
+
+namespace gpufeed::server {
+
+enum class DatasetKind { kUnspecified = 0, kTokens = 1, kRecords = 2 };
+
+struct DatasetSpec {
+  DatasetKind kind = DatasetKind::kUnspecified;
+  std::string path;
+  DType token_dtype = DType::kUnspecified;  // tokens
+  int64_t seq_len = 0;                      // tokens
+};
+
+// One tensor of a sample: its element type and per-sample shape (no batch dimension).
+struct SampleTensor {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  uint64_t byte_size = 0;  // per sample
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual uint64_t num_samples() const = 0;
+  virtual const std::vector<SampleTensor>& tensors() const = 0;
+  // Writes sample `id` (< num_samples) into rows[t] for each tensor t; rows[t] has exactly
+  // tensors()[t].byte_size bytes. One copy from the page cache, no more. Thread-safe.
+  virtual absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const = 0;
+};
+
+// Opens and validates a dataset: NOT_FOUND / PERMISSION_DENIED naming the path, and
+// INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be served.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs);
+
+}  // namespace gpufeed::server

@@ -1,0 +1,132 @@
+#include "server/service/convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace gpufeed::server {
+
+absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
+  AttachSpec spec;
+  spec.job = r.job();
+  spec.rank = r.rank();
+  spec.feed.world_size = r.world_size();
+  spec.feed.batch_size = r.batch_size();
+  spec.feed.seed = r.seed();
+  spec.feed.shuffle = r.shuffle();
+  spec.feed.drop_last = r.drop_last();
+  spec.ring_slots = r.ring_slots();
+  spec.start = {r.start().epoch(), r.start().step()};
+  spec.stop_epoch = r.stop_epoch();
+
+  const v1::DatasetSpec& d = r.dataset();
+  switch (d.kind()) {
+    case v1::DATASET_KIND_TOKENS:
+      spec.feed.dataset.kind = DatasetKind::kTokens;
+      break;
+    case v1::DATASET_KIND_RECORDS:
+      spec.feed.dataset.kind = DatasetKind::kRecords;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.kind: unknown kind ", static_cast<int>(d.kind()), " (want tokens or records)"));
+  }
+  spec.feed.dataset.path = d.path();
+  if (spec.feed.dataset.kind == DatasetKind::kTokens) {
+    spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
+    spec.feed.dataset.seq_len = d.seq_len();
+  } else if (d.token_dtype() != v1::DTYPE_UNSPECIFIED || d.seq_len() != 0) {
+    return absl::InvalidArgumentError(
+        "dataset.token_dtype, dataset.seq_len: only for kind tokens; records take dtype and "
+        "shape from the .npy header");
+  }
+
+  switch (r.delivery().kind()) {
+    case v1::DELIVERY_KIND_UNSPECIFIED:
+    case v1::DELIVERY_KIND_HOST:
+      spec.delivery = DeliveryKind::kHost;
+      break;
+    case v1::DELIVERY_KIND_DEVICE:
+      spec.delivery = DeliveryKind::kDevice;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "delivery.kind: unknown kind ", static_cast<int>(r.delivery().kind())));
+  }
+  spec.gpu_uuid = r.delivery().gpu_uuid();
+  return spec;
+}
+
+void ToProto(const Position& position, v1::Position* out) {
+  out->set_epoch(position.epoch);
+  out->set_step(position.step);
+}
+
+void ToProto(const Attachment& a, v1::AttachResponse* out) {
+  out->set_session_id(a.session_id);
+  out->set_token(a.token);
+  out->set_feed_key(a.feed_key);
+  out->set_num_samples(static_cast<int64_t>(a.num_samples));
+  out->set_steps_per_epoch(a.steps_per_epoch);
+  out->set_ring_slots(a.ring_slots);
+  out->set_slot_stride_bytes(a.layout.stride_bytes);
+  for (const TensorLayout& t : a.layout.tensors) {
+    v1::TensorLayout* p = out->add_tensors();
+    p->set_name(t.name);
+    p->set_dtype(static_cast<v1::DType>(t.dtype));
+    for (int64_t d : t.shape) p->add_shape(d);
+    p->set_byte_offset(t.byte_offset);
+    p->set_byte_size(t.byte_size);
+  }
+  ToProto(a.start, out->mutable_start());
+}
+
+void ToProto(const ReadyBatch& b, v1::BatchReady* out) {
+  out->set_slot(b.slot);
+  out->set_generation(b.generation);
+  out->set_epoch(b.position.epoch);
+  out->set_step(b.position.step);
+  out->mutable_ids()->Add(b.ids.begin(), b.ids.end());
+  out->set_valid_count(b.valid);
+}
+
+void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
+  out->set_session_id(s.id);
+  out->set_job(s.job);
+  out->set_rank(s.rank);
+  out->set_world_size(s.world_size);
+  out->set_feed_key(s.feed_key);
+  out->set_delivery(s.delivery == DeliveryKind::kDevice ? v1::DELIVERY_KIND_DEVICE
+                                                        : v1::DELIVERY_KIND_HOST);
+  ToProto(s.delivered, out->mutable_delivered());
+  out->set_ring_slots(s.ring_slots);
+  out->set_slots_leased(s.slots_leased);
+  out->set_ring_bytes(s.ring_bytes);
+  out->set_batches_delivered(s.batches_delivered);
+  out->set_streaming(s.streaming);
+  out->set_age_ms(absl::ToInt64Milliseconds(s.age));
+}
+
+void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
+  out->set_key(f.key);
+  v1::DatasetSpec* d = out->mutable_dataset();
+  d->set_kind(static_cast<v1::DatasetKind>(f.spec.dataset.kind));
+  d->set_path(f.spec.dataset.path);
+  d->set_token_dtype(static_cast<v1::DType>(f.spec.dataset.token_dtype));
+  d->set_seq_len(f.spec.dataset.seq_len);
+  out->set_num_samples(static_cast<int64_t>(f.num_samples));
+  out->set_batch_size(f.spec.batch_size);
+  out->set_world_size(f.spec.world_size);
+  out->set_seed(f.spec.seed);
+  out->set_shuffle(f.spec.shuffle);
+  out->set_drop_last(f.spec.drop_last);
+  out->set_sessions(f.sessions);
+  out->set_batches_produced(f.batches_produced);
+  out->set_bytes_produced(f.bytes_produced);
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace gpufeed::server

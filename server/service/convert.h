@@ -1,0 +1,22 @@
+// Proto <-> core conversion for the Feed and Admin services: the only place, with the
+// service adapters, that sees generated code. Conversion validates enums; the core checks
+// the rest.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "gpufeed/v1/feed.pb.h"
+#include "grpcpp/support/status.h"
+#include "server/session/session_manager.h"
+
+namespace gpufeed::server {
+
+absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& request);
+void ToProto(const Attachment& attachment, v1::AttachResponse* response);
+void ToProto(const ReadyBatch& batch, v1::BatchReady* out);
+void ToProto(const SessionSnapshot& session, v1::SessionInfo* out);
+void ToProto(const FeedSnapshot& feed, v1::FeedInfo* out);
+void ToProto(const Position& position, v1::Position* out);
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace gpufeed::server

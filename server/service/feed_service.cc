@@ -1,0 +1,261 @@
+#include "server/service/feed_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/service/convert.h"
+
+namespace gpufeed::server {
+namespace {
+
+constexpr size_t kMaxPendingRejections = 64;
+
+// One consumer's stream. Reads are opens and releases; writes are batches, rejections and
+// the end marker, one in flight at a time. Session notifications arrive on worker threads
+// through `Link`, which outlives the reactor and is cut in OnDone.
+//
+// Lifetime: gRPC calls OnDone last, after Finish completed and no operation is pending. We
+// call Finish exactly once and never while a write is in flight, so the reactor is alive
+// whenever `write_in_flight_` is set or Finish has not been called.
+class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+ public:
+  explicit StreamReactor(SessionManager* sessions)
+      : sessions_(sessions), link_(std::make_shared<Link>()) {
+    link_->reactor = this;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the consumer half-closed or went away
+      EndSession(absl::CancelledError("the consumer closed its stream"));
+      Step(absl::OkStatus());
+      return;
+    }
+    absl::Status problem;
+    if (session_ == nullptr) {
+      problem = Open();
+    } else if (request_.has_release()) {
+      absl::Status s = session_->Release(request_.release().slot(), request_.release().generation());
+      if (!s.ok()) {
+        absl::MutexLock lock(&link_->mu);
+        if (pending_.size() >= kMaxPendingRejections) {
+          problem = absl::FailedPreconditionError("too many rejected releases on this stream");
+        } else {
+          v1::StreamResponse r;
+          v1::ReleaseRejected* rej = r.mutable_rejected();
+          rej->set_slot(request_.release().slot());
+          rej->set_generation(request_.release().generation());
+          rej->set_code(static_cast<int32_t>(s.code()));
+          rej->set_message(std::string(s.message()));
+          pending_.push_back(std::move(r));
+        }
+      }
+    } else {
+      problem = absl::InvalidArgumentError("stream: expected a release after the open message");
+    }
+    if (problem.ok()) StartRead(&request_);
+    Step(problem);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&link_->mu);
+      write_in_flight_ = false;
+      if (!ok && finish_status_.ok()) finish_status_ = absl::CancelledError("write failed");
+    }
+    Step(absl::OkStatus());
+  }
+
+  void OnCancel() override {
+    EndSession(absl::CancelledError("the consumer went away"));
+    Step(absl::CancelledError("cancelled"));
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&link_->mu);
+      link_->reactor = nullptr;
+    }
+    EndSession(absl::CancelledError("stream done"));
+    delete this;
+  }
+
+ private:
+  struct Link {
+    absl::Mutex mu;
+    StreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  absl::Status Open() {
+    if (!request_.has_open()) {
+      return absl::InvalidArgumentError("stream: the first message must be open");
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        sessions_->Find(request_.open().session_id(), request_.open().token());
+    if (!session.ok()) return session.status();
+    std::weak_ptr<Link> weak = link_;
+    {
+      absl::MutexLock lock(&link_->mu);
+      session_ = *session;
+    }
+    return (*session)->BindStream([weak] {
+      if (std::shared_ptr<Link> link = weak.lock()) Kick(*link);
+    });
+  }
+
+  static void Kick(Link& link) {
+    StreamReactor* reactor;
+    {
+      absl::MutexLock lock(&link.mu);
+      reactor = link.reactor;
+      if (reactor == nullptr) return;
+    }
+    // Safe: the reactor cannot reach OnDone before its Finish, which only Step calls.
+    reactor->Step(absl::OkStatus());
+  }
+
+  void EndSession(const absl::Status& why) {
+    std::shared_ptr<Session> session;
+    {
+      absl::MutexLock lock(&link_->mu);
+      session = session_;
+    }
+    if (session != nullptr) sessions_->End(session->id(), why);
+  }
+
+  // Decides the next operation under the lock and performs it outside: a write, the one
+  // Finish, or nothing. `problem` (not OK) asks to finish with that status.
+  void Step(const absl::Status& problem) {
+    enum { kNone, kWrite, kFinish } action = kNone;
+    absl::Status finish;
+    {
+      absl::MutexLock lock(&link_->mu);
+      if (finished_) return;
+      if (!problem.ok() && finish_status_.ok()) finish_status_ = problem;
+      if (write_in_flight_) return;
+      if (!finish_status_.ok()) {
+        finish = finish_status_;
+        action = kFinish;
+      } else if (!pending_.empty()) {
+        out_ = std::move(pending_.front());
+        pending_.pop_front();
+        action = kWrite;
+      } else if (session_ != nullptr) {
+        StreamEvent event = session_->NextEvent();
+        switch (event.kind) {
+          case StreamEvent::kBatch:
+            out_.Clear();
+            ToProto(event.batch, out_.mutable_batch());
+            action = kWrite;
+            break;
+          case StreamEvent::kEnd:
+            out_.Clear();
+            ToProto(event.end_position, out_.mutable_end()->mutable_position());
+            action = kWrite;
+            break;
+          case StreamEvent::kClosed:
+            finish = event.status;
+            // A consumer that closed its own stream or detached gets a clean end.
+            if (absl::IsCancelled(finish)) finish = absl::OkStatus();
+            action = kFinish;
+            break;
+          case StreamEvent::kNothing:
+            break;
+        }
+      }
+      if (action == kWrite) write_in_flight_ = true;
+      if (action == kFinish) finished_ = true;
+    }
+    if (action == kWrite) StartWrite(&out_);
+    if (action == kFinish) Finish(ToGrpcStatus(finish));
+  }
+
+  SessionManager* const sessions_;
+  const std::shared_ptr<Link> link_;
+  v1::StreamRequest request_;  // owned by the one outstanding read
+  v1::StreamResponse out_ ABSL_GUARDED_BY(link_->mu);
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(link_->mu);
+  std::deque<v1::StreamResponse> pending_ ABSL_GUARDED_BY(link_->mu);
+  bool write_in_flight_ ABSL_GUARDED_BY(link_->mu) = false;
+  bool finished_ ABSL_GUARDED_BY(link_->mu) = false;
+  absl::Status finish_status_ ABSL_GUARDED_BY(link_->mu);
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
+                                              const v1::AttachRequest* request,
+                                              v1::AttachResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
+  absl::StatusOr<Attachment> attached = spec.ok() ? sessions_->Attach(*spec) : spec.status();
+  if (attached.ok()) {
+    ToProto(*attached, response);
+    response->set_mem_socket(mem_socket_);
+  }
+  reactor->Finish(ToGrpcStatus(attached.status()));
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* FeedService::Stream(
+    grpc::CallbackServerContext* ctx) {
+  return new StreamReactor(sessions_);
+}
+
+grpc::ServerUnaryReactor* FeedService::GetPosition(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetPositionRequest* request,
+                                                   v1::GetPositionResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      sessions_->Find(request->session_id(), request->token());
+  if (session.ok()) ToProto((*session)->delivered(), response->mutable_delivered());
+  reactor->Finish(ToGrpcStatus(session.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FeedService::Detach(grpc::CallbackServerContext* ctx,
+                                              const v1::DetachRequest* request,
+                                              v1::DetachResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(sessions_->Detach(request->session_id(), request->token())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                  const v1::GetStatusRequest* request,
+                                                  v1::GetStatusResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  response->set_version(info_.version);
+  response->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - info_.started));
+  response->set_serving(info_.serving ? info_.serving() : true);
+  response->set_staging_total_bytes(info_.pool->total_bytes());
+  response->set_staging_free_bytes(info_.pool->free_bytes());
+  response->set_sessions(sessions_->num_sessions());
+  response->set_feeds(static_cast<int32_t>(sessions_->ListFeeds().size()));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListFeeds(grpc::CallbackServerContext* ctx,
+                                                  const v1::ListFeedsRequest* request,
+                                                  v1::ListFeedsResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  for (const FeedSnapshot& f : sessions_->ListFeeds()) ToProto(f, response->add_feeds());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext* ctx,
+                                                     const v1::ListSessionsRequest* request,
+                                                     v1::ListSessionsResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  for (const SessionSnapshot& s : sessions_->ListSessions()) ToProto(s, response->add_sessions());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace gpufeed::server

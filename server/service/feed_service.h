@@ -1,0 +1,63 @@
+// gpufeed.v1.Feed and gpufeed.v1.Admin over the callback API: thin adapters over the
+// SessionManager. Handlers only convert, call the core and convert back; nothing blocks.
+#pragma once
+
+#include <functional>
+
+#include "absl/time/time.h"
+#include "gpufeed/v1/feed.grpc.pb.h"
+#include "server/session/session_manager.h"
+#include "server/staging/staging_pool.h"
+
+namespace gpufeed::server {
+
+class FeedService final : public v1::Feed::CallbackService {
+ public:
+  FeedService(SessionManager* sessions, std::string mem_socket)
+      : sessions_(sessions), mem_socket_(std::move(mem_socket)) {}
+
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* ctx,
+                                   const v1::AttachRequest* request,
+                                   v1::AttachResponse* response) override;
+  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* GetPosition(grpc::CallbackServerContext* ctx,
+                                        const v1::GetPositionRequest* request,
+                                        v1::GetPositionResponse* response) override;
+  grpc::ServerUnaryReactor* Detach(grpc::CallbackServerContext* ctx,
+                                   const v1::DetachRequest* request,
+                                   v1::DetachResponse* response) override;
+
+ private:
+  SessionManager* const sessions_;
+  const std::string mem_socket_;
+};
+
+struct DaemonInfo {
+  std::string version;
+  absl::Time started;
+  const StagingPool* pool = nullptr;
+  std::function<bool()> serving;
+};
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  AdminService(SessionManager* sessions, DaemonInfo info)
+      : sessions_(sessions), info_(std::move(info)) {}
+
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ListFeeds(grpc::CallbackServerContext* ctx,
+                                      const v1::ListFeedsRequest* request,
+                                      v1::ListFeedsResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+
+ private:
+  SessionManager* const sessions_;
+  const DaemonInfo info_;
+};
+
+}  // namespace gpufeed::server

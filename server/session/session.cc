@@ -1,0 +1,234 @@
+#include "server/session/session.h"
+
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace gpufeed::server {
+
+Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion ring,
+                 FillScheduler* scheduler)
+    : params_(std::move(params)),
+      feed_(std::move(feed)),
+      scheduler_(scheduler),
+      attached_at_(absl::Now()),
+      stride_(feed_->layout().stride_bytes),
+      ring_slab_(ring.slab()),
+      ring_offset_(ring.offset()),
+      ring_bytes_(ring.size()),
+      ring_data_(ring.data()),
+      ring_(std::move(ring)),
+      slots_(static_cast<size_t>(params_.ring_slots)),
+      fill_position_(params_.start),
+      delivered_(params_.start) {
+  for (Slot& slot : slots_) slot.batch.ids.resize(static_cast<size_t>(feed_->spec().batch_size));
+}
+
+void Session::Start() {
+  bool schedule;
+  {
+    absl::MutexLock lock(&mu_);
+    schedule = WantScheduleLocked();
+  }
+  if (schedule) scheduler_->Schedule(shared_from_this());
+}
+
+bool Session::ExhaustedLocked() const {
+  return params_.stop_epoch > 0 && fill_position_.epoch >= params_.stop_epoch;
+}
+
+bool Session::FillableLocked() const {
+  if (!closed_.ok() || ExhaustedLocked()) return false;
+  for (const Slot& slot : slots_) {
+    if (slot.state == SlotState::kFree) return true;
+  }
+  return false;
+}
+
+bool Session::WantScheduleLocked() {
+  if (queued_ || !FillableLocked()) return false;
+  queued_ = true;
+  return true;
+}
+
+void Session::Notify() {
+  std::function<void()> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    notify = notify_;
+  }
+  if (notify) notify();
+}
+
+absl::Status Session::BindStream(std::function<void()> notify) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    if (streaming_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", params_.id, " already has a stream"));
+    }
+    streaming_ = true;
+    notify_ = std::move(notify);
+  }
+  Notify();  // batches may already be waiting
+  return absl::OkStatus();
+}
+
+bool Session::streaming() const {
+  absl::MutexLock lock(&mu_);
+  return streaming_;
+}
+
+StreamEvent Session::NextEvent() {
+  absl::MutexLock lock(&mu_);
+  StreamEvent event;
+  if (!closed_.ok()) {
+    event.kind = StreamEvent::kClosed;
+    event.status = closed_;
+    return event;
+  }
+  for (int32_t i = 0; i < static_cast<int32_t>(slots_.size()); ++i) {
+    Slot& slot = slots_[static_cast<size_t>(i)];
+    if (slot.state != SlotState::kReady || slot.seq != next_deliver_seq_) continue;
+    slot.state = SlotState::kLeased;
+    ++next_deliver_seq_;
+    ++batches_delivered_;
+    delivered_ = feed_->sampler().Next(slot.batch.position);
+    event.kind = StreamEvent::kBatch;
+    event.batch = slot.batch;
+    return event;
+  }
+  if (ExhaustedLocked() && next_deliver_seq_ == next_fill_seq_ && !end_sent_) {
+    end_sent_ = true;
+    event.kind = StreamEvent::kEnd;
+    event.end_position = delivered_;
+  }
+  return event;
+}
+
+absl::Status Session::Release(int32_t slot_index, uint64_t generation) {
+  bool schedule;
+  {
+    absl::MutexLock lock(&mu_);
+    if (slot_index < 0 || slot_index >= static_cast<int32_t>(slots_.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of slot ", slot_index, ": this session's slots are 0..", slots_.size() - 1));
+    }
+    Slot& slot = slots_[static_cast<size_t>(slot_index)];
+    if (slot.state != SlotState::kLeased) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of slot ", slot_index, " generation ", generation,
+          ": the slot is not leased to this consumer"));
+    }
+    if (slot.generation != generation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "release of slot ", slot_index, " generation ", generation,
+          ": stale generation, the slot holds generation ", slot.generation));
+    }
+    slot.state = SlotState::kFree;
+    schedule = WantScheduleLocked();
+  }
+  if (schedule) scheduler_->Schedule(shared_from_this());
+  return absl::OkStatus();
+}
+
+Position Session::delivered() const {
+  absl::MutexLock lock(&mu_);
+  return delivered_;
+}
+
+void Session::FillOne() {
+  Slot* slot = nullptr;
+  bool more;
+  {
+    absl::MutexLock lock(&mu_);
+    queued_ = false;
+    if (!FillableLocked()) return;
+    for (Slot& s : slots_) {
+      if (s.state == SlotState::kFree) {
+        slot = &s;
+        break;
+      }
+    }
+    slot->state = SlotState::kFilling;
+    ++slot->generation;
+    slot->seq = next_fill_seq_++;
+    slot->batch.position = fill_position_;
+    slot->batch.slot = static_cast<int32_t>(slot - slots_.data());
+    slot->batch.generation = slot->generation;
+    fill_position_ = feed_->sampler().Next(fill_position_);
+    ++fills_in_flight_;
+    more = WantScheduleLocked();
+  }
+  // Let another worker take this session's next free slot while this one reads.
+  if (more) scheduler_->Schedule(shared_from_this());
+
+  // The slot is ours alone while kFilling: read without the lock.
+  std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
+  absl::StatusOr<int64_t> valid =
+      feed_->Fill(slot->batch.position, params_.rank, data, std::span<int64_t>(slot->batch.ids));
+
+  bool failed_here = false;
+  {
+    absl::MutexLock lock(&mu_);
+    --fills_in_flight_;
+    if (valid.ok()) {
+      slot->batch.valid = *valid;
+      slot->state = SlotState::kReady;
+    } else {
+      slot->state = SlotState::kFree;
+      if (closed_.ok()) {
+        closed_ = valid.status();
+        failed_here = true;
+      }
+    }
+    if (!closed_.ok() && fills_in_flight_ == 0) ring_ = StagingRegion();
+  }
+  if (failed_here) {
+    spdlog::error("session {} (job {} rank {}) failed: {}", params_.id, params_.job,
+                  params_.rank, valid.status().ToString());
+  }
+  Notify();
+}
+
+void Session::Close(absl::Status reason) {
+  if (reason.ok()) reason = absl::CancelledError("session closed");
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return;
+    closed_ = std::move(reason);
+    // Return the ring now unless a worker is still writing into it; the last one does then.
+    if (fills_in_flight_ == 0) ring_ = StagingRegion();
+  }
+  Notify();
+}
+
+bool Session::closed() const {
+  absl::MutexLock lock(&mu_);
+  return !closed_.ok();
+}
+
+SessionSnapshot Session::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  SessionSnapshot s;
+  s.id = params_.id;
+  s.job = params_.job;
+  s.rank = params_.rank;
+  s.world_size = feed_->spec().world_size;
+  s.feed_key = feed_->key();
+  s.delivery = params_.delivery;
+  s.delivered = delivered_;
+  s.ring_slots = params_.ring_slots;
+  for (const Slot& slot : slots_) s.slots_leased += slot.state == SlotState::kLeased ? 1 : 0;
+  s.ring_bytes = ring_bytes_;
+  s.batches_delivered = batches_delivered_;
+  s.streaming = streaming_;
+  s.age = absl::Now() - attached_at_;
+  return s;
+}
+
+}  // namespace gpufeed::server

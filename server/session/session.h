@@ -1,0 +1,168 @@
+// A session: one consumer process (rank r of a job) attached to a feed, with its own ring of
+// K slots carved from the staging pool and its own cursor. The spine, per slot:
+//
+//   kFree --(a worker claims it: next position)--> kFilling --(read done)--> kReady
+//     ^                                                                        |
+//     +----(consumer releases it: a credit)---- kLeased <--(stream sends it)---+
+//
+// Slots are claimed in stream order and delivered in that order even when fills finish out
+// of order. A session never waits for another: the ranks of a job share the feed (dataset,
+// permutation) but each reads only its own slice, so each global batch is read once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/feed/feed.h"
+#include "server/staging/staging_pool.h"
+
+namespace gpufeed::server {
+
+enum class DeliveryKind { kHost = 1, kDevice = 2 };
+
+class Session;
+
+// Where sessions with free slots go to be filled (the manager's worker pool).
+class FillScheduler {
+ public:
+  virtual ~FillScheduler() = default;
+  // Never blocks.
+  virtual void Schedule(std::shared_ptr<Session> session) = 0;
+};
+
+struct ReadyBatch {
+  int32_t slot = 0;
+  uint64_t generation = 0;
+  Position position;
+  std::vector<int64_t> ids;
+  int64_t valid = 0;
+};
+
+// What the stream should send next.
+struct StreamEvent {
+  enum Kind { kNothing, kBatch, kEnd, kClosed } kind = kNothing;
+  ReadyBatch batch;        // kBatch
+  Position end_position;   // kEnd
+  absl::Status status;     // kClosed: why the session ended
+};
+
+struct SessionSnapshot {
+  uint64_t id = 0;
+  std::string job;
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  std::string feed_key;
+  DeliveryKind delivery = DeliveryKind::kHost;
+  Position delivered;
+  int32_t ring_slots = 0;
+  int32_t slots_leased = 0;
+  uint64_t ring_bytes = 0;
+  int64_t batches_delivered = 0;
+  bool streaming = false;
+  absl::Duration age;
+};
+
+struct SessionParams {
+  uint64_t id = 0;
+  std::string token;
+  std::string job;
+  int32_t rank = 0;
+  DeliveryKind delivery = DeliveryKind::kHost;
+  int32_t ring_slots = 0;
+  Position start;
+  int64_t stop_epoch = 0;  // exclusive; 0 = never
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion ring,
+          FillScheduler* scheduler);
+
+  uint64_t id() const { return params_.id; }
+  const std::string& token() const { return params_.token; }
+  const std::string& job() const { return params_.job; }
+  int32_t rank() const { return params_.rank; }
+  const Feed& feed() const { return *feed_; }
+  // The ring's place in the staging pool (slab, offset, size), for the memory socket.
+  int ring_slab() const { return ring_slab_; }
+  uint64_t ring_offset() const { return ring_offset_; }
+  uint64_t ring_bytes() const { return ring_bytes_; }
+  absl::Time attached_at() const { return attached_at_; }
+
+  // Queues the first fills. Called once, right after construction.
+  void Start();
+
+  // ---- stream side ----
+  // Binds the session's one stream; `notify` is called (no lock held, any thread) whenever
+  // NextEvent may have something new. FAILED_PRECONDITION when a stream is already bound.
+  absl::Status BindStream(std::function<void()> notify);
+  bool streaming() const;
+  // The next thing to send, in stream order; kClosed once the session has ended.
+  StreamEvent NextEvent();
+  // A credit: the consumer is done with (slot, generation). FAILED_PRECONDITION, naming the
+  // slot, for a slot that is not leased to this session or an old generation; the session
+  // goes on either way.
+  absl::Status Release(int32_t slot, uint64_t generation);
+  // Position after the last batch handed to the stream.
+  Position delivered() const;
+
+  // ---- producer side ----
+  // Claims one free slot, reads its batch into it and publishes it. Run by pool workers.
+  void FillOne();
+
+  // Ends the session: no more fills, the stream is told `reason`, and the ring returns to the
+  // pool as soon as no fill is writing into it. Idempotent: the first reason wins.
+  void Close(absl::Status reason);
+  bool closed() const;
+
+  SessionSnapshot Snapshot() const;
+
+ private:
+  enum class SlotState { kFree, kFilling, kReady, kLeased };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    uint64_t generation = 0;
+    uint64_t seq = 0;
+    ReadyBatch batch;
+  };
+
+  bool FillableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ExhaustedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the session queued and returns true when it should be handed to the scheduler.
+  bool WantScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify();
+
+  const SessionParams params_;
+  const std::shared_ptr<Feed> feed_;
+  FillScheduler* const scheduler_;
+  const absl::Time attached_at_;
+  const uint64_t stride_;
+  const int ring_slab_;
+  const uint64_t ring_offset_;
+  const uint64_t ring_bytes_;
+  std::byte* const ring_data_;
+
+  mutable absl::Mutex mu_;
+  StagingRegion ring_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  Position fill_position_ ABSL_GUARDED_BY(mu_);
+  Position delivered_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_fill_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_deliver_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int fills_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t batches_delivered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool streaming_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // OK while open
+  std::function<void()> notify_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpufeed::server

@@ -1,0 +1,344 @@
+#include "server/session/session_manager.h"
+
+#include <pthread.h>
+#include <sys/random.h>
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace gpufeed::server {
+namespace {
+
+constexpr size_t kMaxJobNameBytes = 128;
+
+std::string NewToken() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
+}
+
+// Constant-time comparison: the token is a capability.
+bool TokenEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) {
+  if (spec.job.empty() || spec.job.size() > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job: must be 1 to ", kMaxJobNameBytes, " bytes, got ", spec.job.size()));
+  }
+  if (spec.feed.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: must be >= 1, got ", spec.feed.world_size));
+  }
+  if (spec.rank < 0 || spec.rank >= spec.feed.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, world_size=",
+                                                   spec.feed.world_size, "), got ", spec.rank));
+  }
+  if (spec.feed.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size: must be >= 1, got ", spec.feed.batch_size));
+  }
+  if (spec.feed.batch_size > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size: at most 16777216, got ", spec.feed.batch_size));
+  }
+  if (spec.ring_slots < 0 || spec.ring_slots > max_ring_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring_slots: must be in [1, ", max_ring_slots, "] (0 for the default), got ",
+        spec.ring_slots));
+  }
+  if (spec.start.epoch < 0 || spec.start.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start: epoch and step must be >= 0, got (",
+                                                   spec.start.epoch, ", ", spec.start.step, ")"));
+  }
+  if (spec.stop_epoch < 0 || (spec.stop_epoch > 0 && spec.stop_epoch <= spec.start.epoch)) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_epoch: must be 0 or > start.epoch (",
+                                                   spec.start.epoch, "), got ", spec.stop_epoch));
+  }
+  if (spec.feed.dataset.kind != DatasetKind::kTokens &&
+      spec.feed.dataset.kind != DatasetKind::kRecords) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.kind: unknown kind ", static_cast<int>(spec.feed.dataset.kind),
+        " (want tokens or records)"));
+  }
+  if (spec.feed.dataset.path.empty() || spec.feed.dataset.path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: must be an absolute path, got '", spec.feed.dataset.path, "'"));
+  }
+  return absl::OkStatus();
+}
+
+SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool* pool,
+                               FileSystem* fs)
+    : options_(options),
+      pool_(pool),
+      feeds_(fs),
+      // Each session is queued at most once at a time; closed ones may linger briefly.
+      work_(static_cast<size_t>(options.max_sessions) * 2 + 16) {
+  const int threads = std::max(1, options_.threads);
+  for (int i = 0; i < threads; ++i) {
+    workers_.emplace_back([this, i] {
+      const std::string name = absl::StrCat("read/", i);
+      pthread_setname_np(pthread_self(), name.c_str());
+      WorkerLoop();
+    });
+  }
+  reaper_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "lease");
+    ReaperLoop();
+  });
+}
+
+SessionManager::~SessionManager() {
+  Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
+}
+
+absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
+  if (absl::Status s = ValidateAttachSpec(spec, options_.max_ring_slots); !s.ok()) return s;
+  if (spec.delivery == DeliveryKind::kDevice) {
+    return absl::FailedPreconditionError(
+        "delivery: device delivery is not available in this gpufeedd yet; attach with host "
+        "delivery");
+  }
+  const std::string canonical = spec.feed.Canonical();
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
+    }
+    auto it = jobs_.find(spec.job);
+    if (it != jobs_.end()) {
+      if (it->second.canonical != canonical) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job '", spec.job, "' is attached with feed {", it->second.canonical,
+            "}; rank ", spec.rank, " asked for {", canonical,
+            "}: every rank of a job must use the same dataset and sampling"));
+      }
+      if (it->second.ranks.contains(spec.rank)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "job '", spec.job, "' rank ", spec.rank, " is already attached"));
+      }
+    }
+    Job& job = jobs_[spec.job];
+    job.canonical = canonical;
+    job.world_size = spec.feed.world_size;
+    job.ranks.insert(spec.rank);  // reserved while the dataset is opened below
+  }
+  auto unreserve = [&] {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(spec.job);
+    if (it == jobs_.end()) return;
+    it->second.ranks.erase(spec.rank);
+    if (it->second.ranks.empty()) jobs_.erase(it);
+  };
+
+  absl::StatusOr<std::shared_ptr<Feed>> feed = feeds_.GetOrCreate(spec.feed);
+  if (!feed.ok()) {
+    unreserve();
+    return feed.status();
+  }
+  const int64_t steps = (*feed)->sampler().steps_per_epoch();
+  if (spec.start.step >= steps) {
+    unreserve();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
+        steps, ")"));
+  }
+  const int32_t slots = spec.ring_slots == 0 ? options_.default_ring_slots : spec.ring_slots;
+  const uint64_t stride = (*feed)->layout().stride_bytes;
+  absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
+  if (!ring.ok()) {
+    unreserve();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));
+  }
+
+  SessionParams params;
+  params.token = NewToken();
+  params.job = spec.job;
+  params.rank = spec.rank;
+  params.delivery = spec.delivery;
+  params.ring_slots = slots;
+  params.start = spec.start;
+  params.stop_epoch = spec.stop_epoch;
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
+    params.id = next_id_++;
+    session = std::make_shared<Session>(params, *feed, std::move(*ring), this);
+    sessions_[params.id] = session;
+  }
+  session->Start();
+  spdlog::info("attach: session {} job '{}' rank {}/{} feed {} ({} samples, {} steps/epoch), "
+               "{} slots x {} bytes, start ({}, {})",
+               params.id, spec.job, spec.rank, spec.feed.world_size, (*feed)->key(),
+               (*feed)->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
+               spec.start.step);
+
+  Attachment out;
+  out.session_id = params.id;
+  out.token = params.token;
+  out.feed_key = (*feed)->key();
+  out.num_samples = (*feed)->dataset().num_samples();
+  out.steps_per_epoch = steps;
+  out.ring_slots = slots;
+  out.layout = (*feed)->layout();
+  out.start = spec.start;
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,
+                                                              absl::string_view token) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", id, " (detached or expired)"));
+  }
+  if (!TokenEquals(it->second->token(), token)) {
+    return absl::PermissionDeniedError(absl::StrCat("wrong token for session ", id));
+  }
+  return it->second;
+}
+
+absl::Status SessionManager::Detach(uint64_t id, absl::string_view token) {
+  absl::StatusOr<std::shared_ptr<Session>> session = Find(id, token);
+  if (!session.ok()) return session.status();
+  Remove(id, absl::CancelledError("session detached"), "detach");
+  return absl::OkStatus();
+}
+
+void SessionManager::End(uint64_t id, const absl::Status& why) { Remove(id, why, "stream ended"); }
+
+void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* verb) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;
+    session = std::move(it->second);
+    sessions_.erase(it);
+    auto job = jobs_.find(session->job());
+    if (job != jobs_.end()) {
+      job->second.ranks.erase(session->rank());
+      if (job->second.ranks.empty()) jobs_.erase(job);
+    }
+  }
+  session->Close(why);
+  spdlog::info("{}: session {} job '{}' rank {} ({})", verb, id, session->job(), session->rank(),
+               why.ToString());
+}
+
+std::vector<SessionSnapshot> SessionManager::ListSessions() const {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  }
+  std::vector<SessionSnapshot> out;
+  for (const auto& session : sessions) out.push_back(session->Snapshot());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return out;
+}
+
+std::vector<FeedSnapshot> SessionManager::ListFeeds() const {
+  absl::flat_hash_map<std::string, int32_t> counts;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, session] : sessions_) ++counts[session->feed().key()];
+  }
+  std::vector<FeedSnapshot> out;
+  for (const std::shared_ptr<Feed>& feed : feeds_.List()) {
+    FeedSnapshot f;
+    f.key = feed->key();
+    f.spec = feed->spec();
+    f.num_samples = feed->dataset().num_samples();
+    f.sessions = counts[feed->key()];
+    f.batches_produced = feed->batches_produced();
+    f.bytes_produced = feed->bytes_produced();
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  return out;
+}
+
+int SessionManager::num_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(sessions_.size());
+}
+
+void SessionManager::Schedule(std::shared_ptr<Session> session) {
+  const uint64_t id = session->id();
+  absl::Status s = work_.TryPush(std::move(session));
+  if (!s.ok() && !work_.closed()) {
+    // Cannot happen while the capacity bound holds; never leave a session silently stuck.
+    spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
+    Remove(id, absl::InternalError("gpufeedd fill queue overflow"), "abort");
+  }
+}
+
+void SessionManager::WorkerLoop() {
+  while (true) {
+    absl::StatusOr<std::shared_ptr<Session>> session = work_.Pop();
+    if (!session.ok()) return;  // closed: shutting down
+    (*session)->FillOne();
+  }
+}
+
+void SessionManager::ReaperLoop() {
+  while (!stop_reaper_.WaitForNotificationWithTimeout(options_.reap_interval)) {
+    std::vector<uint64_t> expired;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (const auto& [id, session] : sessions_) {
+        if (!session->streaming() && now - session->attached_at() > options_.attach_timeout) {
+          expired.push_back(id);
+        }
+      }
+    }
+    for (uint64_t id : expired) {
+      Remove(id,
+             absl::DeadlineExceededError(absl::StrCat(
+                 "no stream opened within ", absl::FormatDuration(options_.attach_timeout),
+                 " of Attach")),
+             "lease expired");
+    }
+  }
+}
+
+void SessionManager::Shutdown(const absl::Status& reason) {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    for (auto& [id, session] : sessions_) sessions.push_back(std::move(session));
+    sessions_.clear();
+    jobs_.clear();
+  }
+  for (const auto& session : sessions) session->Close(reason);
+  work_.Close(reason);
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  stop_reaper_.Notify();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+}  // namespace gpufeed::server

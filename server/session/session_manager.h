@@ -1,0 +1,121 @@
+// The session manager: admits sessions (Attach), finds them for the stream and the memory
+// socket, ends them (Detach, a vanished stream, an expired lease, shutdown), and runs the
+// pool of worker threads that fill their slots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/bounded_queue.h"
+#include "server/feed/feed.h"
+#include "server/session/session.h"
+#include "server/staging/staging_pool.h"
+
+namespace gpufeed::server {
+
+struct AttachSpec {
+  std::string job;
+  int32_t rank = 0;
+  FeedSpec feed;
+  int32_t ring_slots = 0;  // 0 = default
+  DeliveryKind delivery = DeliveryKind::kHost;
+  std::string gpu_uuid;
+  Position start;
+  int64_t stop_epoch = 0;
+};
+
+// Checks what can be checked without opening the dataset; INVALID_ARGUMENT naming the field.
+absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots);
+
+struct Attachment {
+  uint64_t session_id = 0;
+  std::string token;
+  std::string feed_key;
+  uint64_t num_samples = 0;
+  int64_t steps_per_epoch = 0;
+  int32_t ring_slots = 0;
+  SlotLayout layout;
+  Position start;
+};
+
+struct FeedSnapshot {
+  std::string key;
+  FeedSpec spec;
+  uint64_t num_samples = 0;
+  int32_t sessions = 0;
+  int64_t batches_produced = 0;
+  uint64_t bytes_produced = 0;
+};
+
+struct SessionManagerOptions {
+  int threads = 4;
+  int max_sessions = 256;
+  int32_t default_ring_slots = 4;
+  int32_t max_ring_slots = 64;
+  // A session whose stream is not open this long after Attach is ended.
+  absl::Duration attach_timeout = absl::Seconds(10);
+  // How often leases are checked.
+  absl::Duration reap_interval = absl::Milliseconds(100);
+};
+
+class SessionManager final : public FillScheduler {
+ public:
+  SessionManager(const SessionManagerOptions& options, StagingPool* pool, FileSystem* fs);
+  ~SessionManager() override;
+
+  absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
+  // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
+  // token does not match.
+  absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;
+  absl::Status Detach(uint64_t id, absl::string_view token);
+  // Ends a session whose stream is gone (cancelled, closed, finished).
+  void End(uint64_t id, const absl::Status& why);
+
+  std::vector<SessionSnapshot> ListSessions() const;
+  std::vector<FeedSnapshot> ListFeeds() const;
+  int num_sessions() const;
+
+  // Ends every session with `reason`, refuses new ones, joins the workers. Idempotent.
+  void Shutdown(const absl::Status& reason);
+
+  void Schedule(std::shared_ptr<Session> session) override;
+
+ private:
+  struct Job {
+    std::string canonical;  // the feed spec every rank must agree on
+    int32_t world_size = 0;
+    absl::flat_hash_set<int32_t> ranks;
+  };
+
+  // Removes the session from the maps and closes it.
+  void Remove(uint64_t id, const absl::Status& why, const char* verb);
+  void WorkerLoop();
+  void ReaperLoop();
+
+  const SessionManagerOptions options_;
+  StagingPool* const pool_;
+  FeedRegistry feeds_;
+  BoundedQueue<std::shared_ptr<Session>> work_;
+  absl::Notification stop_reaper_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+
+  std::vector<std::thread> workers_;
+  std::thread reaper_;
+};
+
+}  // namespace gpufeed::server

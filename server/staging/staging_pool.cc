@@ -1,0 +1,109 @@
+#include "server/staging/staging_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace gpufeed::server {
+namespace {
+
+uint64_t RoundUpToPage(uint64_t bytes) {
+  const uint64_t page = PageSize();
+  return (bytes + page - 1) / page * page;
+}
+
+}  // namespace
+
+StagingRegion& StagingRegion::operator=(StagingRegion&& other) noexcept {
+  if (this != &other) {
+    if (pool_ != nullptr) pool_->Free(slab_, offset_, size_);
+    pool_ = std::exchange(other.pool_, nullptr);
+    slab_ = std::exchange(other.slab_, -1);
+    offset_ = std::exchange(other.offset_, 0);
+    size_ = std::exchange(other.size_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+StagingRegion::~StagingRegion() {
+  if (pool_ != nullptr) pool_->Free(slab_, offset_, size_);
+}
+
+absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_bytes,
+                                                                 uint64_t max_slab_bytes) {
+  total_bytes = RoundUpToPage(total_bytes);
+  max_slab_bytes = RoundUpToPage(std::max<uint64_t>(max_slab_bytes, 1));
+  if (total_bytes == 0) return absl::InvalidArgumentError("staging_bytes must be > 0");
+  std::unique_ptr<StagingPool> pool(new StagingPool());
+  pool->total_bytes_ = total_bytes;
+  absl::MutexLock lock(&pool->mu_);
+  for (uint64_t done = 0; done < total_bytes;) {
+    const uint64_t size = std::min(max_slab_bytes, total_bytes - done);
+    const int index = static_cast<int>(pool->slabs_.size());
+    GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd,
+                             CreateSealedMemfd(absl::StrCat("gpufeed-staging-", index), size));
+    GPUFEED_ASSIGN_OR_RETURN(Mapping mapping, Mapping::Map(fd.get(), 0, size, true));
+    pool->slabs_.push_back({std::move(fd), std::move(mapping)});
+    pool->free_.push_back({{0, size}});
+    done += size;
+  }
+  pool->free_bytes_ = total_bytes;
+  return pool;
+}
+
+absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
+  const uint64_t size = RoundUpToPage(std::max<uint64_t>(bytes, 1));
+  absl::MutexLock lock(&mu_);
+  uint64_t largest = 0;
+  for (size_t s = 0; s < free_.size(); ++s) {
+    for (auto it = free_[s].begin(); it != free_[s].end(); ++it) {
+      largest = std::max(largest, it->second);
+      if (it->second < size) continue;  // first fit
+      StagingRegion region;
+      region.pool_ = this;
+      region.slab_ = static_cast<int>(s);
+      region.offset_ = it->first;
+      region.size_ = size;
+      region.data_ = slabs_[s].mapping.data() + it->first;
+      const uint64_t rest_offset = it->first + size;
+      const uint64_t rest = it->second - size;
+      free_[s].erase(it);
+      if (rest > 0) free_[s][rest_offset] = rest;
+      free_bytes_ -= size;
+      return region;
+    }
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "staging pool: asked for ", size, " bytes, ", free_bytes_, " of ", total_bytes_,
+      " bytes free (largest free block ", largest, " bytes); detach other sessions, use fewer "
+      "ring_slots or a smaller batch, or start gpufeedd with a larger --staging_bytes"));
+}
+
+void StagingPool::Free(int slab, uint64_t offset, uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  auto& ranges = free_[slab];
+  auto [it, inserted] = ranges.emplace(offset, size);
+  if (!inserted) return;  // double free cannot happen with owning regions; be safe anyway
+  free_bytes_ += size;
+  auto next = std::next(it);
+  if (next != ranges.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    ranges.erase(next);
+  }
+  if (it != ranges.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      ranges.erase(it);
+    }
+  }
+}
+
+uint64_t StagingPool::free_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return free_bytes_;
+}
+
+}  // namespace gpufeed::server

@@ -1,0 +1,133 @@
+/* gpufeed C ABI: opaque handles, a status code plus a thread-local message.
+ *
+ * Every function that can fail returns a gpufeed_status (the canonical gRPC codes); on
+ * failure gpufeed_last_error() returns a message for the calling thread, valid until that
+ * thread's next call. Outputs come last, through out_* pointers. The Python package calls
+ * this through ctypes: plain C types, no callbacks, no structs passed by value.
+ */
+#ifndef GPUFEED_GPUFEED_H_
+#define GPUFEED_GPUFEED_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPUFEED_API_VERSION 1
+
+typedef enum gpufeed_status {
+  GPUFEED_OK = 0,
+  GPUFEED_CANCELLED = 1,
+  GPUFEED_UNKNOWN = 2,
+  GPUFEED_INVALID_ARGUMENT = 3,
+  GPUFEED_DEADLINE_EXCEEDED = 4,
+  GPUFEED_NOT_FOUND = 5,
+  GPUFEED_ALREADY_EXISTS = 6,
+  GPUFEED_PERMISSION_DENIED = 7,
+  GPUFEED_RESOURCE_EXHAUSTED = 8,
+  GPUFEED_FAILED_PRECONDITION = 9,
+  GPUFEED_ABORTED = 10,
+  GPUFEED_OUT_OF_RANGE = 11, /* end of data (stop_epoch reached) */
+  GPUFEED_UNIMPLEMENTED = 12,
+  GPUFEED_INTERNAL = 13,
+  GPUFEED_UNAVAILABLE = 14,
+  GPUFEED_DATA_LOSS = 15,
+  GPUFEED_UNAUTHENTICATED = 16
+} gpufeed_status;
+
+/* Element types; the same numbers as gpufeed.v1.DType. */
+typedef enum gpufeed_dtype {
+  GPUFEED_DTYPE_BOOL = 1,
+  GPUFEED_DTYPE_INT8 = 2,
+  GPUFEED_DTYPE_UINT8 = 3,
+  GPUFEED_DTYPE_INT16 = 4,
+  GPUFEED_DTYPE_UINT16 = 5,
+  GPUFEED_DTYPE_INT32 = 6,
+  GPUFEED_DTYPE_UINT32 = 7,
+  GPUFEED_DTYPE_INT64 = 8,
+  GPUFEED_DTYPE_UINT64 = 9,
+  GPUFEED_DTYPE_FLOAT16 = 10,
+  GPUFEED_DTYPE_BFLOAT16 = 11,
+  GPUFEED_DTYPE_FLOAT32 = 12,
+  GPUFEED_DTYPE_FLOAT64 = 13,
+  GPUFEED_DTYPE_COMPLEX64 = 14,
+  GPUFEED_DTYPE_COMPLEX128 = 15
+} gpufeed_dtype;
+
+/* DLPack device types, for tensor.device_type. */
+#define GPUFEED_DEVICE_CPU 1
+#define GPUFEED_DEVICE_CUDA 2
+
+typedef struct gpufeed_options gpufeed_options;
+typedef struct gpufeed_session gpufeed_session;
+typedef struct gpufeed_batch gpufeed_batch;
+
+typedef struct gpufeed_session_info {
+  uint64_t session_id;
+  int64_t num_samples;
+  int64_t steps_per_epoch;
+  int32_t ring_slots;
+  int32_t num_tensors;
+} gpufeed_session_info;
+
+typedef struct gpufeed_batch_info {
+  int64_t epoch;
+  int64_t step;
+  int64_t batch_size;
+  int64_t valid_count; /* rows [0, valid_count) are real; the rest pad the epoch */
+  const int64_t* ids;  /* batch_size sample ids; valid while the batch handle lives */
+  int32_t num_tensors;
+  int32_t slot;
+  uint64_t generation;
+} gpufeed_batch_info;
+
+typedef struct gpufeed_tensor {
+  const char* name;     /* valid while the batch handle lives */
+  int32_t dtype;        /* gpufeed_dtype */
+  int32_t ndim;
+  const int64_t* shape; /* ndim entries, first is batch_size */
+  void* data;           /* mapped staging memory (host) */
+  uint64_t byte_size;
+  int32_t device_type;  /* GPUFEED_DEVICE_CPU */
+  int32_t device_id;
+} gpufeed_tensor;
+
+/* GPUFEED_API_VERSION of the loaded library. */
+uint32_t gpufeed_api_version(void);
+/* The calling thread's message for its last failed call ("" if none). */
+const char* gpufeed_last_error(void);
+
+/* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery (strings);
+ * rank, world_size, seq_len, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
+ * start_step, stop_epoch, rpc_timeout_ms (integers). An unknown key is INVALID_ARGUMENT. */
+gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
+void gpufeed_options_destroy(gpufeed_options* options);
+gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* key,
+                                          const char* value);
+gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key, int64_t value);
+
+gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** out_session);
+gpufeed_status gpufeed_session_get_info(const gpufeed_session* session,
+                                        gpufeed_session_info* out_info);
+/* The next batch; timeout_ms < 0 waits forever. OUT_OF_RANGE at the end of data. */
+gpufeed_status gpufeed_next(gpufeed_session* session, int64_t timeout_ms,
+                            gpufeed_batch** out_batch);
+/* The position after the last batch gpufeed_next returned: what to checkpoint. */
+gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epoch,
+                                int64_t* out_step);
+gpufeed_status gpufeed_detach(gpufeed_session* session);
+/* Detaches if needed and frees the handle. Batches still held stay valid memory. */
+void gpufeed_session_destroy(gpufeed_session* session);
+
+gpufeed_status gpufeed_batch_get_info(const gpufeed_batch* batch, gpufeed_batch_info* out_info);
+gpufeed_status gpufeed_batch_get_tensor(const gpufeed_batch* batch, int32_t index,
+                                        gpufeed_tensor* out_tensor);
+/* Returns the batch's slot to the daemon and frees the handle. */
+void gpufeed_batch_release(gpufeed_batch* batch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUFEED_GPUFEED_H_ */

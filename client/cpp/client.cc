@@ -1,0 +1,529 @@
+#include "gpufeed/client.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include <deque>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/os/fd.h"
+#include "common/os/unix_socket.h"
+#include "common/status.h"
+#include "gpufeed/v1/feed.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gpufeed::client {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view context) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(context, ": ", status.error_message()));
+}
+
+absl::Status CheckSocket(const std::string& socket) {
+  struct stat st {};
+  if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(absl::StrCat(
+        "no gpufeedd socket at ", socket, " (is gpufeedd running? set the socket path with "
+        "--socket or GPUFEED_SOCKET)"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(absl::StrCat("unix://", socket),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string BaseOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+Position Advance(Position p, int64_t steps_per_epoch) {
+  if (++p.step >= steps_per_epoch) {
+    p.step = 0;
+    ++p.epoch;
+  }
+  return p;
+}
+
+}  // namespace
+
+namespace internal {
+
+// Everything a session shares with its batches: the stream, the mapping, the reader thread.
+// Batches hold it by shared_ptr, so the mapping outlives the last batch.
+class SessionCore : public std::enable_shared_from_this<SessionCore> {
+ public:
+  SessionCore(std::shared_ptr<grpc::Channel> channel, absl::Duration rpc_timeout)
+      : channel_(std::move(channel)),
+        stub_(v1::Feed::NewStub(channel_)),
+        rpc_timeout_(rpc_timeout) {}
+
+  ~SessionCore() { Stop(); }
+
+  absl::StatusOr<SessionInfo> Attach(const AttachOptions& o) {
+    v1::AttachRequest request;
+    request.set_job(o.job);
+    request.set_rank(o.rank);
+    request.set_world_size(o.world_size);
+    v1::DatasetSpec* d = request.mutable_dataset();
+    if (o.kind == "tokens") {
+      d->set_kind(v1::DATASET_KIND_TOKENS);
+      const DType t = DTypeFromName(o.token_dtype);
+      if (t != DType::kUInt16 && t != DType::kUInt32) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token_dtype: must be uint16 or uint32, got '", o.token_dtype, "'"));
+      }
+      d->set_token_dtype(static_cast<v1::DType>(t));
+      d->set_seq_len(o.seq_len);
+    } else if (o.kind == "records") {
+      d->set_kind(v1::DATASET_KIND_RECORDS);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kind: unknown dataset kind '", o.kind, "' (want tokens or records)"));
+    }
+    d->set_path(o.dataset);
+    request.set_batch_size(o.batch_size);
+    request.set_seed(o.seed);
+    request.set_shuffle(o.shuffle);
+    request.set_drop_last(o.drop_last);
+    request.set_ring_slots(o.ring_slots);
+    if (o.delivery == "host") {
+      request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_HOST);
+    } else if (o.delivery == "device") {
+      request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_DEVICE);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delivery: unknown kind '", o.delivery, "' (want host or device)"));
+    }
+    request.mutable_start()->set_epoch(o.start.epoch);
+    request.mutable_start()->set_step(o.start.step);
+    request.set_stop_epoch(o.stop_epoch);
+
+    v1::AttachResponse response;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, rpc_timeout_);
+    GPUFEED_RETURN_IF_ERROR(FromGrpc(stub_->Attach(&ctx, request, &response), "attach"));
+    session_id_ = response.session_id();
+    token_ = response.token();
+    steps_per_epoch_ = response.steps_per_epoch();
+    stride_ = response.slot_stride_bytes();
+    ring_slots_ = response.ring_slots();
+    position_ = {response.start().epoch(), response.start().step()};
+
+    SessionInfo info;
+    info.session_id = session_id_;
+    info.feed_key = response.feed_key();
+    info.num_samples = response.num_samples();
+    info.steps_per_epoch = steps_per_epoch_;
+    info.ring_slots = ring_slots_;
+    info.slot_stride_bytes = stride_;
+    for (const v1::TensorLayout& t : response.tensors()) {
+      Tensor tensor;
+      tensor.name = t.name();
+      tensor.dtype = static_cast<DType>(t.dtype());
+      tensor.shape.assign(t.shape().begin(), t.shape().end());
+      tensor.byte_size = t.byte_size();
+      // Never trust the layout blindly: every tensor must lie inside its slot.
+      if (t.byte_offset() > stride_ || t.byte_size() > stride_ - t.byte_offset()) {
+        return absl::InternalError("attach: daemon sent a tensor layout outside the slot");
+      }
+      offsets_.push_back(t.byte_offset());
+      info.layout.push_back(std::move(tensor));
+    }
+    layout_ = info.layout;
+    // The memory socket lies beside the gRPC socket as this process sees it (a container may
+    // mount the directory elsewhere than the daemon does).
+    mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
+    return info;
+  }
+
+  absl::Status MapRing() {
+    GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+    GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
+    v1::MemRequest request;
+    request.set_session_id(session_id_);
+    request.set_token(token_);
+    GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), request.SerializeAsString()));
+    GPUFEED_ASSIGN_OR_RETURN(Frame frame, RecvFrame(conn.get(), 1 << 16));
+    v1::MemResponse response;
+    if (!response.ParseFromString(frame.bytes)) {
+      return absl::InternalError("memory socket: malformed reply");
+    }
+    if (response.code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(response.code()),
+                          absl::StrCat("memory socket: ", response.message()));
+    }
+    if (!frame.fd.valid()) return absl::InternalError("memory socket: no descriptor came");
+    if (response.map_bytes() < stride_ * static_cast<uint64_t>(ring_slots_)) {
+      return absl::InternalError("memory socket: ring smaller than its slots");
+    }
+    GPUFEED_ASSIGN_OR_RETURN(
+        mapping_, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), false));
+    return absl::OkStatus();
+  }
+
+  absl::Status OpenStream() {
+    stream_ctx_ = std::make_unique<grpc::ClientContext>();
+    stream_ = stub_->Stream(stream_ctx_.get());
+    v1::StreamRequest open;
+    open.mutable_open()->set_session_id(session_id_);
+    open.mutable_open()->set_token(token_);
+    if (!stream_->Write(open)) {
+      return FromGrpc(stream_->Finish(), "opening stream");
+    }
+    reader_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "gpufeed-rx");
+      ReadLoop();
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Batch> Next(absl::Duration timeout) {
+    v1::StreamResponse event;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !events_.empty() || !end_.ok();
+      };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no batch within ", absl::FormatDuration(timeout)));
+      }
+      if (events_.empty()) return end_;
+      event = std::move(events_.front());
+      events_.pop_front();
+    }
+    if (event.has_end()) {
+      absl::MutexLock lock(&mu_);
+      end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+      return end_;
+    }
+    const v1::BatchReady& b = event.batch();
+    if (b.slot() < 0 || b.slot() >= ring_slots_) {
+      return absl::InternalError(absl::StrCat("daemon named slot ", b.slot(), " outside the ring"));
+    }
+    Batch batch;
+    batch.core_ = shared_from_this();
+    batch.slot_ = b.slot();
+    batch.generation_ = b.generation();
+    batch.epoch_ = b.epoch();
+    batch.step_ = b.step();
+    batch.valid_ = b.valid_count();
+    batch.ids_.assign(b.ids().begin(), b.ids().end());
+    batch.tensors_ = layout_;
+    const std::byte* slot = mapping_.data() + static_cast<uint64_t>(b.slot()) * stride_;
+    for (size_t i = 0; i < batch.tensors_.size(); ++i) batch.tensors_[i].data = slot + offsets_[i];
+    {
+      absl::MutexLock lock(&mu_);
+      position_ = Advance({b.epoch(), b.step()}, steps_per_epoch_);
+    }
+    return batch;
+  }
+
+  void Release(int32_t slot, uint64_t generation) {
+    v1::StreamRequest request;
+    request.mutable_release()->set_slot(slot);
+    request.mutable_release()->set_generation(generation);
+    absl::MutexLock lock(&write_mu_);
+    if (writes_done_ || stream_ == nullptr) return;  // session over: nothing to return
+    stream_->Write(request);
+  }
+
+  absl::Status Detach() {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (detached_) return absl::OkStatus();
+      detached_ = true;
+    }
+    v1::DetachRequest request;
+    request.set_session_id(session_id_);
+    request.set_token(token_);
+    v1::DetachResponse response;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, rpc_timeout_);
+    status = FromGrpc(stub_->Detach(&ctx, request, &response), "detach");
+    // A session the daemon already ended (shutdown, failure) is detached all the same.
+    if (absl::IsNotFound(status) || absl::IsUnavailable(status)) status = absl::OkStatus();
+    Stop();
+    return status;
+  }
+
+  absl::StatusOr<Position> DaemonPosition() {
+    v1::GetPositionRequest request;
+    request.set_session_id(session_id_);
+    request.set_token(token_);
+    v1::GetPositionResponse response;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, rpc_timeout_);
+    GPUFEED_RETURN_IF_ERROR(FromGrpc(stub_->GetPosition(&ctx, request, &response), "position"));
+    return Position{response.delivered().epoch(), response.delivered().step()};
+  }
+
+  Position position() const {
+    absl::MutexLock lock(&mu_);
+    return position_;
+  }
+  int64_t rejected() const {
+    absl::MutexLock lock(&mu_);
+    return rejected_;
+  }
+  void set_socket(std::string socket) { socket_ = std::move(socket); }
+
+ private:
+  void ReadLoop() {
+    v1::StreamResponse response;
+    while (stream_->Read(&response)) {
+      absl::MutexLock lock(&mu_);
+      if (response.has_rejected()) {
+        ++rejected_;
+        last_rejection_ = response.rejected().message();
+        continue;
+      }
+      events_.push_back(std::move(response));
+      response = v1::StreamResponse();
+    }
+    {
+      absl::MutexLock lock(&write_mu_);
+      writes_done_ = true;
+    }
+    absl::Status status = FromGrpc(stream_->Finish(), "stream");
+    if (status.ok()) status = absl::CancelledError("stream: the session was detached");
+    absl::MutexLock lock(&mu_);
+    if (end_.ok()) end_ = status;
+  }
+
+  // Stops the stream and joins the reader. Safe to call twice.
+  void Stop() {
+    {
+      absl::MutexLock lock(&write_mu_);
+      if (stream_ != nullptr && !writes_done_) {
+        writes_done_ = true;
+        stream_->WritesDone();
+      }
+    }
+    if (stream_ctx_ != nullptr) stream_ctx_->TryCancel();
+    if (reader_.joinable()) reader_.join();
+  }
+
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Feed::Stub> stub_;
+  const absl::Duration rpc_timeout_;
+  std::string socket_;
+  std::string mem_socket_;
+  uint64_t session_id_ = 0;
+  std::string token_;
+  int64_t steps_per_epoch_ = 1;
+  uint64_t stride_ = 0;
+  int32_t ring_slots_ = 0;
+  std::vector<Tensor> layout_;
+  std::vector<uint64_t> offsets_;
+  Mapping mapping_;
+  std::unique_ptr<grpc::ClientContext> stream_ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
+  std::thread reader_;
+
+  absl::Mutex write_mu_;  // one writer on the stream at a time
+  bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
+
+  mutable absl::Mutex mu_;
+  std::deque<v1::StreamResponse> events_ ABSL_GUARDED_BY(mu_);
+  absl::Status end_ ABSL_GUARDED_BY(mu_);  // not OK once the stream is over
+  Position position_ ABSL_GUARDED_BY(mu_);
+  int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_rejection_ ABSL_GUARDED_BY(mu_);
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace internal
+
+// ---- Batch ----
+
+Batch::Batch(Batch&& other) noexcept { *this = std::move(other); }
+
+Batch& Batch::operator=(Batch&& other) noexcept {
+  if (this != &other) {
+    Release();
+    core_ = std::move(other.core_);
+    slot_ = std::exchange(other.slot_, -1);
+    generation_ = other.generation_;
+    epoch_ = other.epoch_;
+    step_ = other.step_;
+    valid_ = other.valid_;
+    ids_ = std::move(other.ids_);
+    tensors_ = std::move(other.tensors_);
+  }
+  return *this;
+}
+
+Batch::~Batch() { Release(); }
+
+void Batch::Release() {
+  if (core_ == nullptr) return;
+  core_->Release(slot_, generation_);
+  core_.reset();
+  for (Tensor& t : tensors_) t.data = nullptr;
+}
+
+std::vector<uint8_t> Batch::valid_mask() const {
+  std::vector<uint8_t> mask(ids_.size(), 0);
+  for (int64_t i = 0; i < valid_ && i < static_cast<int64_t>(mask.size()); ++i) mask[i] = 1;
+  return mask;
+}
+
+const Tensor* Batch::tensor(const std::string& name) const {
+  for (const Tensor& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// ---- Session ----
+
+Session::Session(std::shared_ptr<internal::SessionCore> core, SessionInfo info)
+    : core_(std::move(core)), info_(std::move(info)) {}
+
+Session::~Session() { (void)Detach(); }
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& options) {
+  GPUFEED_RETURN_IF_ERROR(CheckSocket(options.socket));
+  auto core = std::make_shared<internal::SessionCore>(ChannelFor(options.socket),
+                                                      options.rpc_timeout);
+  core->set_socket(options.socket);
+  GPUFEED_ASSIGN_OR_RETURN(SessionInfo info, core->Attach(options));
+  absl::Status status = core->MapRing();
+  if (status.ok()) status = core->OpenStream();
+  if (!status.ok()) {
+    (void)core->Detach();
+    return status;
+  }
+  return std::unique_ptr<Session>(new Session(std::move(core), std::move(info)));
+}
+
+absl::StatusOr<Batch> Session::Next(absl::Duration timeout) { return core_->Next(timeout); }
+Position Session::position() const { return core_->position(); }
+absl::StatusOr<Position> Session::DaemonPosition() { return core_->DaemonPosition(); }
+int64_t Session::rejected_releases() const { return core_->rejected(); }
+absl::Status Session::Detach() { return core_->Detach(); }
+
+// ---- AdminClient ----
+
+struct AdminClient::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Admin::Stub> admin;
+  std::unique_ptr<::grpc::health::v1::Health::Stub> health;
+  absl::Duration timeout;
+};
+
+AdminClient::AdminClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AdminClient::~AdminClient() = default;
+
+absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& socket,
+                                                                  absl::Duration timeout) {
+  GPUFEED_RETURN_IF_ERROR(CheckSocket(socket));
+  auto impl = std::make_unique<Impl>();
+  impl->channel = ChannelFor(socket);
+  impl->admin = v1::Admin::NewStub(impl->channel);
+  impl->health = ::grpc::health::v1::Health::NewStub(impl->channel);
+  impl->timeout = timeout;
+  return std::unique_ptr<AdminClient>(new AdminClient(std::move(impl)));
+}
+
+absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
+  DaemonStatus out;
+  {
+    ::grpc::health::v1::HealthCheckRequest request;
+    request.set_service("gpufeed.v1.Feed");
+    ::grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx, impl_->timeout);
+    GPUFEED_RETURN_IF_ERROR(FromGrpc(impl_->health->Check(&ctx, request, &response), "health"));
+    out.health = ::grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  }
+  v1::GetStatusResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, impl_->timeout);
+  GPUFEED_RETURN_IF_ERROR(
+      FromGrpc(impl_->admin->GetStatus(&ctx, v1::GetStatusRequest(), &response), "status"));
+  out.version = response.version();
+  out.uptime_ms = response.uptime_ms();
+  out.staging_total_bytes = response.staging_total_bytes();
+  out.staging_free_bytes = response.staging_free_bytes();
+  out.sessions = response.sessions();
+  out.feeds = response.feeds();
+  return out;
+}
+
+absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
+  v1::ListFeedsResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, impl_->timeout);
+  GPUFEED_RETURN_IF_ERROR(
+      FromGrpc(impl_->admin->ListFeeds(&ctx, v1::ListFeedsRequest(), &response), "feeds"));
+  std::vector<FeedInfo> out;
+  for (const v1::FeedInfo& f : response.feeds()) {
+    FeedInfo info;
+    info.key = f.key();
+    info.kind = f.dataset().kind() == v1::DATASET_KIND_TOKENS ? "tokens" : "records";
+    info.dataset = f.dataset().path();
+    info.num_samples = f.num_samples();
+    info.batch_size = f.batch_size();
+    info.world_size = f.world_size();
+    info.seed = f.seed();
+    info.shuffle = f.shuffle();
+    info.drop_last = f.drop_last();
+    info.sessions = f.sessions();
+    info.batches_produced = f.batches_produced();
+    info.bytes_produced = f.bytes_produced();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
+  v1::ListSessionsResponse response;
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, impl_->timeout);
+  GPUFEED_RETURN_IF_ERROR(FromGrpc(
+      impl_->admin->ListSessions(&ctx, v1::ListSessionsRequest(), &response), "sessions"));
+  std::vector<SessionSummary> out;
+  for (const v1::SessionInfo& s : response.sessions()) {
+    SessionSummary info;
+    info.session_id = s.session_id();
+    info.job = s.job();
+    info.rank = s.rank();
+    info.world_size = s.world_size();
+    info.feed_key = s.feed_key();
+    info.delivery = s.delivery() == v1::DELIVERY_KIND_DEVICE ? "device" : "host";
+    info.delivered = {s.delivered().epoch(), s.delivered().step()};
+    info.ring_slots = s.ring_slots();
+    info.slots_leased = s.slots_leased();
+    info.ring_bytes = s.ring_bytes();
+    info.batches_delivered = s.batches_delivered();
+    info.streaming = s.streaming();
+    info.age_ms = s.age_ms();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace gpufeed::client

@@ -1,0 +1,205 @@
+// The gpufeed C++ client. Free of gRPC and protobuf: link libgpufeed_client and include this.
+//
+//   gpufeed::client::AttachOptions options;
+//   options.socket = "/run/gpufeed/gpufeed.sock";
+//   options.job = "gpt"; options.rank = rank; options.world_size = world;
+//   options.kind = "tokens"; options.dataset = "/data/train.bin";
+//   options.token_dtype = "uint16"; options.seq_len = 1024; options.batch_size = 16;
+//   auto session = gpufeed::client::Session::Attach(options);
+//   while (true) {
+//     absl::StatusOr<gpufeed::client::Batch> batch = (*session)->Next();
+//     if (!batch.ok()) break;                 // OUT_OF_RANGE at the end of stop_epoch
+//     const auto& tokens = batch->tensors()[0];  // [batch_size, seq_len + 1] in shared memory
+//     ...
+//   }  // each Batch returns its slot to the daemon when destroyed
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpufeed/dtype.h"
+
+namespace gpufeed::client {
+
+inline constexpr char kDefaultSocket[] = "/run/gpufeed/gpufeed.sock";
+
+struct Position {
+  int64_t epoch = 0;
+  int64_t step = 0;
+};
+
+struct AttachOptions {
+  std::string socket = kDefaultSocket;  // path of gpufeedd's Unix socket
+  std::string job = "default";
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  std::string kind = "tokens";  // tokens | records
+  std::string dataset;          // absolute path as the daemon sees it
+  std::string token_dtype = "uint16";  // tokens: uint16 | uint32
+  int64_t seq_len = 0;                 // tokens
+  int64_t batch_size = 0;              // per rank
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = true;
+  int32_t ring_slots = 0;        // 0: the daemon's default
+  std::string delivery = "host";  // host | device
+  Position start;
+  int64_t stop_epoch = 0;  // exclusive; 0 = never end
+  absl::Duration rpc_timeout = absl::Seconds(10);
+};
+
+struct Tensor {
+  std::string name;
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;  // [batch_size, ...]
+  const void* data = nullptr;  // in the session's mapped ring; valid while the Batch lives
+  uint64_t byte_size = 0;
+};
+
+namespace internal {
+class SessionCore;
+}
+
+// One batch, in place in the session's ring. Move-only; releases its slot to the daemon when
+// destroyed (or on Release()). Its tensors must not be read after that.
+class Batch {
+ public:
+  Batch() = default;
+  Batch(Batch&& other) noexcept;
+  Batch& operator=(Batch&& other) noexcept;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+
+  int64_t epoch() const { return epoch_; }
+  int64_t step() const { return step_; }
+  const std::vector<int64_t>& ids() const { return ids_; }
+  // Rows [0, valid_count()) are real samples; the rest pad the last batch of an epoch.
+  int64_t valid_count() const { return valid_; }
+  std::vector<uint8_t> valid_mask() const;
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  // The tensor named `name`, or nullptr.
+  const Tensor* tensor(const std::string& name) const;
+  int32_t slot() const { return slot_; }
+  uint64_t generation() const { return generation_; }
+
+  // Returns the slot to the daemon now. Idempotent.
+  void Release();
+
+ private:
+  friend class internal::SessionCore;
+  std::shared_ptr<internal::SessionCore> core_;
+  int32_t slot_ = -1;
+  uint64_t generation_ = 0;
+  int64_t epoch_ = 0;
+  int64_t step_ = 0;
+  int64_t valid_ = 0;
+  std::vector<int64_t> ids_;
+  std::vector<Tensor> tensors_;
+};
+
+struct SessionInfo {
+  uint64_t session_id = 0;
+  std::string feed_key;
+  int64_t num_samples = 0;
+  int64_t steps_per_epoch = 0;
+  int32_t ring_slots = 0;
+  uint64_t slot_stride_bytes = 0;
+  std::vector<Tensor> layout;  // data = nullptr; shapes and dtypes of every batch
+};
+
+class Session {
+ public:
+  // Attaches, maps the ring (memory socket) and opens the stream. Errors carry the daemon's
+  // code and message; UNAVAILABLE naming the socket when no daemon answers there.
+  static absl::StatusOr<std::unique_ptr<Session>> Attach(const AttachOptions& options);
+  ~Session();  // detaches
+
+  // The next batch, in order. DEADLINE_EXCEEDED after `timeout`; OUT_OF_RANGE after the last
+  // batch before stop_epoch; the daemon's status when the session ended (UNAVAILABLE on
+  // shutdown, DATA_LOSS when the dataset could not be read, ...).
+  absl::StatusOr<Batch> Next(absl::Duration timeout = absl::InfiniteDuration());
+
+  // The position after the last batch Next returned: what to checkpoint. Attaching with
+  // start = this position resumes exactly there.
+  Position position() const;
+  // The daemon's view: the position after the last batch it sent on the stream.
+  absl::StatusOr<Position> DaemonPosition();
+  const SessionInfo& info() const { return info_; }
+  // Releases the daemon refused so far (each is a bug in the caller) and the last message.
+  int64_t rejected_releases() const;
+
+  // Ends the session; batches still held stay readable but their slots may be reused.
+  absl::Status Detach();
+
+ private:
+  Session(std::shared_ptr<internal::SessionCore> core, SessionInfo info);
+  std::shared_ptr<internal::SessionCore> core_;
+  SessionInfo info_;
+};
+
+// ---- administration ----
+
+struct DaemonStatus {
+  std::string health;  // SERVING / NOT_SERVING of gpufeed.v1.Feed
+  std::string version;
+  int64_t uptime_ms = 0;
+  uint64_t staging_total_bytes = 0;
+  uint64_t staging_free_bytes = 0;
+  int32_t sessions = 0;
+  int32_t feeds = 0;
+};
+
+struct FeedInfo {
+  std::string key;
+  std::string kind;
+  std::string dataset;
+  int64_t num_samples = 0;
+  int64_t batch_size = 0;
+  int32_t world_size = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  bool drop_last = true;
+  int32_t sessions = 0;
+  int64_t batches_produced = 0;
+  uint64_t bytes_produced = 0;
+};
+
+struct SessionSummary {
+  uint64_t session_id = 0;
+  std::string job;
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  std::string feed_key;
+  std::string delivery;
+  Position delivered;
+  int32_t ring_slots = 0;
+  int32_t slots_leased = 0;
+  uint64_t ring_bytes = 0;
+  int64_t batches_delivered = 0;
+  bool streaming = false;
+  int64_t age_ms = 0;
+};
+
+class AdminClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<AdminClient>> Connect(
+      const std::string& socket = kDefaultSocket, absl::Duration timeout = absl::Seconds(5));
+  ~AdminClient();
+
+  absl::StatusOr<DaemonStatus> GetStatus();
+  absl::StatusOr<std::vector<FeedInfo>> ListFeeds();
+  absl::StatusOr<std::vector<SessionSummary>> ListSessions();
+
+ private:
+  struct Impl;
+  explicit AdminClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpufeed::client

@@ -1,0 +1,428 @@
+// gpufeedctl: inspect gpufeedd and consume from it.
+//
+//   gpufeedctl [--socket PATH] [-o table|json] status|feeds|sessions
+//   gpufeedctl [--socket PATH] [-o table|json] consume --dataset PATH --batch-size B ...
+//
+// Flags are parsed by hand rather than with absl flags: the CLI's flags are dashed
+// (--world-size, --no-shuffle) and scoped to a subcommand, which absl flags do not model.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gpufeed/client.h"
+
+namespace {
+
+using gpufeed::client::AdminClient;
+using gpufeed::client::AttachOptions;
+using gpufeed::client::Batch;
+using gpufeed::client::Session;
+
+constexpr char kUsage[] = R"(usage: gpufeedctl [--socket PATH] [-o table|json] COMMAND [flags]
+
+commands:
+  status     health, version, uptime and staging memory of the daemon
+  feeds      the feeds the daemon runs
+  sessions   the consumers attached to it
+  consume    attach as one consumer and read batches
+
+consume flags:
+  --job NAME            job name (default "default")
+  --rank R              this consumer's rank (default 0)
+  --world-size W        ranks in the job (default 1)
+  --kind tokens|records dataset kind (default tokens)
+  --dataset PATH        dataset file, absolute path as the daemon sees it
+  --token-dtype T       uint16 or uint32 (tokens; default uint16)
+  --seq-len L           tokens per sample (tokens)
+  --batch-size B        samples per rank per step
+  --seed S              shuffle seed (default 0)
+  --no-shuffle          visit samples in order
+  --no-drop-last        pad the last batch of each epoch instead of dropping it
+  --epochs E            epochs to read from the start epoch (default 1; 0 = no end)
+  --max-batches N       stop after N batches (default: no limit)
+  --start-epoch E0      resume at epoch E0 (default 0)
+  --start-step S0       resume at step S0 of E0 (default 0)
+  --ring-slots K        ring depth (default: the daemon's)
+  --step-ms MS          hold each batch MS milliseconds, as a training step would
+  --timeout-ms MS       give up when no batch comes for MS milliseconds (default 60000)
+  --ids FILE            write one JSON line per batch: rank, epoch, step, ids, valid
+  --checksum            print "checksum <u64>": sum over valid samples of sum_j (j+1)*t_j
+
+The socket defaults to $GPUFEED_SOCKET, then /run/gpufeed/gpufeed.sock.
+)";
+
+struct Args {
+  std::string socket;
+  std::string output = "table";
+  std::string command;
+  std::map<std::string, std::string> values;  // flag -> value ("" for switches)
+};
+
+// Flags that take a value; the rest are switches.
+const std::vector<std::string> kValueFlags = {
+    "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
+    "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
+    "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
+    "--timeout-ms",  "--ids"};
+const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+absl::StatusOr<Args> Parse(int argc, char** argv) {
+  Args args;
+  if (const char* env = std::getenv("GPUFEED_SOCKET"); env != nullptr && *env != '\0') {
+    args.socket = env;
+  } else {
+    args.socket = gpufeed::client::kDefaultSocket;
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    bool has_inline = false;
+    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_inline = true;
+    }
+    auto take = [&]() -> absl::StatusOr<std::string> {
+      if (has_inline) return value;
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
+      return std::string(argv[++i]);
+    };
+    if (a == "-h" || a == "--help") {
+      return absl::CancelledError("help");
+    } else if (a == "--socket") {
+      auto v = take();
+      if (!v.ok()) return v.status();
+      args.socket = *v;
+    } else if (a == "-o" || a == "--output") {
+      auto v = take();
+      if (!v.ok()) return v.status();
+      if (*v != "table" && *v != "json") {
+        return absl::InvalidArgumentError(absl::StrCat("-o: want table or json, got '", *v, "'"));
+      }
+      args.output = *v;
+    } else if (Contains(kValueFlags, a)) {
+      auto v = take();
+      if (!v.ok()) return v.status();
+      args.values[a] = *v;
+    } else if (Contains(kSwitches, a)) {
+      args.values[a] = "";
+    } else if (a.rfind("-", 0) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
+    } else if (args.command.empty()) {
+      args.command = a;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    }
+  }
+  if (args.command.empty()) return absl::InvalidArgumentError("no command given");
+  return args;
+}
+
+absl::Status IntFlag(const Args& args, const std::string& flag, int64_t* out) {
+  auto it = args.values.find(flag);
+  if (it == args.values.end()) return absl::OkStatus();
+  if (!absl::SimpleAtoi(it->second, out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", it->second, "' is not an integer"));
+  }
+  return absl::OkStatus();
+}
+
+std::string StringFlag(const Args& args, const std::string& flag, const std::string& fallback) {
+  auto it = args.values.find(flag);
+  return it == args.values.end() ? fallback : it->second;
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& row) {
+    std::string out;
+    for (size_t c = 0; c < row.size(); ++c) {
+      out += row[c];
+      if (c + 1 < row.size()) out += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    std::printf("%s\n", out.c_str());
+  };
+  line(header);
+  for (const auto& row : rows) line(row);
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+int Status(const Args& args) {
+  auto admin = AdminClient::Connect(args.socket);
+  if (!admin.ok()) return Fail(admin.status());
+  auto s = (*admin)->GetStatus();
+  if (!s.ok()) return Fail(s.status());
+  if (args.output == "json") {
+    std::printf(
+        "{\"health\":%s,\"version\":%s,\"uptime_ms\":%ld,\"sessions\":%d,\"feeds\":%d,"
+        "\"staging_total_bytes\":%lu,\"staging_free_bytes\":%lu}\n",
+        JsonString(s->health).c_str(), JsonString(s->version).c_str(), s->uptime_ms, s->sessions,
+        s->feeds, s->staging_total_bytes, s->staging_free_bytes);
+  } else {
+    std::printf("health    %s\nversion   %s\nuptime    %.1f s\nsessions  %d\nfeeds     %d\n"
+                "staging   %lu of %lu bytes free\n",
+                s->health.c_str(), s->version.c_str(), s->uptime_ms / 1000.0, s->sessions,
+                s->feeds, s->staging_free_bytes, s->staging_total_bytes);
+  }
+  return 0;
+}
+
+int Feeds(const Args& args) {
+  auto admin = AdminClient::Connect(args.socket);
+  if (!admin.ok()) return Fail(admin.status());
+  auto feeds = (*admin)->ListFeeds();
+  if (!feeds.ok()) return Fail(feeds.status());
+  if (args.output == "json") {
+    std::vector<std::string> items;
+    for (const auto& f : *feeds) {
+      items.push_back(absl::StrFormat(
+          "{\"key\":%s,\"kind\":%s,\"dataset\":%s,\"num_samples\":%d,\"batch_size\":%d,"
+          "\"world_size\":%d,\"seed\":%u,\"shuffle\":%s,\"drop_last\":%s,\"sessions\":%d,"
+          "\"batches_produced\":%d,\"bytes_produced\":%u}",
+          JsonString(f.key), JsonString(f.kind), JsonString(f.dataset), f.num_samples,
+          f.batch_size, f.world_size, f.seed, f.shuffle ? "true" : "false",
+          f.drop_last ? "true" : "false", f.sessions, f.batches_produced, f.bytes_produced));
+    }
+    std::printf("[%s]\n", absl::StrJoin(items, ",").c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& f : *feeds) {
+    rows.push_back({f.key, f.kind, f.dataset, absl::StrCat(f.num_samples),
+                    absl::StrCat(f.batch_size, "x", f.world_size), absl::StrCat(f.seed),
+                    f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no", absl::StrCat(f.sessions),
+                    absl::StrCat(f.batches_produced)});
+  }
+  PrintTable({"KEY", "KIND", "DATASET", "SAMPLES", "BATCHxWORLD", "SEED", "SHUFFLE", "DROP_LAST",
+              "SESSIONS", "BATCHES"},
+             rows);
+  return 0;
+}
+
+int Sessions(const Args& args) {
+  auto admin = AdminClient::Connect(args.socket);
+  if (!admin.ok()) return Fail(admin.status());
+  auto sessions = (*admin)->ListSessions();
+  if (!sessions.ok()) return Fail(sessions.status());
+  if (args.output == "json") {
+    std::vector<std::string> items;
+    for (const auto& s : *sessions) {
+      items.push_back(absl::StrFormat(
+          "{\"session_id\":%u,\"job\":%s,\"rank\":%d,\"world_size\":%d,\"feed_key\":%s,"
+          "\"delivery\":%s,\"epoch\":%d,\"step\":%d,\"ring_slots\":%d,\"slots_leased\":%d,"
+          "\"ring_bytes\":%u,\"batches_delivered\":%d,\"streaming\":%s,\"age_ms\":%d}",
+          s.session_id, JsonString(s.job), s.rank, s.world_size, JsonString(s.feed_key),
+          JsonString(s.delivery), s.delivered.epoch, s.delivered.step, s.ring_slots,
+          s.slots_leased, s.ring_bytes, s.batches_delivered, s.streaming ? "true" : "false",
+          s.age_ms));
+    }
+    std::printf("[%s]\n", absl::StrJoin(items, ",").c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : *sessions) {
+    rows.push_back({absl::StrCat(s.session_id), s.job, absl::StrCat(s.rank, "/", s.world_size),
+                    s.feed_key, s.delivery,
+                    absl::StrCat("(", s.delivered.epoch, ", ", s.delivered.step, ")"),
+                    absl::StrCat(s.slots_leased, "/", s.ring_slots), absl::StrCat(s.ring_bytes),
+                    absl::StrCat(s.batches_delivered), s.streaming ? "yes" : "no"});
+  }
+  PrintTable({"ID", "JOB", "RANK", "FEED", "DELIVERY", "POSITION", "LEASED", "RING_BYTES",
+              "BATCHES", "STREAMING"},
+             rows);
+  return 0;
+}
+
+// sum_j (j+1) * t_j over one sample's elements, each read as an unsigned integer of its width.
+uint64_t SampleChecksum(const std::byte* row, uint64_t elements, uint32_t width) {
+  uint64_t sum = 0;
+  for (uint64_t j = 0; j < elements; ++j) {
+    uint64_t t = 0;
+    switch (width) {
+      case 1: t = static_cast<uint8_t>(row[j]); break;
+      case 2: { uint16_t v; std::memcpy(&v, row + 2 * j, 2); t = v; break; }
+      case 4: { uint32_t v; std::memcpy(&v, row + 4 * j, 4); t = v; break; }
+      default: { std::memcpy(&t, row + 8 * j, 8); break; }
+    }
+    sum += (j + 1) * t;
+  }
+  return sum;
+}
+
+int Consume(const Args& args) {
+  AttachOptions o;
+  o.socket = args.socket;
+  o.job = StringFlag(args, "--job", "default");
+  o.kind = StringFlag(args, "--kind", "tokens");
+  o.dataset = StringFlag(args, "--dataset", "");
+  o.token_dtype = StringFlag(args, "--token-dtype", "uint16");
+  o.shuffle = !args.values.contains("--no-shuffle");
+  o.drop_last = !args.values.contains("--no-drop-last");
+  int64_t rank = 0, world = 1, seed = 0, epochs = 1, max_batches = -1, ring = 0, step_ms = 0,
+          timeout_ms = 60000;
+  for (const auto& [flag, target] : std::vector<std::pair<std::string, int64_t*>>{
+           {"--rank", &rank}, {"--world-size", &world}, {"--seq-len", &o.seq_len},
+           {"--batch-size", &o.batch_size}, {"--seed", &seed}, {"--epochs", &epochs},
+           {"--max-batches", &max_batches}, {"--start-epoch", &o.start.epoch},
+           {"--start-step", &o.start.step}, {"--ring-slots", &ring}, {"--step-ms", &step_ms},
+           {"--timeout-ms", &timeout_ms}}) {
+    if (absl::Status s = IntFlag(args, flag, target); !s.ok()) return Fail(s);
+  }
+  if (o.dataset.empty()) return Fail(absl::InvalidArgumentError("--dataset: required"));
+  if (epochs < 0) return Fail(absl::InvalidArgumentError("--epochs: must be >= 0"));
+  o.rank = static_cast<int32_t>(rank);
+  o.world_size = static_cast<int32_t>(world);
+  o.seed = static_cast<uint64_t>(seed);
+  o.ring_slots = static_cast<int32_t>(ring);
+  o.stop_epoch = epochs == 0 ? 0 : o.start.epoch + epochs;
+  if (epochs == 0 && max_batches < 0) {
+    return Fail(absl::InvalidArgumentError("--epochs 0 (no end) needs --max-batches"));
+  }
+  std::ofstream ids_out;
+  if (const std::string path = StringFlag(args, "--ids", ""); !path.empty()) {
+    ids_out.open(path, std::ios::trunc);
+    if (!ids_out) return Fail(absl::PermissionDeniedError(absl::StrCat("--ids: cannot write ", path)));
+  }
+  const bool checksum = args.values.contains("--checksum");
+
+  const absl::Time start = absl::Now();
+  auto session = Session::Attach(o);
+  if (!session.ok()) return Fail(session.status());
+  int64_t batches = 0, samples = 0;
+  uint64_t bytes = 0, sum = 0;
+  absl::Duration first_batch = absl::ZeroDuration();
+  absl::Time last_report = absl::Now();
+  absl::Status end;
+  while (max_batches < 0 || batches < max_batches) {
+    absl::StatusOr<Batch> batch = (*session)->Next(absl::Milliseconds(timeout_ms));
+    if (!batch.ok()) {
+      end = batch.status();
+      break;
+    }
+    if (batches == 0) first_batch = absl::Now() - start;
+    ++batches;
+    samples += batch->valid_count();
+    for (const auto& t : batch->tensors()) bytes += t.byte_size;
+    if (ids_out.is_open()) {
+      ids_out << "{\"rank\":" << o.rank << ",\"epoch\":" << batch->epoch()
+              << ",\"step\":" << batch->step() << ",\"ids\":[" << absl::StrJoin(batch->ids(), ",")
+              << "],\"valid\":" << batch->valid_count() << "}\n";
+    }
+    if (checksum) {
+      const auto& t = batch->tensors()[0];
+      const uint32_t width = gpufeed::DTypeSize(t.dtype);
+      uint64_t elements = 1;
+      for (size_t d = 1; d < t.shape.size(); ++d) elements *= static_cast<uint64_t>(t.shape[d]);
+      const uint64_t row_bytes = elements * width;
+      const auto* base = static_cast<const std::byte*>(t.data);
+      for (int64_t r = 0; r < batch->valid_count(); ++r) {
+        sum += SampleChecksum(base + static_cast<uint64_t>(r) * row_bytes, elements, width);
+      }
+    }
+    if (step_ms > 0) absl::SleepFor(absl::Milliseconds(step_ms));
+    if (absl::Now() - last_report >= absl::Seconds(1)) {
+      last_report = absl::Now();
+      const double secs = absl::ToDoubleSeconds(last_report - start);
+      std::fprintf(stderr, "rank %d: %ld batches, %.1f batches/s, %.1f MB/s\n", o.rank, batches,
+                   batches / secs, bytes / secs / 1e6);
+    }
+  }
+  const double secs = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
+  const gpufeed::client::Position pos = (*session)->position();
+  if (ids_out.is_open()) ids_out.flush();
+  (void)(*session)->Detach();
+  if (!end.ok() && !absl::IsOutOfRange(end)) {
+    Fail(end);
+    std::fprintf(stderr, "stopped after %ld batches at position (%ld, %ld)\n", batches, pos.epoch,
+                 pos.step);
+    return 1;
+  }
+  if (args.output == "json") {
+    std::printf(
+        "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
+        "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
+        "\"position\":{\"epoch\":%ld,\"step\":%ld}%s}\n",
+        o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
+        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
+        checksum ? absl::StrCat(",\"checksum\":", sum).c_str() : "");
+  } else {
+    std::printf("rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
+                "%.1f MB/s; first batch after %.1f ms; next position (%ld, %ld)\n",
+                o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs / 1e6,
+                absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step);
+    if (checksum) std::printf("checksum %lu\n", sum);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Args> args = Parse(argc, argv);
+  if (!args.ok()) {
+    if (absl::IsCancelled(args.status())) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "gpufeedctl: %s\n\n%s", std::string(args.status().message()).c_str(),
+                 kUsage);
+    return 2;
+  }
+  const std::map<std::string, std::function<int(const Args&)>> commands = {
+      {"status", Status}, {"feeds", Feeds}, {"sessions", Sessions}, {"consume", Consume}};
+  auto it = commands.find(args->command);
+  if (it == commands.end()) {
+    std::fprintf(stderr, "gpufeedctl: unknown command '%s'\n\n%s", args->command.c_str(), kUsage);
+    return 2;
+  }
+  if (args->command != "consume" && !args->values.empty()) {
+    std::fprintf(stderr, "gpufeedctl: %s takes no flags but --socket and -o\n",
+                 args->command.c_str());
+    return 2;
+  }
+  return it->second(*args);
+}

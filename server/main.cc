@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "server/daemon.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "unix:///run/gpufeed/gpufeed.sock",
@@ -29,6 +30,8 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("gpufeedd: serves shuffled, sharded batches to training processes");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr (the journal under systemd, the container log under Kubernetes).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("gpufeedd"));
 
   // Signals go to one sigwait thread; no code runs in a handler. Blocked before any thread
   // starts, so every thread inherits the mask.

@@ -134,6 +134,9 @@ class Parser {
 };
 
 absl::StatusOr<DType> DTypeFromDescr(const std::string& descr) {
+  if (descr.size() >= 2 && descr[1] == 'O') {
+    return absl::InvalidArgumentError("object dtype ('O') is not fixed-size numeric data");
+  }
   if (descr.size() < 3) {
     return absl::InvalidArgumentError(absl::StrCat(".npy descr '", descr, "' is not supported"));
   }
@@ -141,9 +144,6 @@ absl::StatusOr<DType> DTypeFromDescr(const std::string& descr) {
   const char kind = descr[1];
   int size = 0;
   if (!absl::SimpleAtoi(absl::string_view(descr).substr(2), &size)) size = -1;
-  if (kind == 'O') {
-    return absl::InvalidArgumentError("object dtype ('O') is not fixed-size numeric data");
-  }
   if (order == '>' && size > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("big-endian dtype '", descr, "' is not supported; save it little-endian"));

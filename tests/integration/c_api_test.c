@@ -1,0 +1,89 @@
+/* The C ABI used from C: attach, read three batches, check the payload against the file,
+ * check error reporting, detach. Usage: c_api_test SOCKET TOKENS_FILE (uint16, seq_len 16). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpufeed/gpufeed.h"
+
+#define CHECK(cond, ...)                  \
+  do {                                    \
+    if (!(cond)) {                        \
+      fprintf(stderr, "FAILED %s: ", #cond); \
+      fprintf(stderr, __VA_ARGS__);       \
+      fprintf(stderr, "\n");              \
+      return 1;                           \
+    }                                     \
+  } while (0)
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s SOCKET TOKENS_FILE\n", argv[0]);
+    return 2;
+  }
+  FILE* f = fopen(argv[2], "rb");
+  CHECK(f != NULL, "cannot open %s", argv[2]);
+  static uint16_t tokens[1 << 20];
+  size_t count = fread(tokens, 2, sizeof(tokens) / 2, f);
+  fclose(f);
+  CHECK(count > 100, "short tokens file");
+
+  CHECK(gpufeed_api_version() == GPUFEED_API_VERSION, "api version %u", gpufeed_api_version());
+
+  gpufeed_options* options = NULL;
+  CHECK(gpufeed_options_create(&options) == GPUFEED_OK, "options");
+  CHECK(gpufeed_options_set_string(options, "no_such_key", "x") == GPUFEED_INVALID_ARGUMENT,
+        "unknown key accepted");
+  CHECK(strstr(gpufeed_last_error(), "no_such_key") != NULL, "message: %s", gpufeed_last_error());
+  gpufeed_options_set_string(options, "socket", argv[1]);
+  gpufeed_options_set_string(options, "job", "c-abi");
+  gpufeed_options_set_string(options, "kind", "tokens");
+  gpufeed_options_set_string(options, "dataset", argv[2]);
+  gpufeed_options_set_string(options, "token_dtype", "uint16");
+  gpufeed_options_set_int(options, "seq_len", 16);
+  gpufeed_options_set_int(options, "batch_size", 0);
+
+  gpufeed_session* session = NULL;
+  /* batch_size 0 is refused by the daemon with a code and a message naming the field. */
+  CHECK(gpufeed_attach(options, &session) == GPUFEED_INVALID_ARGUMENT, "batch_size 0 accepted");
+  CHECK(session == NULL, "session set on failure");
+  CHECK(strstr(gpufeed_last_error(), "batch_size") != NULL, "message: %s", gpufeed_last_error());
+
+  gpufeed_options_set_int(options, "batch_size", 4);
+  gpufeed_options_set_int(options, "seed", 3);
+  CHECK(gpufeed_attach(options, &session) == GPUFEED_OK, "attach: %s", gpufeed_last_error());
+  gpufeed_options_destroy(options);
+
+  gpufeed_session_info info;
+  CHECK(gpufeed_session_get_info(session, &info) == GPUFEED_OK, "info");
+  CHECK(info.num_tensors == 1, "num_tensors %d", info.num_tensors);
+  CHECK(info.num_samples == (int64_t)((count - 1) / 16), "num_samples %ld", (long)info.num_samples);
+
+  for (int b = 0; b < 3; ++b) {
+    gpufeed_batch* batch = NULL;
+    CHECK(gpufeed_next(session, 10000, &batch) == GPUFEED_OK, "next: %s", gpufeed_last_error());
+    gpufeed_batch_info bi;
+    CHECK(gpufeed_batch_get_info(batch, &bi) == GPUFEED_OK, "batch info");
+    CHECK(bi.step == b && bi.epoch == 0 && bi.batch_size == 4 && bi.valid_count == 4,
+          "batch %d: epoch %ld step %ld", b, (long)bi.epoch, (long)bi.step);
+    gpufeed_tensor t;
+    CHECK(gpufeed_batch_get_tensor(batch, 0, &t) == GPUFEED_OK, "tensor");
+    CHECK(strcmp(t.name, "tokens") == 0 && t.dtype == GPUFEED_DTYPE_UINT16 && t.ndim == 2 &&
+              t.shape[0] == 4 && t.shape[1] == 17 && t.device_type == GPUFEED_DEVICE_CPU,
+          "layout");
+    for (int r = 0; r < 4; ++r) {
+      const uint16_t* row = (const uint16_t*)t.data + r * 17;
+      CHECK(memcmp(row, tokens + bi.ids[r] * 16, 17 * 2) == 0, "row %d of batch %d differs", r, b);
+    }
+    CHECK(gpufeed_batch_get_tensor(batch, 1, &t) == GPUFEED_OUT_OF_RANGE, "tensor 1");
+    gpufeed_batch_release(batch);
+  }
+  int64_t epoch = -1, step = -1;
+  CHECK(gpufeed_position(session, &epoch, &step) == GPUFEED_OK && epoch == 0 && step == 3,
+        "position (%ld, %ld)", (long)epoch, (long)step);
+  CHECK(gpufeed_detach(session) == GPUFEED_OK, "detach: %s", gpufeed_last_error());
+  gpufeed_session_destroy(session);
+  printf("c api ok\n");
+  return 0;
+}

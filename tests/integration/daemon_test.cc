@@ -1,0 +1,539 @@
+// End-to-end: the real gpufeedd on a socket in a temp dir, driven by real consumer processes
+// (gpufeedctl consume, the C ABI test program) and by the C++ client in this process.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gpufeed/client.h"
+#include "gpufeed/v1/feed.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace gpufeed::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kSeqLen = 16;
+constexpr size_t kTokens = 20000;  // (20000 - 1) / 16 = 1249 samples
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokens_path_ = dir_.File("tokens.bin");
+    tokens_ = WriteTokens(tokens_path_, kTokens);
+    daemon_ = std::make_unique<Daemon>(dir_, std::vector<std::string>{"--attach_timeout=3s"});
+    ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
+  }
+
+  std::vector<std::string> Consume(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"consume",       "--dataset",  tokens_path_, "--seq-len",
+                                     absl::StrCat(kSeqLen), "--token-dtype", "uint16"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  uint64_t FreeStagingBytes() {
+    auto admin = client::AdminClient::Connect(daemon_->socket());
+    EXPECT_TRUE(admin.ok());
+    auto status = (*admin)->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? status->staging_free_bytes : 0;
+  }
+
+  std::vector<client::SessionSummary> Sessions() {
+    auto admin = client::AdminClient::Connect(daemon_->socket());
+    auto sessions = (*admin)->ListSessions();
+    EXPECT_TRUE(sessions.ok()) << sessions.status();
+    return sessions.ok() ? *sessions : std::vector<client::SessionSummary>{};
+  }
+
+  client::AttachOptions Options() {
+    client::AttachOptions o;
+    o.socket = daemon_->socket();
+    o.job = "cpp";
+    o.kind = "tokens";
+    o.dataset = tokens_path_;
+    o.token_dtype = "uint16";
+    o.seq_len = kSeqLen;
+    o.batch_size = 8;
+    return o;
+  }
+
+  TempDir dir_;
+  std::string tokens_path_;
+  std::vector<uint16_t> tokens_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+// 4 ranks x 2 epochs: per epoch, the union of ids is exactly the samples of the full global
+// batches with no duplicate, and every payload equals the file's bytes (checksums computed
+// here from the file and the ids each rank reported).
+TEST_F(DaemonTest, FourRanksTwoEpochsExactlyOnceAndByteExact) {
+  constexpr int kWorld = 4;
+  constexpr int64_t kBatch = 16;
+  constexpr int64_t kSamples = (kTokens - 1) / kSeqLen;
+  constexpr int64_t kSteps = kSamples / (kWorld * kBatch);
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.push_back(std::make_unique<Subprocess>(
+        CtlArgv(daemon_->socket(),
+                Consume({"--job", "four", "--rank", absl::StrCat(r), "--world-size", "4",
+                         "--batch-size", absl::StrCat(kBatch), "--seed", "7", "--epochs", "2",
+                         "--ids", dir_.File(absl::StrCat("ids", r)), "--checksum", "-o",
+                         "json"})),
+        dir_.File(absl::StrCat("rank", r))));
+  }
+  std::map<int64_t, std::vector<int64_t>> by_epoch;
+  std::vector<int64_t> epoch0_rank0;
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
+    const std::vector<IdsLine> lines = ReadIdsFile(dir_.File(absl::StrCat("ids", r)));
+    ASSERT_EQ(lines.size(), static_cast<size_t>(2 * kSteps));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      EXPECT_EQ(lines[i].rank, r);
+      EXPECT_EQ(lines[i].epoch, static_cast<int64_t>(i) / kSteps);
+      EXPECT_EQ(lines[i].step, static_cast<int64_t>(i) % kSteps);
+      EXPECT_EQ(lines[i].valid, kBatch);
+      ASSERT_EQ(lines[i].ids.size(), static_cast<size_t>(kBatch));
+      auto& ids = by_epoch[lines[i].epoch];
+      ids.insert(ids.end(), lines[i].ids.begin(), lines[i].ids.end());
+      if (r == 0 && lines[i].epoch == 0) {
+        epoch0_rank0.insert(epoch0_rank0.end(), lines[i].ids.begin(), lines[i].ids.end());
+      }
+    }
+    const uint64_t expected = TokensChecksum(tokens_, kSeqLen, lines);
+    EXPECT_EQ(static_cast<uint64_t>(JsonInt(ranks[r]->Stdout(), "checksum")), expected)
+        << "rank " << r << " payload differs from the file: " << ranks[r]->Stdout();
+  }
+  ASSERT_EQ(by_epoch.size(), 2u);
+  for (auto& [epoch, ids] : by_epoch) {
+    ASSERT_EQ(ids.size(), static_cast<size_t>(kSteps * kWorld * kBatch)) << "epoch " << epoch;
+    std::set<int64_t> unique(ids.begin(), ids.end());
+    EXPECT_EQ(unique.size(), ids.size()) << "duplicate ids in epoch " << epoch;
+    EXPECT_GE(*unique.begin(), 0);
+    EXPECT_LT(*unique.rbegin(), kSamples);
+  }
+  // Another epoch, another order.
+  EXPECT_NE(std::vector<int64_t>(by_epoch[0].begin(), by_epoch[0].begin() + 64),
+            std::vector<int64_t>(by_epoch[1].begin(), by_epoch[1].begin() + 64));
+}
+
+// The C++ client sees each row byte-for-byte as in the file, in place in shared memory, and
+// padding with drop_last=false wraps to the epoch's start with a valid count.
+TEST_F(DaemonTest, CppClientRowsEqualFileBytesWithPadding) {
+  client::AttachOptions o = Options();
+  o.batch_size = 100;  // 1249 samples: 12 full batches and one of 49 valid rows
+  o.drop_last = false;
+  o.shuffle = false;
+  o.stop_epoch = 1;
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  EXPECT_EQ((*session)->info().steps_per_epoch, 13);
+  EXPECT_EQ((*session)->info().num_samples, 1249);
+  int64_t step = 0;
+  while (true) {
+    absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(10));
+    if (absl::IsOutOfRange(batch.status())) break;
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    EXPECT_EQ(batch->step(), step);
+    const client::Tensor* t = batch->tensor("tokens");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->dtype, DType::kUInt16);
+    EXPECT_EQ(t->shape, (std::vector<int64_t>{100, kSeqLen + 1}));
+    EXPECT_EQ(batch->valid_count(), step < 12 ? 100 : 49);
+    for (int64_t r = 0; r < 100; ++r) {
+      const int64_t expected_id = (step * 100 + r) % 1249;  // no shuffle: padded rows wrap
+      ASSERT_EQ(batch->ids()[r], expected_id);
+      const auto* row = static_cast<const uint16_t*>(t->data) + r * (kSeqLen + 1);
+      ASSERT_EQ(std::memcmp(row, &tokens_[expected_id * kSeqLen], (kSeqLen + 1) * 2), 0)
+          << "row " << r << " of step " << step;
+    }
+    const std::vector<uint8_t> mask = batch->valid_mask();
+    EXPECT_EQ(std::count(mask.begin(), mask.end(), 1), batch->valid_count());
+    ++step;
+  }
+  EXPECT_EQ(step, 13);
+  EXPECT_EQ((*session)->position().epoch, 1);
+  EXPECT_EQ((*session)->position().step, 0);
+}
+
+// Stop after k batches, resume from the printed position: the concatenated ids equal the
+// uninterrupted run's.
+TEST_F(DaemonTest, ResumeFromPositionContinuesExactly) {
+  CtlResult full = RunCtl(daemon_->socket(),
+                          Consume({"--job", "full", "--batch-size", "32", "--seed", "11",
+                                   "--epochs", "2", "--ids", dir_.File("full.ids")}),
+                          dir_.File("full"));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  const std::vector<IdsLine> expected = ReadIdsFile(dir_.File("full.ids"));
+  ASSERT_EQ(expected.size(), 2u * (1249 / 32));
+
+  for (int k : {5, 39, 50}) {  // mid-epoch, the epoch's last step, into the second epoch
+    CtlResult first = RunCtl(daemon_->socket(),
+                             Consume({"--job", "part", "--batch-size", "32", "--seed", "11",
+                                      "--epochs", "2", "--max-batches", absl::StrCat(k), "--ids",
+                                      dir_.File("a.ids"), "-o", "json"}),
+                             dir_.File("a"));
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    const int64_t e0 = JsonInt(first.out, "epoch");
+    const int64_t s0 = JsonInt(first.out, "step");
+    ASSERT_GE(e0, 0) << first.out;
+    CtlResult rest = RunCtl(
+        daemon_->socket(),
+        Consume({"--job", "part", "--batch-size", "32", "--seed", "11", "--start-epoch",
+                 absl::StrCat(e0), "--start-step", absl::StrCat(s0), "--epochs",
+                 absl::StrCat(2 - e0), "--ids", dir_.File("b.ids")}),
+        dir_.File("b"));
+    ASSERT_EQ(rest.exit_code, 0) << rest.err;
+    std::vector<IdsLine> got = ReadIdsFile(dir_.File("a.ids"));
+    ASSERT_EQ(got.size(), static_cast<size_t>(k));
+    for (IdsLine& l : ReadIdsFile(dir_.File("b.ids"))) got.push_back(std::move(l));
+    ASSERT_EQ(got.size(), expected.size()) << "k=" << k;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].epoch, expected[i].epoch) << "k=" << k << " batch " << i;
+      ASSERT_EQ(got[i].step, expected[i].step) << "k=" << k << " batch " << i;
+      ASSERT_EQ(got[i].ids, expected[i].ids) << "k=" << k << " batch " << i;
+    }
+  }
+}
+
+// kill -9 of a consumer mid-epoch: its session is gone within 1 s, the pool's free bytes
+// return to their value before it attached, the other rank goes on, and the rank can attach
+// again.
+TEST_F(DaemonTest, KilledConsumerLosesSessionAndSlotsReturn) {
+  const uint64_t free_before = FreeStagingBytes();
+  Subprocess victim(CtlArgv(daemon_->socket(),
+                            Consume({"--job", "k9", "--rank", "0", "--world-size", "2",
+                                     "--batch-size", "8", "--epochs", "0", "--max-batches",
+                                     "1000000", "--step-ms", "20"})),
+                    dir_.File("victim"));
+  Subprocess survivor(CtlArgv(daemon_->socket(),
+                              Consume({"--job", "k9", "--rank", "1", "--world-size", "2",
+                                       "--batch-size", "8", "--epochs", "1", "--step-ms", "2",
+                                       "--checksum", "--ids", dir_.File("survivor.ids"), "-o",
+                                       "json"})),
+                      dir_.File("survivor"));
+  // Wait until the victim is attached and streaming.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool seen = false;
+  while (absl::Now() < deadline && !seen) {
+    for (const auto& s : Sessions()) seen |= s.job == "k9" && s.rank == 0 && s.batches_delivered > 0;
+    if (!seen) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(seen) << victim.Stderr();
+  EXPECT_LT(FreeStagingBytes(), free_before);
+
+  victim.Kill(SIGKILL);
+  ASSERT_EQ(victim.Wait(), 128 + SIGKILL);
+  const absl::Time killed = absl::Now();
+  bool gone = false;
+  while (!gone && absl::Now() - killed < absl::Seconds(1)) {
+    gone = true;
+    for (const auto& s : Sessions()) gone &= !(s.job == "k9" && s.rank == 0);
+    if (!gone) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "session of the killed consumer still listed after 1 s";
+
+  ASSERT_EQ(survivor.Wait(), 0) << survivor.Stderr();
+  const std::vector<IdsLine> lines = ReadIdsFile(dir_.File("survivor.ids"));
+  EXPECT_EQ(lines.size(), static_cast<size_t>(1249 / 16));
+  EXPECT_EQ(static_cast<uint64_t>(JsonInt(survivor.Stdout(), "checksum")),
+            TokensChecksum(tokens_, kSeqLen, lines));
+  EXPECT_EQ(FreeStagingBytes(), free_before);
+
+  CtlResult again = RunCtl(daemon_->socket(),
+                           Consume({"--job", "k9", "--rank", "0", "--world-size", "2",
+                                    "--batch-size", "8", "--max-batches", "3"}),
+                           dir_.File("again"));
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("rank 0: 3 batches"));
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::string code;
+  std::string message;
+};
+
+TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
+  const std::string empty = dir_.File("empty.bin");
+  WriteTokens(empty, 0);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::FILE* f = std::fopen(dir_.File(name).c_str(), "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    return dir_.File(name);
+  };
+  auto npy = [&](const std::string& name, const std::string& dict, size_t data_bytes) {
+    std::string header = dict;
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+    bytes += static_cast<char>(header.size() & 0xff);
+    bytes += static_cast<char>(header.size() >> 8);
+    bytes += header + std::string(data_bytes, '\0');
+    return write(name, bytes);
+  };
+  const std::string fortran =
+      npy("f.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (4, 3), }", 48);
+  const std::string object =
+      npy("o.npy", "{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", 32);
+  const std::string malformed = npy("m.npy", "{'descr': '<f4', 'fortran_order': Fa", 48);
+  const std::string missing = dir_.File("no-such-file.bin");
+
+  const std::vector<std::string> base = {"consume", "--seq-len", "16", "--batch-size", "8",
+                                         "--max-batches", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  const std::vector<BadInput> cases = {
+      {"missing file", with({"--dataset", missing}), "NOT_FOUND", missing},
+      {"empty file", with({"--dataset", empty}), "INVALID_ARGUMENT", "is empty"},
+      {"seq_len too large", {"consume", "--dataset", tokens_path_, "--seq-len", "20000",
+                             "--batch-size", "1"}, "INVALID_ARGUMENT", "dataset.seq_len"},
+      {"batch size 0", {"consume", "--dataset", tokens_path_, "--seq-len", "16", "--batch-size",
+                        "0"}, "INVALID_ARGUMENT", "batch_size"},
+      {"world size 0", with({"--dataset", tokens_path_, "--world-size", "0"}), "INVALID_ARGUMENT",
+       "world_size"},
+      {"rank >= world", with({"--dataset", tokens_path_, "--world-size", "2", "--rank", "2"}),
+       "INVALID_ARGUMENT", "rank"},
+      {"relative path", with({"--dataset", "tokens.bin"}), "INVALID_ARGUMENT", "dataset.path"},
+      {"unknown kind", with({"--dataset", tokens_path_, "--kind", "images"}), "INVALID_ARGUMENT",
+       "kind"},
+      {"fortran npy", {"consume", "--kind", "records", "--dataset", fortran, "--batch-size", "1"},
+       "INVALID_ARGUMENT", "Fortran"},
+      {"object npy", {"consume", "--kind", "records", "--dataset", object, "--batch-size", "1"},
+       "INVALID_ARGUMENT", "object"},
+      {"malformed npy", {"consume", "--kind", "records", "--dataset", malformed, "--batch-size",
+                         "1"}, "INVALID_ARGUMENT", "malformed .npy header"},
+      {"ring too large for the pool",
+       {"consume", "--dataset", tokens_path_, "--seq-len", "19000", "--batch-size", "1000",
+        "--ring-slots", "2", "--no-drop-last"},
+       "RESOURCE_EXHAUSTED", "asked for"},
+      {"start past the epoch", with({"--dataset", tokens_path_, "--start-step", "1000"}),
+       "INVALID_ARGUMENT", "start.step"},
+  };
+  for (const BadInput& c : cases) {
+    CtlResult r = RunCtl(daemon_->socket(), c.args, dir_.File("bad"));
+    EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: " + c.code + ": ")) << c.name;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.name;
+  }
+  // Nothing leaked: every refused attach returned what it reserved.
+  EXPECT_TRUE(Sessions().empty());
+  auto admin = client::AdminClient::Connect(daemon_->socket());
+  auto status = (*admin)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->staging_free_bytes, status->staging_total_bytes);
+  EXPECT_EQ(status->health, "SERVING");
+}
+
+TEST_F(DaemonTest, SecondAttachOfTheSameRankIsAlreadyExists) {
+  auto first = client::Session::Attach(Options());
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = client::Session::Attach(Options());
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("job 'cpp' rank 0"));
+  client::AttachOptions other = Options();
+  other.rank = 1;
+  other.world_size = 2;
+  auto mismatched = client::Session::Attach(other);
+  EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(mismatched.status().message()), HasSubstr("job 'cpp'"));
+}
+
+// Raw protocol: what the client library never sends must still be refused cleanly.
+class RawProtocolTest : public DaemonTest {
+ protected:
+  void SetUp() override {
+    DaemonTest::SetUp();
+    channel_ = grpc::CreateChannel("unix://" + daemon_->socket(),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Feed::NewStub(channel_);
+  }
+
+  v1::AttachRequest Request() {
+    v1::AttachRequest r;
+    r.set_job("raw");
+    r.set_world_size(1);
+    r.mutable_dataset()->set_kind(v1::DATASET_KIND_TOKENS);
+    r.mutable_dataset()->set_path(tokens_path_);
+    r.mutable_dataset()->set_token_dtype(v1::DTYPE_UINT16);
+    r.mutable_dataset()->set_seq_len(kSeqLen);
+    r.set_batch_size(4);
+    r.set_ring_slots(2);
+    return r;
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Feed::Stub> stub_;
+};
+
+TEST_F(RawProtocolTest, UnknownEnumsAndDeviceDeliveryAreRefused) {
+  v1::AttachResponse response;
+  {
+    v1::AttachRequest r = Request();
+    r.mutable_dataset()->set_kind(static_cast<v1::DatasetKind>(7));
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Attach(&ctx, r, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("dataset.kind"));
+  }
+  {
+    v1::AttachRequest r = Request();
+    r.mutable_delivery()->set_kind(v1::DELIVERY_KIND_DEVICE);
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Attach(&ctx, r, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("device delivery"));
+  }
+  {
+    v1::AttachRequest r = Request();
+    r.mutable_dataset()->set_token_dtype(v1::DTYPE_FLOAT32);
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Attach(&ctx, r, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("dataset.token_dtype"));
+  }
+}
+
+TEST_F(RawProtocolTest, BadReleasesAreRejectedAndTheSessionGoesOn) {
+  v1::AttachResponse attached;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Attach(&ctx, Request(), &attached).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub_->Stream(&ctx);
+  v1::StreamRequest open;
+  open.mutable_open()->set_session_id(attached.session_id());
+  open.mutable_open()->set_token(attached.token());
+  ASSERT_TRUE(stream->Write(open));
+  v1::StreamResponse first, second;
+  ASSERT_TRUE(stream->Read(&first));
+  ASSERT_TRUE(stream->Read(&second));
+  ASSERT_TRUE(first.has_batch());
+  EXPECT_EQ(first.batch().step(), 0);
+  EXPECT_EQ(second.batch().step(), 1);
+
+  auto release = [&](int32_t slot, uint64_t generation) {
+    v1::StreamRequest r;
+    r.mutable_release()->set_slot(slot);
+    r.mutable_release()->set_generation(generation);
+    return stream->Write(r);
+  };
+  // A slot outside the ring, a stale generation: refused, named, and the stream goes on.
+  ASSERT_TRUE(release(5, 1));
+  v1::StreamResponse reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_rejected());
+  EXPECT_EQ(reply.rejected().code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(reply.rejected().message(), HasSubstr("slot 5"));
+  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation() + 1));
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_rejected());
+  EXPECT_THAT(reply.rejected().message(), HasSubstr("stale generation"));
+  // The right release: the slot is refilled with step 2.
+  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation()));
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_batch());
+  EXPECT_EQ(reply.batch().step(), 2);
+  EXPECT_EQ(reply.batch().slot(), first.batch().slot());
+  EXPECT_EQ(reply.batch().generation(), first.batch().generation() + 1);
+  // Releasing it twice: the second is refused (not leased any more... it is leased again
+  // with a new generation, so the old generation is stale).
+  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation()));
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_TRUE(reply.has_rejected());
+  ctx.TryCancel();
+}
+
+TEST_F(RawProtocolTest, StreamWithAWrongTokenIsPermissionDenied) {
+  v1::AttachResponse attached;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->Attach(&ctx, Request(), &attached).ok());
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub_->Stream(&ctx);
+  v1::StreamRequest open;
+  open.mutable_open()->set_session_id(attached.session_id());
+  open.mutable_open()->set_token("00000000000000000000000000000000");
+  stream->Write(open);
+  v1::StreamResponse reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// A session whose stream never opens is ended after --attach_timeout and its memory freed.
+TEST_F(RawProtocolTest, AttachWithoutStreamExpires) {
+  v1::AttachResponse attached;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Attach(&ctx, Request(), &attached).ok());
+  EXPECT_EQ(Sessions().size(), 1u);
+  const absl::Time deadline = absl::Now() + absl::Seconds(6);
+  while (!Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(Sessions().empty());
+  auto admin = client::AdminClient::Connect(daemon_->socket());
+  auto status = (*admin)->GetStatus();
+  EXPECT_EQ(status->staging_free_bytes, status->staging_total_bytes);
+}
+
+// SIGTERM: health goes NOT_SERVING, streams end with UNAVAILABLE, exit 0 within 5 s.
+TEST_F(DaemonTest, SigtermEndsStreamsWithUnavailableAndExitsZero) {
+  Subprocess consumer(CtlArgv(daemon_->socket(),
+                              Consume({"--batch-size", "8", "--epochs", "0", "--max-batches",
+                                       "100000000", "--step-ms", "5"})),
+                      dir_.File("consumer"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_FALSE(Sessions().empty());
+  daemon_->process().Kill(SIGTERM);
+  const absl::Time sent = absl::Now();
+  EXPECT_EQ(daemon_->process().Wait(absl::Seconds(5)), 0) << daemon_->process().Stderr();
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(5));
+  EXPECT_EQ(consumer.Wait(absl::Seconds(10)), 1);
+  EXPECT_THAT(consumer.Stderr(), HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(daemon_->process().Stderr(), HasSubstr("received SIGTERM"));
+}
+
+// A dataset that shrinks underneath ends the session with DATA_LOSS, never SIGBUS.
+TEST_F(DaemonTest, ShrunkenDatasetIsDataLossNotACrash) {
+  const std::string path = dir_.File("shrinking.bin");
+  WriteTokens(path, kTokens);
+  Subprocess consumer(CtlArgv(daemon_->socket(),
+                              {"consume", "--dataset", path, "--seq-len", "16", "--batch-size",
+                               "8", "--epochs", "0", "--max-batches", "100000000", "--step-ms",
+                               "5", "--no-shuffle"}),
+                      dir_.File("shrink"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
+  EXPECT_EQ(consumer.Wait(absl::Seconds(20)), 1);
+  EXPECT_THAT(consumer.Stderr(), HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(consumer.Stderr(), HasSubstr("shrank"));
+  EXPECT_TRUE(daemon_->process().Running());
+}
+
+// The C ABI, from a program compiled as C.
+TEST_F(DaemonTest, CApiProgram) {
+  Subprocess c({C_API_TEST_PATH, daemon_->socket(), tokens_path_}, dir_.File("c"));
+  EXPECT_EQ(c.Wait(), 0) << c.Stdout() << c.Stderr();
+  EXPECT_THAT(c.Stdout(), HasSubstr("c api ok"));
+}
+
+}  // namespace
+}  // namespace gpufeed::testing

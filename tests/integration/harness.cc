@@ -1,0 +1,186 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gpufeed/client.h"
+
+extern char** environ;
+
+namespace gpufeed::testing {
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/gpufeed-test-XXXXXX";
+  path_ = ::mkdtemp(tmpl);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Subprocess::Subprocess(const std::vector<std::string>& argv, const std::string& out_prefix)
+    : out_(out_prefix + ".out"), err_(out_prefix + ".err") {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) != 0) pid_ = -1;
+  posix_spawn_file_actions_destroy(&actions);
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && !done_) {
+    ::kill(pid_, SIGKILL);
+    Wait(absl::Seconds(10));
+  }
+}
+
+int Subprocess::Wait(absl::Duration timeout) {
+  if (pid_ <= 0) return -1;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done_) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      done_ = true;
+      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (absl::Now() > deadline) return -1;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return status_;
+}
+
+bool Subprocess::Running() {
+  if (done_) return false;
+  return Wait(absl::ZeroDuration()) == -1;
+}
+
+void Subprocess::Kill(int signal) {
+  if (pid_ > 0 && !done_) ::kill(pid_, signal);
+}
+
+std::string Subprocess::Stdout() const { return ReadFile(out_); }
+std::string Subprocess::Stderr() const { return ReadFile(err_); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string GpufeeddPath() { return GPUFEEDD_PATH; }
+std::string GpufeedctlPath() { return GPUFEEDCTL_PATH; }
+
+Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags)
+    : socket_(dir.File("gf.sock")) {
+  std::vector<std::string> argv = {GpufeeddPath(), "--listen=unix://" + socket_,
+                                   "--staging_bytes=67108864", "--threads=2"};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  process_ = std::make_unique<Subprocess>(argv, dir.File("gpufeedd"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline && process_->Running()) {
+    auto admin = client::AdminClient::Connect(socket_, absl::Seconds(1));
+    if (admin.ok() && (*admin)->GetStatus().ok()) {
+      ready_ = true;
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+Daemon::~Daemon() {
+  process_->Kill(SIGTERM);
+  if (process_->Wait(absl::Seconds(10)) == -1) process_->Kill(SIGKILL);
+}
+
+std::vector<std::string> CtlArgv(const std::string& socket, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {GpufeedctlPath(), "--socket", socket};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+CtlResult RunCtl(const std::string& socket, const std::vector<std::string>& args,
+                 const std::string& out_prefix) {
+  Subprocess p(CtlArgv(socket, args), out_prefix);
+  const int code = p.Wait(absl::Seconds(120));
+  return {code, p.Stdout(), p.Stderr()};
+}
+
+std::vector<uint16_t> WriteTokens(const std::string& path, size_t count) {
+  std::vector<uint16_t> tokens(count);
+  for (size_t k = 0; k < count; ++k) tokens[k] = static_cast<uint16_t>((k * 7 + 3) % 65521);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f);
+  std::fclose(f);
+  return tokens;
+}
+
+int64_t JsonInt(const std::string& json, const std::string& key) {
+  const std::string needle = "\"" + key + "\":";
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return -1;
+  size_t end = at + needle.size();
+  while (end < json.size() && (std::isdigit(static_cast<unsigned char>(json[end])) || json[end] == '-')) ++end;
+  int64_t v = -1;
+  if (!absl::SimpleAtoi(json.substr(at + needle.size(), end - at - needle.size()), &v)) return -1;
+  return v;
+}
+
+std::vector<IdsLine> ReadIdsFile(const std::string& path) {
+  std::vector<IdsLine> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    IdsLine l;
+    l.rank = static_cast<int>(JsonInt(line, "rank"));
+    l.epoch = JsonInt(line, "epoch");
+    l.step = JsonInt(line, "step");
+    l.valid = JsonInt(line, "valid");
+    const size_t open = line.find("\"ids\":[");
+    const size_t close = line.find(']', open);
+    const std::string list = line.substr(open + 7, close - open - 7);
+    for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      int64_t id;
+      if (absl::SimpleAtoi(item, &id)) l.ids.push_back(id);
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+uint64_t TokensChecksum(const std::vector<uint16_t>& tokens, int64_t seq_len,
+                        const std::vector<IdsLine>& lines) {
+  uint64_t sum = 0;
+  for (const IdsLine& l : lines) {
+    for (int64_t r = 0; r < l.valid; ++r) {
+      const size_t first = static_cast<size_t>(l.ids[static_cast<size_t>(r)] * seq_len);
+      for (int64_t j = 0; j <= seq_len; ++j) {
+        sum += static_cast<uint64_t>(j + 1) * tokens[first + static_cast<size_t>(j)];
+      }
+    }
+  }
+  return sum;
+}
+
+}  // namespace gpufeed::testing

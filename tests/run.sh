@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds gpufeed and runs the whole test suite (unit, integration, C ABI; GPU tests skip
+# visibly without a GPU). Installs missing build dependencies first.
+#
+#   tests/run.sh                     # build/ , RelWithDebInfo
+#   GPUFEED_SANITIZE=address tests/run.sh   # ASan+UBSan build in build-asan/
+#   GPUFEED_SANITIZE=thread tests/run.sh    # TSan build in build-tsan/
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/deploy/install-deps.sh"
+
+sanitize=${GPUFEED_SANITIZE:-}
+case "$sanitize" in
+  "") build=${GPUFEED_BUILD_DIR:-$root/build} ;;
+  address) build=${GPUFEED_BUILD_DIR:-$root/build-asan} ;;
+  thread) build=${GPUFEED_BUILD_DIR:-$root/build-tsan} ;;
+  *) echo "GPUFEED_SANITIZE: want address or thread, got '$sanitize'" >&2; exit 2 ;;
+esac
+
+cmake -S "$root" -B "$build" -G Ninja -DGPUFEED_SANITIZE="$sanitize" >/dev/null
+ninja -C "$build"
+cd "$build"
+if [ "$sanitize" = "thread" ]; then
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+fi
+ctest --output-on-failure -j2 --timeout 300

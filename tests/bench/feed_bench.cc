@@ -1,0 +1,170 @@
+// gpufeed throughput benchmark on this machine (CPU, host delivery).
+//
+//   feed_bench [--quick]
+//
+// Prints a table and one JSON line:
+//  (a) memcpy bandwidth for one batch-sized copy from a 256 MiB source (the limit: one copy
+//      from the page cache into the staging slot is all the work there is);
+//  (b) bytes/s and batches/s delivered to 1 and to 2 consumer processes (gpufeedctl consume,
+//      ranks of one job) for tokens B=64, seq_len=2048 and B=256, seq_len=128, uint16;
+//  (c) time from Attach to the first batch on a warm file (median of 9).
+// Not a timed test: CI does not gate on it.
+#include <algorithm>
+#include <thread>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "tests/integration/harness.h"
+
+namespace gt = gpufeed::testing;
+
+namespace {
+
+struct Case {
+  std::string name;
+  int64_t batch;
+  int64_t seq_len;
+};
+
+double MemcpyBandwidth(size_t batch_bytes, double seconds) {
+  const size_t source_bytes = size_t{256} << 20;
+  std::vector<char> source(source_bytes, 1);
+  std::vector<char> ring(batch_bytes * 4, 0);
+  for (size_t i = 0; i < source_bytes; i += 4096) source[i] = static_cast<char>(i);
+  size_t offset = 0, copies = 0, slot = 0;
+  const absl::Time start = absl::Now();
+  absl::Duration elapsed;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (offset + batch_bytes > source_bytes) offset = 0;
+      std::memcpy(ring.data() + slot * batch_bytes, source.data() + offset, batch_bytes);
+      offset += batch_bytes;
+      slot = (slot + 1) % 4;
+      ++copies;
+    }
+    elapsed = absl::Now() - start;
+  } while (elapsed < absl::Seconds(seconds));
+  volatile char sink = ring[batch_bytes / 2];
+  (void)sink;
+  return static_cast<double>(copies * batch_bytes) / absl::ToDoubleSeconds(elapsed);
+}
+
+struct Run {
+  double bytes_per_s = 0;
+  double batches_per_s = 0;
+  bool ok = true;
+  std::string error;
+};
+
+Run Consume(const std::string& socket, const std::string& dataset, const Case& c, int consumers,
+            int64_t max_batches, const gt::TempDir& dir) {
+  std::vector<std::unique_ptr<gt::Subprocess>> procs;
+  static int job = 0;
+  const std::string name = absl::StrCat("bench", job++);
+  for (int r = 0; r < consumers; ++r) {
+    procs.push_back(std::make_unique<gt::Subprocess>(
+        gt::CtlArgv(socket, {"consume", "--job", name, "--rank", absl::StrCat(r), "--world-size",
+                             absl::StrCat(consumers), "--dataset", dataset, "--seq-len",
+                             absl::StrCat(c.seq_len), "--batch-size", absl::StrCat(c.batch),
+                             "--epochs", "0", "--max-batches", absl::StrCat(max_batches), "-o",
+                             "json"}),
+        dir.File(absl::StrCat(name, "-", r))));
+  }
+  Run run;
+  for (auto& p : procs) {
+    if (p->Wait(absl::Seconds(300)) != 0) {
+      run.ok = false;
+      run.error = p->Stderr();
+      continue;
+    }
+    const std::string out = p->Stdout();
+    // Rates of concurrent consumers add up.
+    const size_t b = out.find("\"bytes_per_s\":");
+    const size_t n = out.find("\"batches_per_s\":");
+    run.bytes_per_s += std::stod(out.substr(b + 14));
+    run.batches_per_s += std::stod(out.substr(n + 16));
+  }
+  return run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  gt::TempDir dir;
+  const std::string dataset = dir.File("tokens.bin");
+  const size_t tokens = quick ? (size_t{8} << 20) : (size_t{64} << 20);  // 16 or 128 MiB
+  std::fprintf(stderr, "writing %zu MiB of tokens...\n", tokens * 2 >> 20);
+  gt::WriteTokens(dataset, tokens);
+  gt::Daemon daemon(dir, {"--staging_bytes=268435456"});
+  if (!daemon.ready()) {
+    std::fprintf(stderr, "gpufeedd did not start: %s\n", daemon.process().Stderr().c_str());
+    return 1;
+  }
+  // Warm the page cache: one full pass over the file.
+  gt::RunCtl(daemon.socket(), {"consume", "--job", "warm", "--dataset", dataset, "--seq-len",
+                               "2048", "--batch-size", "64", "--no-shuffle"},
+             dir.File("warm"));
+
+  const std::vector<Case> cases = {{"B=64 seq_len=2048", 64, 2048}, {"B=256 seq_len=128", 256, 128}};
+  std::vector<std::string> rows;
+  std::string json = "{\"bench\":\"feed_bench\",\"cases\":[";
+  bool all_ok = true;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const size_t batch_bytes = static_cast<size_t>(c.batch * (c.seq_len + 1) * 2);
+    std::fprintf(stderr, "%s: memcpy...\n", c.name.c_str());
+    const double limit = MemcpyBandwidth(batch_bytes, quick ? 0.3 : 1.5);
+    const int64_t n = quick ? 2000 : (batch_bytes > (1 << 20 >> 2) ? 20000 : 40000);
+    std::fprintf(stderr, "%s: 1 consumer...\n", c.name.c_str());
+    Run one = Consume(daemon.socket(), dataset, c, 1, n, dir);
+    std::fprintf(stderr, "%s: 2 consumers...\n", c.name.c_str());
+    Run two = Consume(daemon.socket(), dataset, c, 2, n / 2, dir);
+    if (!one.ok || !two.ok) {
+      std::fprintf(stderr, "consumer failed: %s%s\n", one.error.c_str(), two.error.c_str());
+      all_ok = false;
+    }
+    rows.push_back(absl::StrFormat("| %-18s | %8zu | %10.2f | %10.2f | %7.0f | %10.2f | %7.0f | %5.0f%% |",
+                                   c.name, batch_bytes, limit / 1e9, one.bytes_per_s / 1e9,
+                                   one.batches_per_s, two.bytes_per_s / 1e9, two.batches_per_s,
+                                   100.0 * std::max(one.bytes_per_s, two.bytes_per_s) / limit));
+    absl::StrAppend(&json, i ? "," : "",
+                    absl::StrFormat("{\"case\":\"%s\",\"batch_bytes\":%zu,\"memcpy_bytes_per_s\":%.0f,"
+                                    "\"one_bytes_per_s\":%.0f,\"one_batches_per_s\":%.1f,"
+                                    "\"two_bytes_per_s\":%.0f,\"two_batches_per_s\":%.1f}",
+                                    c.name, batch_bytes, limit, one.bytes_per_s, one.batches_per_s,
+                                    two.bytes_per_s, two.batches_per_s));
+  }
+
+  // (c) Attach -> first batch, warm file: median of 9 fresh consumers.
+  std::vector<double> first_ms;
+  for (int i = 0; i < 9; ++i) {
+    gt::CtlResult r = gt::RunCtl(daemon.socket(),
+                                 {"consume", "--job", absl::StrCat("first", i), "--dataset", dataset,
+                                  "--seq-len", "2048", "--batch-size", "64", "--max-batches", "1",
+                                  "-o", "json"},
+                                 dir.File("first"));
+    const size_t at = r.out.find("\"first_batch_ms\":");
+    if (r.exit_code == 0 && at != std::string::npos) first_ms.push_back(std::stod(r.out.substr(at + 17)));
+  }
+  std::sort(first_ms.begin(), first_ms.end());
+  const double median = first_ms.empty() ? -1 : first_ms[first_ms.size() / 2];
+
+  std::printf("\ngpufeed feed_bench (host delivery, tokens uint16, %d cores)\n\n",
+              static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("| case               | batch B  | memcpy GB/s | 1 cons GB/s | batch/s | 2 cons GB/s | batch/s | best/memcpy |\n");
+  std::printf("|--------------------|----------|------------|------------|---------|------------|---------|-------|\n");
+  for (const auto& row : rows) std::printf("%s\n", row.c_str());
+  std::printf("\nAttach -> first batch (B=64 seq_len=2048, warm file, median of %zu): %.2f ms\n\n",
+              first_ms.size(), median);
+  absl::StrAppend(&json, "],\"first_batch_ms_median\":", absl::StrFormat("%.3f", median), "}");
+  std::printf("%s\n", json.c_str());
+  return all_ok ? 0 : 1;
+}

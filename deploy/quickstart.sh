@@ -9,7 +9,7 @@ build=${GPUFEED_BUILD_DIR:-$root/build}
 
 "$root/deploy/install-deps.sh"
 echo "== building (first time: a few minutes on 2 cores)"
-cmake -S "$root" -B "$build" -G Ninja -DBUILD_TESTING=OFF >/dev/null
+cmake -S "$root" -B "$build" -G Ninja >/dev/null
 ninja -C "$build" gpufeedd gpufeedctl >/dev/null
 
 work=$(mktemp -d /tmp/gpufeed-demo-XXXXXX)

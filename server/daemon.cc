@@ -69,6 +69,10 @@ absl::Status ValidateConfig(DaemonConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("default_ring_slots: 1 to 64, got ", c.default_ring_slots));
   }
+  if (c.read_mode != "mmap" && c.read_mode != "pread") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("read_mode: want mmap or pread, got '", c.read_mode, "'"));
+  }
   return SetLogLevel(c.log_level);
 }
 
@@ -90,7 +94,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   options.max_sessions = c.max_sessions;
   options.default_ring_slots = c.default_ring_slots;
   options.attach_timeout = c.attach_timeout;
-  d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), PosixFileSystem());
+  FileSystem* fs = c.read_mode == "pread" ? PosixFileSystem() : MappedFileSystem();
+  d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs);
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
                            MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get()));
 
@@ -115,8 +120,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   health->SetServingStatus("", true);
   health->SetServingStatus("gpufeed.v1.Feed", true);
   d->serving_ = true;
-  spdlog::info("gpufeedd {} serving on {} (memory socket {}), staging {} MiB, {} threads",
-               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads);
+  spdlog::info("gpufeedd {} serving on {} (memory socket {}), staging {} MiB, {} threads, "
+               "{} reads",
+               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads, c.read_mode);
   return d;
 }
 

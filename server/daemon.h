@@ -36,6 +36,9 @@ struct DaemonConfig {
   absl::Duration attach_timeout = absl::Seconds(10);
   absl::Duration shutdown_grace = absl::Seconds(2);
   std::string log_level = "info";
+  // How readers copy samples from the page cache: "mmap" (memcpy from a mapping, guarded
+  // against SIGBUS) or "pread". Both turn a shrunken file into DATA_LOSS.
+  std::string read_mode = "mmap";
 };
 
 // INVALID_ARGUMENT naming the field. Fills derived fields (mem_socket, threads).

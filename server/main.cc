@@ -25,6 +25,9 @@ ABSL_FLAG(int, max_sessions, 256, "most sessions served at once");
 ABSL_FLAG(int, ring_slots, 4, "default ring depth (slots per session) when Attach gives none");
 ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
           "a session whose stream is not open this long after Attach is ended");
+ABSL_FLAG(std::string, read_mode, "mmap",
+          "how samples are copied from the page cache: mmap (memcpy from a mapping, guarded "
+          "against a shrinking file) or pread");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 int main(int argc, char** argv) {
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
   config.default_ring_slots = absl::GetFlag(FLAGS_ring_slots);
   config.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
   config.log_level = absl::GetFlag(FLAGS_log_level);
+  config.read_mode = absl::GetFlag(FLAGS_read_mode);
 
   absl::StatusOr<std::unique_ptr<gpufeed::server::Daemon>> daemon =
       gpufeed::server::Daemon::Start(config);

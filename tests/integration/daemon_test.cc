@@ -510,8 +510,21 @@ TEST_F(DaemonTest, SigtermEndsStreamsWithUnavailableAndExitsZero) {
   EXPECT_THAT(daemon_->process().Stderr(), HasSubstr("received SIGTERM"));
 }
 
-// A dataset that shrinks underneath ends the session with DATA_LOSS, never SIGBUS.
-TEST_F(DaemonTest, ShrunkenDatasetIsDataLossNotACrash) {
+// A dataset that shrinks underneath ends the session with DATA_LOSS, never SIGBUS, with
+// either read mode.
+class ShrinkTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    tokens_path_ = dir_.File("tokens.bin");
+    tokens_ = WriteTokens(tokens_path_, kTokens);
+    daemon_ = std::make_unique<Daemon>(dir_, std::vector<std::string>{"--read_mode=" + GetParam()});
+    ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(ReadModes, ShrinkTest, ::testing::Values("mmap", "pread"));
+
+TEST_P(ShrinkTest, ShrunkenDatasetIsDataLossNotACrash) {
   const std::string path = dir_.File("shrinking.bin");
   WriteTokens(path, kTokens);
   Subprocess consumer(CtlArgv(daemon_->socket(),
@@ -526,6 +539,10 @@ TEST_F(DaemonTest, ShrunkenDatasetIsDataLossNotACrash) {
   EXPECT_THAT(consumer.Stderr(), HasSubstr("DATA_LOSS"));
   EXPECT_THAT(consumer.Stderr(), HasSubstr("shrank"));
   EXPECT_TRUE(daemon_->process().Running());
+  // And it goes on serving others.
+  CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
+                           dir_.File("after"));
+  EXPECT_EQ(after.exit_code, 0) << after.err;
 }
 
 // The C ABI, from a program compiled as C.

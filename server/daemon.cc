@@ -65,9 +65,9 @@ absl::Status ValidateConfig(DaemonConfig& c) {
   if (c.max_sessions < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_sessions: >= 1, got ", c.max_sessions));
   }
-  if (c.default_ring_slots < 1 || c.default_ring_slots > 64) {
+  if (c.default_ring_slots < 0 || c.default_ring_slots > 64) {
     return absl::InvalidArgumentError(
-        absl::StrCat("default_ring_slots: 1 to 64, got ", c.default_ring_slots));
+        absl::StrCat("ring_slots: 0 (auto) to 64, got ", c.default_ring_slots));
   }
   if (c.read_mode != "mmap" && c.read_mode != "pread") {
     return absl::InvalidArgumentError(

@@ -32,7 +32,7 @@ struct DaemonConfig {
   uint64_t staging_slab_bytes = uint64_t{1} << 30;
   int threads = 0;  // 0: one per core
   int max_sessions = 256;
-  int32_t default_ring_slots = 4;
+  int32_t default_ring_slots = 0;  // 0: auto (2..16 slots, up to 64 MiB a ring)
   absl::Duration attach_timeout = absl::Seconds(10);
   absl::Duration shutdown_grace = absl::Seconds(2);
   std::string log_level = "info";

@@ -22,7 +22,9 @@ ABSL_FLAG(uint64_t, staging_bytes, uint64_t{1} << 30,
           "bytes of host staging memory (memfd slabs) shared by all sessions' rings");
 ABSL_FLAG(int, threads, 0, "reader threads; 0 = one per core");
 ABSL_FLAG(int, max_sessions, 256, "most sessions served at once");
-ABSL_FLAG(int, ring_slots, 4, "default ring depth (slots per session) when Attach gives none");
+ABSL_FLAG(int, ring_slots, 0,
+          "ring depth (slots per session) when Attach gives none; 0 = auto: as many as fit "
+          "in 64 MiB, 2 to 16");
 ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
           "a session whose stream is not open this long after Attach is ended");
 ABSL_FLAG(std::string, read_mode, "mmap",

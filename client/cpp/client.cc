@@ -198,7 +198,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   absl::StatusOr<Batch> Next(absl::Duration timeout) {
-    v1::StreamResponse event;
+    Event event;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -211,13 +211,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       if (events_.empty()) return end_;
       event = std::move(events_.front());
       events_.pop_front();
+      if (event.end) {
+        end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+        return end_;
+      }
     }
-    if (event.has_end()) {
-      absl::MutexLock lock(&mu_);
-      end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
-      return end_;
-    }
-    const v1::BatchReady& b = event.batch();
+    const v1::BatchReady& b = event.batch;
     if (b.slot() < 0 || b.slot() >= ring_slots_) {
       return absl::InternalError(absl::StrCat("daemon named slot ", b.slot(), " outside the ring"));
     }
@@ -239,13 +238,32 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return batch;
   }
 
+  // Releases from any thread. Whoever finds no write in progress becomes the writer and
+  // sends every release queued meanwhile in one message, so releases that arrive while a
+  // write is under way share the next one.
   void Release(int32_t slot, uint64_t generation) {
-    v1::StreamRequest request;
-    request.mutable_release()->set_slot(slot);
-    request.mutable_release()->set_generation(generation);
-    absl::MutexLock lock(&write_mu_);
-    if (writes_done_ || stream_ == nullptr) return;  // session over: nothing to return
-    stream_->Write(request);
+    {
+      absl::MutexLock lock(&release_mu_);
+      v1::Release* r = releases_.add_releases();
+      r->set_slot(slot);
+      r->set_generation(generation);
+      if (release_writer_active_) return;
+      release_writer_active_ = true;
+    }
+    while (true) {
+      v1::StreamRequest request;
+      {
+        absl::MutexLock lock(&release_mu_);
+        if (releases_.releases().empty()) {
+          release_writer_active_ = false;
+          return;
+        }
+        request.Swap(&releases_);
+      }
+      absl::MutexLock lock(&write_mu_);
+      if (writes_done_ || stream_ == nullptr) continue;  // session over: nothing to return
+      stream_->Write(request);
+    }
   }
 
   absl::Status Detach() {
@@ -294,13 +312,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     v1::StreamResponse response;
     while (stream_->Read(&response)) {
       absl::MutexLock lock(&mu_);
-      if (response.has_rejected()) {
-        ++rejected_;
-        last_rejection_ = response.rejected().message();
-        continue;
+      for (v1::BatchReady& b : *response.mutable_batches()) {
+        events_.push_back(Event{false, std::move(b)});
       }
-      events_.push_back(std::move(response));
-      response = v1::StreamResponse();
+      for (const v1::ReleaseRejected& r : response.rejected()) {
+        ++rejected_;
+        last_rejection_ = r.message();
+      }
+      if (response.has_end()) events_.push_back(Event{true, {}});
     }
     {
       absl::MutexLock lock(&write_mu_);
@@ -345,8 +364,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   absl::Mutex write_mu_;  // one writer on the stream at a time
   bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
 
+  absl::Mutex release_mu_;
+  v1::StreamRequest releases_ ABSL_GUARDED_BY(release_mu_);  // queued, not yet written
+  bool release_writer_active_ ABSL_GUARDED_BY(release_mu_) = false;
+
+  struct Event {
+    bool end = false;  // the end marker, after the last batch before stop_epoch
+    v1::BatchReady batch;
+  };
   mutable absl::Mutex mu_;
-  std::deque<v1::StreamResponse> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   absl::Status end_ ABSL_GUARDED_BY(mu_);  // not OK once the stream is over
   Position position_ ABSL_GUARDED_BY(mu_);
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;

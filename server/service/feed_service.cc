@@ -13,6 +13,7 @@ namespace gpufeed::server {
 namespace {
 
 constexpr size_t kMaxPendingRejections = 64;
+constexpr int kMaxBatchesPerMessage = 64;
 
 // One consumer's stream. Reads are opens and releases; writes are batches, rejections and
 // the end marker, one in flight at a time. Session notifications arrive on worker threads
@@ -38,25 +39,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     absl::Status problem;
     if (session_ == nullptr) {
       problem = Open();
-    } else if (request_.has_release()) {
-      absl::Status s = session_->Release(request_.release().slot(), request_.release().generation());
-      if (!s.ok()) {
-        absl::MutexLock lock(&link_->mu);
-        if (pending_.size() >= kMaxPendingRejections) {
-          problem = absl::FailedPreconditionError("too many rejected releases on this stream");
-        } else {
-          v1::StreamResponse r;
-          v1::ReleaseRejected* rej = r.mutable_rejected();
-          rej->set_slot(request_.release().slot());
-          rej->set_generation(request_.release().generation());
-          rej->set_code(static_cast<int32_t>(s.code()));
-          rej->set_message(std::string(s.message()));
-          pending_.push_back(std::move(r));
-        }
-      }
-    } else {
-      problem = absl::InvalidArgumentError("stream: expected a release after the open message");
+    } else if (request_.has_open()) {
+      problem = absl::InvalidArgumentError("stream: open may only be the first message");
     }
+    if (problem.ok() && !request_.releases().empty()) problem = Release();
     if (problem.ok()) StartRead(&request_);
     Step(problem);
   }
@@ -107,6 +93,25 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     });
   }
 
+  // Credits every release of the request; refused ones are answered on the stream.
+  absl::Status Release() {
+    for (const v1::Release& release : request_.releases()) {
+      absl::Status s = session_->Release(release.slot(), release.generation());
+      if (s.ok()) continue;
+      absl::MutexLock lock(&link_->mu);
+      if (rejected_.size() >= kMaxPendingRejections) {
+        return absl::FailedPreconditionError("too many rejected releases on this stream");
+      }
+      v1::ReleaseRejected rejection;
+      rejection.set_slot(release.slot());
+      rejection.set_generation(release.generation());
+      rejection.set_code(static_cast<int32_t>(s.code()));
+      rejection.set_message(std::string(s.message()));
+      rejected_.push_back(std::move(rejection));
+    }
+    return absl::OkStatus();
+  }
+
   static void Kick(Link& link) {
     StreamReactor* reactor;
     {
@@ -140,31 +145,32 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       if (!finish_status_.ok()) {
         finish = finish_status_;
         action = kFinish;
-      } else if (!pending_.empty()) {
-        out_ = std::move(pending_.front());
-        pending_.pop_front();
-        action = kWrite;
-      } else if (session_ != nullptr) {
-        StreamEvent event = session_->NextEvent();
-        switch (event.kind) {
-          case StreamEvent::kBatch:
-            out_.Clear();
-            ToProto(event.batch, out_.mutable_batch());
-            action = kWrite;
-            break;
-          case StreamEvent::kEnd:
-            out_.Clear();
+      } else {
+        // Gather everything ready into one message: under load this amortises the per-message
+        // cost over several batches.
+        out_.Clear();
+        for (v1::ReleaseRejected& r : rejected_) *out_.add_rejected() = std::move(r);
+        rejected_.clear();
+        while (session_ != nullptr && out_.batches_size() < kMaxBatchesPerMessage) {
+          StreamEvent event = session_->NextEvent();
+          if (event.kind == StreamEvent::kBatch) {
+            ToProto(event.batch, out_.add_batches());
+            continue;
+          }
+          if (event.kind == StreamEvent::kEnd) {
             ToProto(event.end_position, out_.mutable_end()->mutable_position());
-            action = kWrite;
-            break;
-          case StreamEvent::kClosed:
+          } else if (event.kind == StreamEvent::kClosed &&
+                     out_.batches_size() + out_.rejected_size() == 0) {
             finish = event.status;
             // A consumer that closed its own stream or detached gets a clean end.
             if (absl::IsCancelled(finish)) finish = absl::OkStatus();
             action = kFinish;
-            break;
-          case StreamEvent::kNothing:
-            break;
+          }
+          break;  // kNothing, kEnd, or kClosed (sent first what was gathered)
+        }
+        if (action != kFinish &&
+            (out_.batches_size() > 0 || out_.rejected_size() > 0 || out_.has_end())) {
+          action = kWrite;
         }
       }
       if (action == kWrite) write_in_flight_ = true;
@@ -179,7 +185,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   v1::StreamRequest request_;  // owned by the one outstanding read
   v1::StreamResponse out_ ABSL_GUARDED_BY(link_->mu);
   std::shared_ptr<Session> session_ ABSL_GUARDED_BY(link_->mu);
-  std::deque<v1::StreamResponse> pending_ ABSL_GUARDED_BY(link_->mu);
+  std::vector<v1::ReleaseRejected> rejected_ ABSL_GUARDED_BY(link_->mu);
   bool write_in_flight_ ABSL_GUARDED_BY(link_->mu) = false;
   bool finished_ ABSL_GUARDED_BY(link_->mu) = false;
   absl::Status finish_status_ ABSL_GUARDED_BY(link_->mu);

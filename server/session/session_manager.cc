@@ -35,6 +35,12 @@ bool TokenEquals(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
+int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_bytes) {
+  if (options.default_ring_slots > 0) return options.default_ring_slots;
+  const uint64_t fit = options.auto_ring_bytes / std::max<uint64_t>(stride_bytes, 1);
+  return static_cast<int32_t>(std::clamp<uint64_t>(fit, 2, 16));
+}
+
 absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) {
   if (spec.job.empty() || spec.job.size() > kMaxJobNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -160,8 +166,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
         "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
         steps, ")"));
   }
-  const int32_t slots = spec.ring_slots == 0 ? options_.default_ring_slots : spec.ring_slots;
   const uint64_t stride = (*feed)->layout().stride_bytes;
+  const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
   absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
   if (!ring.ok()) {
     unreserve();

@@ -415,48 +415,64 @@ TEST_F(RawProtocolTest, BadReleasesAreRejectedAndTheSessionGoesOn) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub_->Attach(&ctx, Request(), &attached).ok());
   }
+  ASSERT_EQ(attached.ring_slots(), 2);
   grpc::ClientContext ctx;
   auto stream = stub_->Stream(&ctx);
   v1::StreamRequest open;
   open.mutable_open()->set_session_id(attached.session_id());
   open.mutable_open()->set_token(attached.token());
   ASSERT_TRUE(stream->Write(open));
-  v1::StreamResponse first, second;
-  ASSERT_TRUE(stream->Read(&first));
-  ASSERT_TRUE(stream->Read(&second));
-  ASSERT_TRUE(first.has_batch());
-  EXPECT_EQ(first.batch().step(), 0);
-  EXPECT_EQ(second.batch().step(), 1);
+  // Reads until `batches` batches or one rejection arrived.
+  std::vector<v1::BatchReady> got;
+  std::vector<v1::ReleaseRejected> rejected;
+  auto read = [&](size_t batches) {
+    while (got.size() < batches && rejected.empty()) {
+      v1::StreamResponse r;
+      if (!stream->Read(&r)) return false;
+      got.insert(got.end(), r.batches().begin(), r.batches().end());
+      rejected.insert(rejected.end(), r.rejected().begin(), r.rejected().end());
+    }
+    return true;
+  };
+  ASSERT_TRUE(read(2));
+  ASSERT_EQ(got.size(), 2u);  // the ring holds 2: nothing more comes before a release
+  EXPECT_EQ(got[0].step(), 0);
+  EXPECT_EQ(got[1].step(), 1);
+  const v1::BatchReady first = got[0];
 
   auto release = [&](int32_t slot, uint64_t generation) {
     v1::StreamRequest r;
-    r.mutable_release()->set_slot(slot);
-    r.mutable_release()->set_generation(generation);
+    v1::Release* rel = r.add_releases();
+    rel->set_slot(slot);
+    rel->set_generation(generation);
     return stream->Write(r);
   };
   // A slot outside the ring, a stale generation: refused, named, and the stream goes on.
   ASSERT_TRUE(release(5, 1));
-  v1::StreamResponse reply;
-  ASSERT_TRUE(stream->Read(&reply));
-  ASSERT_TRUE(reply.has_rejected());
-  EXPECT_EQ(reply.rejected().code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
-  EXPECT_THAT(reply.rejected().message(), HasSubstr("slot 5"));
-  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation() + 1));
-  ASSERT_TRUE(stream->Read(&reply));
-  ASSERT_TRUE(reply.has_rejected());
-  EXPECT_THAT(reply.rejected().message(), HasSubstr("stale generation"));
-  // The right release: the slot is refilled with step 2.
-  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation()));
-  ASSERT_TRUE(stream->Read(&reply));
-  ASSERT_TRUE(reply.has_batch());
-  EXPECT_EQ(reply.batch().step(), 2);
-  EXPECT_EQ(reply.batch().slot(), first.batch().slot());
-  EXPECT_EQ(reply.batch().generation(), first.batch().generation() + 1);
-  // Releasing it twice: the second is refused (not leased any more... it is leased again
-  // with a new generation, so the old generation is stale).
-  ASSERT_TRUE(release(first.batch().slot(), first.batch().generation()));
-  ASSERT_TRUE(stream->Read(&reply));
-  ASSERT_TRUE(reply.has_rejected());
+  ASSERT_TRUE(read(100));
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_EQ(rejected[0].code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(rejected[0].slot(), 5);
+  EXPECT_THAT(rejected[0].message(), HasSubstr("slot 5"));
+  rejected.clear();
+  ASSERT_TRUE(release(first.slot(), first.generation() + 1));
+  ASSERT_TRUE(read(100));
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_THAT(rejected[0].message(), HasSubstr("stale generation"));
+  rejected.clear();
+  EXPECT_EQ(got.size(), 2u);  // no batch came for a refused release
+  // The right release: the slot is refilled with step 2 and a new generation.
+  ASSERT_TRUE(release(first.slot(), first.generation()));
+  ASSERT_TRUE(read(3));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].step(), 2);
+  EXPECT_EQ(got[2].slot(), first.slot());
+  EXPECT_EQ(got[2].generation(), first.generation() + 1);
+  // The old generation again: the slot holds a newer one now.
+  ASSERT_TRUE(release(first.slot(), first.generation()));
+  ASSERT_TRUE(read(100));
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_THAT(rejected[0].message(), HasSubstr("stale generation"));
   ctx.TryCancel();
 }
 

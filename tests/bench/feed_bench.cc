@@ -4,11 +4,18 @@
 //
 // Prints a table and one JSON line:
 //  (a) memcpy bandwidth for one batch-sized copy from a 256 MiB source (the limit: one copy
-//      from the page cache into the staging slot is all the work there is);
+//      from the page cache into the staging slot is all the work there is), and the same
+//      bytes gathered as the batch's B rows from random samples of the mapped dataset file
+//      (the very copy gpufeedd makes: a row is seq_len+1 tokens at a random offset);
 //  (b) bytes/s and batches/s delivered to 1 and to 2 consumer processes (gpufeedctl consume,
-//      ranks of one job) for tokens B=64, seq_len=2048 and B=256, seq_len=128, uint16;
+//      ranks of one job) for tokens B=64, seq_len=2048 and B=256, seq_len=128, uint16, with
+//      each read mode of the daemon (mmap, pread);
 //  (c) time from Attach to the first batch on a warm file (median of 9).
 // Not a timed test: CI does not gate on it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <thread>
 #include <chrono>
@@ -53,6 +60,39 @@ double MemcpyBandwidth(size_t batch_bytes, double seconds) {
   } while (elapsed < absl::Seconds(seconds));
   volatile char sink = ring[batch_bytes / 2];
   (void)sink;
+  return static_cast<double>(copies * batch_bytes) / absl::ToDoubleSeconds(elapsed);
+}
+
+// Copies B random rows of (seq_len + 1) tokens from a mapping of the dataset into a ring of
+// batch buffers, as the readers do.
+double GatherBandwidth(const std::string& dataset, size_t file_bytes, const Case& c,
+                       double seconds) {
+  const int fd = ::open(dataset.c_str(), O_RDONLY);
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  const auto* src = static_cast<const char*>(map);
+  const size_t row = static_cast<size_t>(c.seq_len + 1) * 2;
+  const size_t samples = (file_bytes / 2 - 1) / static_cast<size_t>(c.seq_len);
+  const size_t batch_bytes = row * static_cast<size_t>(c.batch);
+  std::vector<char> ring(batch_bytes * 4);
+  uint64_t state = 12345, copies = 0;
+  size_t slot = 0;
+  const absl::Time start = absl::Now();
+  absl::Duration elapsed;
+  do {
+    for (int b = 0; b < 16; ++b) {
+      char* dst = ring.data() + slot * batch_bytes;
+      for (int64_t r = 0; r < c.batch; ++r) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        const size_t id = (state >> 33) % samples;
+        std::memcpy(dst + static_cast<size_t>(r) * row, src + id * static_cast<size_t>(c.seq_len) * 2, row);
+      }
+      slot = (slot + 1) % 4;
+      ++copies;
+    }
+    elapsed = absl::Now() - start;
+  } while (elapsed < absl::Seconds(seconds));
+  ::munmap(map, file_bytes);
   return static_cast<double>(copies * batch_bytes) / absl::ToDoubleSeconds(elapsed);
 }
 
@@ -103,11 +143,17 @@ int main(int argc, char** argv) {
   const size_t tokens = quick ? (size_t{8} << 20) : (size_t{64} << 20);  // 16 or 128 MiB
   std::fprintf(stderr, "writing %zu MiB of tokens...\n", tokens * 2 >> 20);
   gt::WriteTokens(dataset, tokens);
-  gt::Daemon daemon(dir, {"--staging_bytes=268435456"});
-  if (!daemon.ready()) {
-    std::fprintf(stderr, "gpufeedd did not start: %s\n", daemon.process().Stderr().c_str());
-    return 1;
+  std::vector<std::unique_ptr<gt::Daemon>> daemons;
+  for (const char* mode : {"mmap", "pread"}) {
+    gt::TempDir* sub = new gt::TempDir();  // one socket directory per daemon; lives to exit
+    daemons.push_back(std::make_unique<gt::Daemon>(
+        *sub, std::vector<std::string>{"--staging_bytes=268435456", absl::StrCat("--read_mode=", mode)}));
+    if (!daemons.back()->ready()) {
+      std::fprintf(stderr, "gpufeedd did not start: %s\n", daemons.back()->process().Stderr().c_str());
+      return 1;
+    }
   }
+  const gt::Daemon& daemon = *daemons[0];
   // Warm the page cache: one full pass over the file.
   gt::RunCtl(daemon.socket(), {"consume", "--job", "warm", "--dataset", dataset, "--seq-len",
                                "2048", "--batch-size", "64", "--no-shuffle"},
@@ -117,30 +163,38 @@ int main(int argc, char** argv) {
   std::vector<std::string> rows;
   std::string json = "{\"bench\":\"feed_bench\",\"cases\":[";
   bool all_ok = true;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
+  bool first_row = true;
+  for (const Case& c : cases) {
     const size_t batch_bytes = static_cast<size_t>(c.batch * (c.seq_len + 1) * 2);
     std::fprintf(stderr, "%s: memcpy...\n", c.name.c_str());
     const double limit = MemcpyBandwidth(batch_bytes, quick ? 0.3 : 1.5);
-    const int64_t n = quick ? 2000 : (batch_bytes > (1 << 20 >> 2) ? 20000 : 40000);
-    std::fprintf(stderr, "%s: 1 consumer...\n", c.name.c_str());
-    Run one = Consume(daemon.socket(), dataset, c, 1, n, dir);
-    std::fprintf(stderr, "%s: 2 consumers...\n", c.name.c_str());
-    Run two = Consume(daemon.socket(), dataset, c, 2, n / 2, dir);
-    if (!one.ok || !two.ok) {
-      std::fprintf(stderr, "consumer failed: %s%s\n", one.error.c_str(), two.error.c_str());
-      all_ok = false;
+    const double gather = GatherBandwidth(dataset, tokens * 2, c, quick ? 0.3 : 1.5);
+    const int64_t n = quick ? 2000 : (batch_bytes > (1 << 20 >> 2) ? 30000 : 40000);
+    for (size_t m = 0; m < daemons.size(); ++m) {
+      const char* mode = m == 0 ? "mmap" : "pread";
+      std::fprintf(stderr, "%s, %s reads: 1 consumer...\n", c.name.c_str(), mode);
+      Run one = Consume(daemons[m]->socket(), dataset, c, 1, n, dir);
+      std::fprintf(stderr, "%s, %s reads: 2 consumers...\n", c.name.c_str(), mode);
+      Run two = Consume(daemons[m]->socket(), dataset, c, 2, n / 2, dir);
+      if (!one.ok || !two.ok) {
+        std::fprintf(stderr, "consumer failed: %s%s\n", one.error.c_str(), two.error.c_str());
+        all_ok = false;
+      }
+      const double best = std::max(one.bytes_per_s, two.bytes_per_s);
+      rows.push_back(absl::StrFormat(
+          "| %-18s | %-5s | %8zu | %6.2f | %6.2f | %6.2f | %7.0f | %6.2f | %7.0f | %4.0f%% | %4.0f%% |",
+          c.name, mode, batch_bytes, limit / 1e9, gather / 1e9, one.bytes_per_s / 1e9,
+          one.batches_per_s, two.bytes_per_s / 1e9, two.batches_per_s, 100.0 * best / limit,
+          100.0 * best / gather));
+      absl::StrAppend(&json, first_row ? "" : ",",
+                      absl::StrFormat("{\"case\":\"%s\",\"read_mode\":\"%s\",\"batch_bytes\":%zu,"
+                                      "\"memcpy_bytes_per_s\":%.0f,\"gather_bytes_per_s\":%.0f,"
+                                      "\"one_bytes_per_s\":%.0f,\"one_batches_per_s\":%.1f,"
+                                      "\"two_bytes_per_s\":%.0f,\"two_batches_per_s\":%.1f}",
+                                      c.name, mode, batch_bytes, limit, gather, one.bytes_per_s,
+                                      one.batches_per_s, two.bytes_per_s, two.batches_per_s));
+      first_row = false;
     }
-    rows.push_back(absl::StrFormat("| %-18s | %8zu | %10.2f | %10.2f | %7.0f | %10.2f | %7.0f | %5.0f%% |",
-                                   c.name, batch_bytes, limit / 1e9, one.bytes_per_s / 1e9,
-                                   one.batches_per_s, two.bytes_per_s / 1e9, two.batches_per_s,
-                                   100.0 * std::max(one.bytes_per_s, two.bytes_per_s) / limit));
-    absl::StrAppend(&json, i ? "," : "",
-                    absl::StrFormat("{\"case\":\"%s\",\"batch_bytes\":%zu,\"memcpy_bytes_per_s\":%.0f,"
-                                    "\"one_bytes_per_s\":%.0f,\"one_batches_per_s\":%.1f,"
-                                    "\"two_bytes_per_s\":%.0f,\"two_batches_per_s\":%.1f}",
-                                    c.name, batch_bytes, limit, one.bytes_per_s, one.batches_per_s,
-                                    two.bytes_per_s, two.batches_per_s));
   }
 
   // (c) Attach -> first batch, warm file: median of 9 fresh consumers.
@@ -159,8 +213,10 @@ int main(int argc, char** argv) {
 
   std::printf("\ngpufeed feed_bench (host delivery, tokens uint16, %d cores)\n\n",
               static_cast<int>(std::thread::hardware_concurrency()));
-  std::printf("| case               | batch B  | memcpy GB/s | 1 cons GB/s | batch/s | 2 cons GB/s | batch/s | best/memcpy |\n");
-  std::printf("|--------------------|----------|------------|------------|---------|------------|---------|-------|\n");
+  std::printf("(a) memcpy: one batch-sized contiguous copy; gather: the batch's rows copied from\n"
+              "random samples of the mapped file. (b) GB/s and batches/s summed over consumers.\n\n");
+  std::printf("| case               | reads | batch B  | memcpy | gather | 1 cons  | batch/s | 2 cons | batch/s | best/memcpy | best/gather |\n");
+  std::printf("|--------------------|-------|----------|--------|--------|---------|---------|--------|---------|------|------|\n");
   for (const auto& row : rows) std::printf("%s\n", row.c_str());
   std::printf("\nAttach -> first batch (B=64 seq_len=2048, warm file, median of %zu): %.2f ms\n\n",
               first_ms.size(), median);

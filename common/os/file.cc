@@ -49,8 +49,18 @@ class PosixFile final : public RandomAccessFile {
 
 class MappedFile final : public RandomAccessFile {
  public:
-  MappedFile(std::string path, Mapping mapping, uint64_t size)
-      : path_(std::move(path)), mapping_(std::move(mapping)), size_(size) {}
+  MappedFile(std::string path, UniqueFd fd, Mapping mapping, uint64_t size)
+      : path_(std::move(path)), fd_(std::move(fd)), mapping_(std::move(mapping)), size_(size) {}
+
+  absl::Status CheckNotShrunk() const override {
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path_));
+    if (static_cast<uint64_t>(st.st_size) < size_) {
+      return absl::DataLossError(absl::StrCat("reading ", path_, ": file shrank from ", size_,
+                                              " to ", st.st_size, " bytes while being read"));
+    }
+    return absl::OkStatus();
+  }
 
   uint64_t size() const override { return size_; }
   const std::string& path() const override { return path_; }
@@ -71,6 +81,7 @@ class MappedFile final : public RandomAccessFile {
 
  private:
   const std::string path_;
+  const UniqueFd fd_;
   const Mapping mapping_;
   const uint64_t size_;
 };
@@ -98,7 +109,8 @@ class MappedFileSystemImpl final : public FileSystem {
       GPUFEED_ASSIGN_OR_RETURN(mapping, Mapping::Map(opened.first.get(), 0, opened.second,
                                                      /*writable=*/false));
     }
-    return std::make_unique<MappedFile>(path, std::move(mapping), opened.second);
+    return std::make_unique<MappedFile>(path, std::move(opened.first), std::move(mapping),
+                                        opened.second);
   }
 };
 

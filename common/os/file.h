@@ -21,6 +21,10 @@ class RandomAccessFile {
   // Reads exactly dst.size() bytes at `offset`; a short read is DATA_LOSS (the file shrank).
   // Thread-safe.
   virtual absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const = 0;
+  // DATA_LOSS when the file is now shorter than when it was opened. Reads that finished
+  // before a successful check saw the file whole; readers call it after a batch of reads,
+  // since a mapping reads the cut tail of its last page as zeros instead of faulting.
+  virtual absl::Status CheckNotShrunk() const { return absl::OkStatus(); }
   virtual const std::string& path() const = 0;
 };
 

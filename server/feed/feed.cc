@@ -39,6 +39,16 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
                        spec.seed,              spec.shuffle,    spec.drop_last};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
+  // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
+  __uint128_t slot_bytes = 0;
+  for (const SampleTensor& t : dataset->tensors()) {
+    slot_bytes += static_cast<__uint128_t>(t.byte_size) * static_cast<uint64_t>(spec.batch_size);
+  }
+  if (slot_bytes > (__uint128_t{1} << 44)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_size: ", spec.batch_size, " samples of this dataset make a batch of more than "
+        "16 TiB"));
+  }
   return std::shared_ptr<Feed>(new Feed(std::move(spec), std::move(dataset), std::move(sampler)));
 }
 
@@ -77,6 +87,9 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
       return Annotate(status, absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ",
                                            p.step));
     }
+  }
+  if (absl::Status status = dataset_->CheckNotShrunk(); !status.ok()) {
+    return Annotate(status, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
   batches_produced_.fetch_add(1, std::memory_order_relaxed);
   uint64_t bytes = 0;

@@ -32,6 +32,7 @@ class TokensDataset final : public Dataset {
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
     return file_->ReadAt(id * seq_len_ * token_bytes_, rows[0]);
   }
+  absl::Status CheckNotShrunk() const override { return file_->CheckNotShrunk(); }
 
  private:
   const std::unique_ptr<RandomAccessFile> file_;
@@ -61,6 +62,7 @@ class RecordsDataset final : public Dataset {
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
     return file_->ReadAt(data_offset_ + id * row_bytes_, rows[0]);
   }
+  absl::Status CheckNotShrunk() const override { return file_->CheckNotShrunk(); }
 
  private:
   const std::unique_ptr<RandomAccessFile> file_;

@@ -39,6 +39,8 @@ class Dataset {
   // Writes sample `id` (< num_samples) into rows[t] for each tensor t; rows[t] has exactly
   // tensors()[t].byte_size bytes. One copy from the page cache, no more. Thread-safe.
   virtual absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const = 0;
+  // DATA_LOSS when the files read shrank since they were opened; called after each batch.
+  virtual absl::Status CheckNotShrunk() const = 0;
 };
 
 // Opens and validates a dataset: NOT_FOUND / PERMISSION_DENIED naming the path, and

@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
@@ -120,7 +121,6 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
         "delivery: device delivery is not available in this gpufeedd yet; attach with host "
         "delivery");
   }
-  const std::string canonical = spec.feed.Canonical();
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
@@ -128,6 +128,38 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
       return absl::ResourceExhaustedError(
           absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
     }
+  }
+  // Open (or share) the feed first: the job check below compares resolved specs, so ranks
+  // naming one file by different paths still agree.
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed));
+  const int64_t steps = feed->sampler().steps_per_epoch();
+  if (spec.start.step >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
+        steps, ")"));
+  }
+  const uint64_t stride = feed->layout().stride_bytes;
+  const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
+  // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap.
+  absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
+  if (!ring.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));
+  }
+
+  SessionParams params;
+  params.token = NewToken();
+  params.job = spec.job;
+  params.rank = spec.rank;
+  params.delivery = spec.delivery;
+  params.ring_slots = slots;
+  params.start = spec.start;
+  params.stop_epoch = spec.stop_epoch;
+  const std::string canonical = feed->spec().Canonical();
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
     auto it = jobs_.find(spec.job);
     if (it != jobs_.end()) {
       if (it->second.canonical != canonical) {
@@ -144,68 +176,26 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     Job& job = jobs_[spec.job];
     job.canonical = canonical;
     job.world_size = spec.feed.world_size;
-    job.ranks.insert(spec.rank);  // reserved while the dataset is opened below
-  }
-  auto unreserve = [&] {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(spec.job);
-    if (it == jobs_.end()) return;
-    it->second.ranks.erase(spec.rank);
-    if (it->second.ranks.empty()) jobs_.erase(it);
-  };
-
-  absl::StatusOr<std::shared_ptr<Feed>> feed = feeds_.GetOrCreate(spec.feed);
-  if (!feed.ok()) {
-    unreserve();
-    return feed.status();
-  }
-  const int64_t steps = (*feed)->sampler().steps_per_epoch();
-  if (spec.start.step >= steps) {
-    unreserve();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
-        steps, ")"));
-  }
-  const uint64_t stride = (*feed)->layout().stride_bytes;
-  const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
-  absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
-  if (!ring.ok()) {
-    unreserve();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));
-  }
-
-  SessionParams params;
-  params.token = NewToken();
-  params.job = spec.job;
-  params.rank = spec.rank;
-  params.delivery = spec.delivery;
-  params.ring_slots = slots;
-  params.start = spec.start;
-  params.stop_epoch = spec.stop_epoch;
-  std::shared_ptr<Session> session;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
+    job.ranks.insert(spec.rank);
     params.id = next_id_++;
-    session = std::make_shared<Session>(params, *feed, std::move(*ring), this);
+    session = std::make_shared<Session>(params, feed, std::move(*ring), this);
     sessions_[params.id] = session;
   }
   session->Start();
   spdlog::info("attach: session {} job '{}' rank {}/{} feed {} ({} samples, {} steps/epoch), "
                "{} slots x {} bytes, start ({}, {})",
-               params.id, spec.job, spec.rank, spec.feed.world_size, (*feed)->key(),
-               (*feed)->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
+               params.id, spec.job, spec.rank, spec.feed.world_size, feed->key(),
+               feed->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
                spec.start.step);
 
   Attachment out;
   out.session_id = params.id;
   out.token = params.token;
-  out.feed_key = (*feed)->key();
-  out.num_samples = (*feed)->dataset().num_samples();
+  out.feed_key = feed->key();
+  out.num_samples = feed->dataset().num_samples();
   out.steps_per_epoch = steps;
   out.ring_slots = slots;
-  out.layout = (*feed)->layout();
+  out.layout = feed->layout();
   out.start = spec.start;
   return out;
 }

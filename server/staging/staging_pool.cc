@@ -1,6 +1,7 @@
 #include "server/staging/staging_pool.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -54,7 +55,17 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_
 }
 
 absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
-  const uint64_t size = RoundUpToPage(std::max<uint64_t>(bytes, 1));
+  // Rounded in 128 bits: a request near 2^64 must not wrap to a tiny region.
+  const __uint128_t page = PageSize();
+  const __uint128_t rounded = (std::max<__uint128_t>(bytes, 1) + page - 1) / page * page;
+  if (rounded > total_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "staging pool: asked for ",
+        rounded > std::numeric_limits<uint64_t>::max() ? bytes : static_cast<uint64_t>(rounded),
+        " bytes, more than the whole pool (",
+        total_bytes_, " bytes free at most); start gpufeedd with a larger --staging_bytes"));
+  }
+  const uint64_t size = static_cast<uint64_t>(rounded);
   absl::MutexLock lock(&mu_);
   uint64_t largest = 0;
   for (size_t s = 0; s < free_.size(); ++s) {

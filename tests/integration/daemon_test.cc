@@ -1,6 +1,7 @@
 // End-to-end: the real gpufeedd on a socket in a temp dir, driven by real consumer processes
 // (gpufeedctl consume, the C ABI test program) and by the C++ client in this process.
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "common/os/unix_socket.h"
+#include "common/status.h"
 #include "gpufeed/client.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -492,6 +495,61 @@ TEST_F(RawProtocolTest, StreamWithAWrongTokenIsPermissionDenied) {
   EXPECT_FALSE(stream->Read(&reply));
   grpc::Status s = stream->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// The memory socket answers garbage, oversized frames and wrong tokens with an error and
+// keeps serving; the descriptor goes only to the token's holder.
+TEST_F(RawProtocolTest, MemorySocketRefusesWhatItShouldAndSurvivesGarbage) {
+  const std::string mem = dir_.File("gf.mem.sock");
+  auto ask = [&](const std::string& payload, bool raw) -> absl::StatusOr<Frame> {
+    GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem));
+    GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), absl::Seconds(5)));
+    if (raw) {
+      if (::write(conn.get(), payload.data(), payload.size()) < 0) {
+        return absl::InternalError("write");
+      }
+      ::shutdown(conn.get(), SHUT_WR);
+    } else {
+      GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), payload));
+    }
+    return RecvFrame(conn.get(), 1 << 16);
+  };
+  auto code_of = [](const Frame& f) {
+    v1::MemResponse r;
+    EXPECT_TRUE(r.ParseFromString(f.bytes));
+    return r.code();
+  };
+  // Not a protobuf; a length header claiming 4 GiB; a truncated frame.
+  absl::StatusOr<Frame> junk = ask("\xff\xff\xff\x7fjunkjunk", false);
+  ASSERT_TRUE(junk.ok()) << junk.status();
+  EXPECT_NE(code_of(*junk), 0);
+  EXPECT_FALSE(junk->fd.valid());
+  absl::StatusOr<Frame> huge = ask(std::string("\xff\xff\xff\xff", 4), true);
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  EXPECT_EQ(code_of(*huge), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  absl::StatusOr<Frame> cut = ask(std::string("\x10\x00\x00\x00" "abc", 7), true);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_NE(code_of(*cut), 0);
+
+  v1::AttachResponse attached;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->Attach(&ctx, Request(), &attached).ok());
+  v1::MemRequest request;
+  request.set_session_id(attached.session_id());
+  request.set_token("not the token");
+  absl::StatusOr<Frame> wrong = ask(request.SerializeAsString(), false);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_EQ(code_of(*wrong), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_FALSE(wrong->fd.valid());
+  request.set_token(attached.token());
+  absl::StatusOr<Frame> right = ask(request.SerializeAsString(), false);
+  ASSERT_TRUE(right.ok());
+  EXPECT_EQ(code_of(*right), 0);
+  EXPECT_TRUE(right->fd.valid());
+  // Still serving.
+  CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
+                           dir_.File("after"));
+  EXPECT_EQ(after.exit_code, 0) << after.err;
 }
 
 // A session whose stream never opens is ended after --attach_timeout and its memory freed.

@@ -38,6 +38,7 @@ void InstallHandler() {
 }  // namespace
 
 absl::Status GuardedCopy(void* dst, const void* src, size_t n) {
+  if (n == 0) return absl::OkStatus();  // src may be null: an empty file has no mapping
   static std::once_flag once;
   std::call_once(once, InstallHandler);
   sigjmp_buf jump;

@@ -42,7 +42,16 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& path, unsigned mode) {
     return absl::AlreadyExistsError(
         absl::StrCat("socket ", path, " is in use by another process"));
   }
-  ::unlink(path.c_str());  // stale file from a crashed daemon
+  // A stale socket from a crashed daemon is replaced; anything else at the path is kept (a
+  // typo in --listen must never delete a file).
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    ::unlink(path.c_str());
+  }
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket());
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("binding ", path));

@@ -34,8 +34,13 @@ StagingRegion::~StagingRegion() {
 
 absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_bytes,
                                                                  uint64_t max_slab_bytes) {
+  if (total_bytes > (uint64_t{1} << 48)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging_bytes: at most 256 TiB, got ", total_bytes));
+  }
   total_bytes = RoundUpToPage(total_bytes);
-  max_slab_bytes = RoundUpToPage(std::max<uint64_t>(max_slab_bytes, 1));
+  // Clamped first, so rounding a huge slab size cannot wrap.
+  max_slab_bytes = RoundUpToPage(std::clamp<uint64_t>(max_slab_bytes, 1, total_bytes));
   if (total_bytes == 0) return absl::InvalidArgumentError("staging_bytes must be > 0");
   std::unique_ptr<StagingPool> pool(new StagingPool());
   pool->total_bytes_ = total_bytes;

@@ -130,7 +130,7 @@ std::vector<uint16_t> WriteTokens(const std::string& path, size_t count) {
   std::vector<uint16_t> tokens(count);
   for (size_t k = 0; k < count; ++k) tokens[k] = static_cast<uint16_t>((k * 7 + 3) % 65521);
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f);
+  if (!tokens.empty()) std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f);
   std::fclose(f);
   return tokens;
 }

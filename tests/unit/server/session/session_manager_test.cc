@@ -1,0 +1,985 @@
+#include "server/session/session_manager.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/os/fd.h"
+#include "common/os/file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/reader/npy.h"
+#include "server/sampler/sampler.h"
+#include "server/staging/staging_pool.h"
+#include "tests/testing/fake_file_system.h"
+#include "tests/testing/npy_builder.h"
+#include "tests/testing/printers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::TempDir;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr int64_t kSeqLen = 10;
+constexpr uint64_t kTokenBytes = 2;                          // uint16
+constexpr uint64_t kRowBytes = (kSeqLen + 1) * kTokenBytes;  // 22
+constexpr absl::Duration kEventTimeout = absl::Seconds(5);
+
+// `count` uint16 tokens, token t = t * 40503 + 11 (mod 2^16): neighbours differ, so a window
+// read at the wrong offset cannot match.
+std::string TokenFile(uint64_t count) {
+  std::string out;
+  for (uint64_t t = 0; t < count; ++t) {
+    const uint16_t v = static_cast<uint16_t>(t * 40503u + 11u);
+    out += static_cast<char>(v & 0xff);
+    out += static_cast<char>(v >> 8);
+  }
+  return out;
+}
+
+// Calls from the session's notify land here; a test waits for "something new". The callback
+// shares the probe's state, so a session notifying after the probe went away (as Shutdown
+// in the manager's destructor does) touches live memory.
+class StreamProbe {
+ public:
+  std::function<void()> Callback() {
+    return [state = state_] {
+      absl::MutexLock lock(&state->mu);
+      ++state->notified;
+      state->cv.SignalAll();
+    };
+  }
+  int notified() const {
+    absl::MutexLock lock(&state_->mu);
+    return state_->notified;
+  }
+  // The next event other than kNothing, waiting on notifications up to `timeout`; kNothing
+  // when none came in time.
+  StreamEvent Next(Session& session, absl::Duration timeout = kEventTimeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      int seen;
+      {
+        absl::MutexLock lock(&state_->mu);
+        seen = state_->notified;
+      }
+      StreamEvent event = session.NextEvent();
+      if (event.kind != StreamEvent::kNothing) return event;
+      if (absl::Now() >= deadline) return event;
+      // Wake on a notification (or re-poll after a short while, as a safety net).
+      absl::MutexLock lock(&state_->mu);
+      if (state_->notified == seen) {
+        state_->cv.WaitWithDeadline(&state_->mu,
+                                    std::min(deadline, absl::Now() + absl::Milliseconds(20)));
+      }
+    }
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    absl::CondVar cv;
+    int notified ABSL_GUARDED_BY(mu) = 0;
+  };
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// Polls `pred` until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl::Seconds(1)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!pred()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+class SessionManagerTest : public ::testing::Test {
+ protected:
+  // 1001 tokens, seq_len 10: 100 samples.
+  void SetUp() override {
+    tokens_ = TokenFile(1001);
+    path_ = dir_.WriteFile("tokens.bin", tokens_);
+    absl::StatusOr<std::unique_ptr<StagingPool>> pool =
+        StagingPool::Create(4 << 20, 4 << 20);  // 4 MiB, one slab
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+  }
+
+  void StartManager(SessionManagerOptions options = {}, FileSystem* fs = PosixFileSystem()) {
+    options.threads = 2;
+    manager_ = std::make_unique<SessionManager>(options, pool_.get(), fs);
+  }
+
+  void TearDown() override {
+    manager_.reset();  // before the pool: rings go back to it
+  }
+
+  // A valid spec: job "train", rank 0 of 2, batch 4, seed 1234, 2 slots.
+  AttachSpec Spec() const {
+    AttachSpec spec;
+    spec.job = "train";
+    spec.rank = 0;
+    spec.feed.dataset.kind = DatasetKind::kTokens;
+    spec.feed.dataset.path = path_;
+    spec.feed.dataset.token_dtype = DType::kUInt16;
+    spec.feed.dataset.seq_len = kSeqLen;
+    spec.feed.batch_size = 4;
+    spec.feed.world_size = 2;
+    spec.feed.seed = 1234;
+    spec.feed.shuffle = true;
+    spec.feed.drop_last = true;
+    spec.ring_slots = 2;
+    return spec;
+  }
+
+  // An independent sampler for `spec` over `num_samples`.
+  static std::unique_ptr<Sampler> ReferenceSampler(const AttachSpec& spec, uint64_t num_samples) {
+    SamplerConfig c{num_samples,    spec.feed.batch_size, spec.feed.world_size,
+                    spec.feed.seed, spec.feed.shuffle,    spec.feed.drop_last};
+    absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  static std::vector<int64_t> Ids(const Sampler& s, Position p, int32_t rank) {
+    std::vector<int64_t> ids(static_cast<size_t>(s.config().batch_size));
+    s.RankSlice(p, rank, std::span<int64_t>(ids));
+    return ids;
+  }
+
+  std::shared_ptr<Session> MustFind(const Attachment& a) {
+    absl::StatusOr<std::shared_ptr<Session>> s = manager_->Find(a.session_id, a.token);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : nullptr;
+  }
+
+  // Checks that `batch`'s slot holds, row by row, the token windows of its sample ids, as a
+  // consumer would see them through its own mapping of the slab.
+  void ExpectSlotBytes(const Session& session, const Attachment& a, const ReadyBatch& batch) {
+    ASSERT_EQ(a.layout.tensors.size(), 1u);
+    const TensorLayout& t = a.layout.tensors[0];
+    absl::StatusOr<Mapping> m = Mapping::Map(pool_->slab_fd(session.ring_slab()),
+                                             session.ring_offset(), session.ring_bytes(), false);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const char* slot = reinterpret_cast<const char*>(m->data()) +
+                       static_cast<uint64_t>(batch.slot) * a.layout.stride_bytes;
+    for (size_t i = 0; i < batch.ids.size(); ++i) {
+      const std::string got(slot + t.byte_offset + i * t.row_bytes, t.row_bytes);
+      const std::string want =
+          tokens_.substr(static_cast<uint64_t>(batch.ids[i]) * kSeqLen * kTokenBytes, kRowBytes);
+      ASSERT_EQ(got, want) << "slot " << batch.slot << " row " << i << " (sample " << batch.ids[i]
+                           << ")";
+    }
+  }
+
+  TempDir dir_;
+  std::string tokens_;
+  std::string path_;
+  std::unique_ptr<StagingPool> pool_;
+  std::unique_ptr<SessionManager> manager_;
+};
+
+// ---- ValidateAttachSpec ----
+
+void ExpectInvalidField(const AttachSpec& spec, const std::string& field) {
+  const absl::Status s = ValidateAttachSpec(spec, 64);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field << ": " << s;
+  EXPECT_THAT(s.message(), HasSubstr(field));
+}
+
+TEST_F(SessionManagerTest, ValidateAcceptsAGoodSpec) {
+  EXPECT_TRUE(ValidateAttachSpec(Spec(), 64).ok());
+  AttachSpec spec = Spec();
+  spec.ring_slots = 0;  // the default
+  EXPECT_TRUE(ValidateAttachSpec(spec, 64).ok());
+  spec.rank = 1;
+  spec.ring_slots = 64;
+  spec.start = {3, 2};
+  spec.stop_epoch = 4;
+  EXPECT_TRUE(ValidateAttachSpec(spec, 64).ok());
+}
+
+TEST_F(SessionManagerTest, ValidateRejectsEachBadField) {
+  AttachSpec s = Spec();
+  s.job = "";
+  ExpectInvalidField(s, "job");
+  s = Spec();
+  s.job = std::string(129, 'j');
+  ExpectInvalidField(s, "job");
+  s = Spec();
+  s.feed.world_size = 0;
+  ExpectInvalidField(s, "world_size");
+  s = Spec();
+  s.rank = 2;  // == world_size
+  ExpectInvalidField(s, "rank");
+  s = Spec();
+  s.rank = 7;
+  ExpectInvalidField(s, "rank");
+  s = Spec();
+  s.rank = -1;
+  ExpectInvalidField(s, "rank");
+  s = Spec();
+  s.feed.batch_size = 0;
+  ExpectInvalidField(s, "batch_size");
+  s = Spec();
+  s.feed.batch_size = (int64_t{1} << 24) + 1;
+  ExpectInvalidField(s, "batch_size");
+  s = Spec();
+  s.ring_slots = 65;
+  ExpectInvalidField(s, "ring_slots");
+  s = Spec();
+  s.ring_slots = -1;
+  ExpectInvalidField(s, "ring_slots");
+  s = Spec();
+  s.start = {-1, 0};
+  ExpectInvalidField(s, "start");
+  s = Spec();
+  s.start = {0, -3};
+  ExpectInvalidField(s, "start");
+  s = Spec();
+  s.start = {2, 0};
+  s.stop_epoch = 2;  // == start.epoch
+  ExpectInvalidField(s, "stop_epoch");
+  s.stop_epoch = 1;  // < start.epoch
+  ExpectInvalidField(s, "stop_epoch");
+  s = Spec();
+  s.stop_epoch = -1;
+  ExpectInvalidField(s, "stop_epoch");
+  s = Spec();
+  s.feed.dataset.kind = DatasetKind::kUnspecified;
+  ExpectInvalidField(s, "dataset.kind");
+  s = Spec();
+  s.feed.dataset.path = "data/tokens.bin";
+  ExpectInvalidField(s, "dataset.path");
+  s = Spec();
+  s.feed.dataset.path = "";
+  ExpectInvalidField(s, "dataset.path");
+}
+
+// ---- Attach refusals ----
+
+TEST_F(SessionManagerTest, AttachValidatesTheSpec) {
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.ring_slots = 65;
+  const absl::Status s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("ring_slots"));
+  EXPECT_EQ(manager_->num_sessions(), 0);
+}
+
+TEST_F(SessionManagerTest, AttachRefusesDeviceDelivery) {
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.delivery = DeliveryKind::kDevice;
+  const absl::Status s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("delivery"));
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+}
+
+TEST_F(SessionManagerTest, AttachSameJobAndRankTwiceIsAlreadyExists) {
+  StartManager();
+  absl::StatusOr<Attachment> first = manager_->Attach(Spec());
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t free_after_first = pool_->free_bytes();
+  const absl::Status s = manager_->Attach(Spec()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(s.message(), HasSubstr("'train' rank 0"));
+  EXPECT_EQ(pool_->free_bytes(), free_after_first);
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  // The same rank of another job is fine.
+  AttachSpec other = Spec();
+  other.job = "eval";
+  EXPECT_TRUE(manager_->Attach(other).ok());
+}
+
+TEST_F(SessionManagerTest, RanksOfAJobMustAgreeOnTheFeed) {
+  StartManager();
+  ASSERT_TRUE(manager_->Attach(Spec()).ok());
+  AttachSpec rank1 = Spec();
+  rank1.rank = 1;
+  rank1.feed.batch_size = 8;
+  const absl::Status s = manager_->Attach(rank1).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("job 'train'"));
+  EXPECT_THAT(s.message(), HasSubstr("batch_size=8"));
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  // With the same feed it attaches, and both share one feed.
+  rank1.feed.batch_size = 4;
+  absl::StatusOr<Attachment> a1 = manager_->Attach(rank1);
+  ASSERT_TRUE(a1.ok()) << a1.status();
+  const std::vector<FeedSnapshot> feeds = manager_->ListFeeds();
+  ASSERT_EQ(feeds.size(), 1u);
+  EXPECT_EQ(feeds[0].sessions, 2);
+  EXPECT_EQ(feeds[0].key, a1->feed_key);
+  EXPECT_EQ(feeds[0].num_samples, 100u);
+}
+
+TEST_F(SessionManagerTest, RanksNamingTheSameFileDifferentlyShareTheJob) {
+  // The job check once compared the paths as given while the feed registry resolves them,
+  // so rank 1 naming the same file as "..././tokens.bin" was refused.
+  StartManager();
+  absl::StatusOr<Attachment> a0 = manager_->Attach(Spec());
+  ASSERT_TRUE(a0.ok()) << a0.status();
+  AttachSpec rank1 = Spec();
+  rank1.rank = 1;
+  rank1.feed.dataset.path = dir_.path() + "/./tokens.bin";
+  absl::StatusOr<Attachment> a1 = manager_->Attach(rank1);
+  ASSERT_TRUE(a1.ok()) << a1.status();
+  EXPECT_EQ(a1->feed_key, a0->feed_key);
+  // Through a symlink too.
+  ASSERT_EQ(::symlink(path_.c_str(), dir_.Join("link.bin").c_str()), 0);
+  AttachSpec other = Spec();
+  other.job = "other";
+  other.feed.dataset.path = dir_.Join("link.bin");
+  absl::StatusOr<Attachment> a2 = manager_->Attach(other);
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  EXPECT_EQ(a2->feed_key, a0->feed_key);
+  EXPECT_EQ(manager_->ListFeeds().size(), 1u);
+  // The same (job, rank) by another name is still the same rank.
+  AttachSpec again = Spec();
+  again.feed.dataset.path = dir_.Join("link.bin");
+  EXPECT_EQ(manager_->Attach(again).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(SessionManagerTest, SlotSizeOverflowIsRefused) {
+  // Every factor is within its own limit (rows up to 1 TiB, batch_size up to 2^24, ring_slots
+  // up to 64) but the products are not: rows of 2^40 bytes (a sparse file costs nothing on
+  // disk), batch_size 2^18 and 64 slots once made a slot stride of 2^58 and a ring of
+  // 2^64 = 0 bytes: Attach succeeded with a one-page ring that workers then filled with
+  // whole slots, over the other sessions' rings.
+  // The fake file system stands in for the sparse terabyte: it reports the size but holds
+  // only the first 64 KiB (what OpenDataset reads for the header), so any row read fails
+  // (DATA_LOSS) without writing anywhere.
+  const std::string path = dir_.WriteFile("huge.npy", "placeholder for realpath()");
+  char resolved[PATH_MAX];
+  ASSERT_NE(::realpath(path.c_str(), resolved), nullptr);
+  const std::string header = gpufeed::testing::NpyHeaderBytes(
+      "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1099511627776), }");
+  std::string prefix = header;
+  prefix.resize(kNpyMaxHeaderBytes, '\0');
+  gpufeed::testing::FakeFileSystem fs;
+  fs.AddFileWithSize(resolved, prefix, header.size() + (uint64_t{1} << 40));
+  StartManager({}, &fs);
+  AttachSpec spec = Spec();
+  spec.feed.dataset.kind = DatasetKind::kRecords;
+  spec.feed.dataset.path = path;
+  spec.feed.dataset.token_dtype = DType::kUnspecified;
+  spec.feed.dataset.seq_len = 0;
+  spec.feed.world_size = 1;
+  spec.feed.batch_size = int64_t{1} << 18;
+  spec.feed.drop_last = false;
+  spec.ring_slots = 64;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  if (a.ok()) {
+    std::shared_ptr<Session> session = MustFind(*a);
+    ADD_FAILURE() << "attached with slot stride " << a->layout.stride_bytes << " x "
+                  << a->ring_slots << " slots in a ring of "
+                  << (session != nullptr ? session->ring_bytes() : 0) << " bytes";
+    manager_.reset();  // stop the workers before `fs` goes away
+    return;
+  }
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
+  EXPECT_THAT(a.status().message(), HasSubstr("batch_size"));
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+  EXPECT_EQ(manager_->num_sessions(), 0);
+  // A batch of one such row is refused only for not fitting the pool.
+  spec.feed.batch_size = 1;
+  spec.ring_slots = 2;
+  const absl::Status one = manager_->Attach(spec).status();
+  EXPECT_EQ(one.code(), absl::StatusCode::kResourceExhausted) << one;
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+  manager_.reset();
+}
+
+TEST_F(SessionManagerTest, AttachRefusesStartStepPastTheEpoch) {
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.start = {0, 12};  // 100 samples / (4 x 2) = 12 steps: 0..11
+  const absl::Status s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("start.step"));
+  EXPECT_THAT(s.message(), HasSubstr("12"));
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+  // The refusal released the (job, rank): the last step is accepted.
+  spec.start = {0, 11};
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->steps_per_epoch, 12);
+  EXPECT_EQ(a->start, (Position{0, 11}));
+}
+
+TEST_F(SessionManagerTest, AttachReportsDatasetErrors) {
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.feed.dataset.path = dir_.Join("missing.bin");
+  absl::Status s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("missing.bin"));
+  spec = Spec();
+  spec.feed.dataset.seq_len = 0;
+  s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dataset.seq_len"));
+  spec = Spec();
+  spec.feed.batch_size = 60;  // 60 x 2 > 100 samples with drop_last
+  s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("batch_size"));
+  // None of the refusals left a reservation behind.
+  EXPECT_TRUE(manager_->Attach(Spec()).ok());
+  EXPECT_EQ(manager_->num_sessions(), 1);
+}
+
+TEST_F(SessionManagerTest, RingThatDoesNotFitIsResourceExhausted) {
+  // A pool of 8 pages; a slot of this feed takes one page.
+  absl::StatusOr<std::unique_ptr<StagingPool>> small =
+      StagingPool::Create(8 * PageSize(), 8 * PageSize());
+  ASSERT_TRUE(small.ok());
+  pool_ = std::move(*small);
+  StartManager();
+  const uint64_t free_before = pool_->free_bytes();
+  AttachSpec spec = Spec();
+  spec.ring_slots = 16;
+  const absl::Status s = manager_->Attach(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("ring of 16 slots"));
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("asked for ", 16 * PageSize(), " bytes")));
+  EXPECT_EQ(pool_->free_bytes(), free_before);
+  EXPECT_EQ(manager_->num_sessions(), 0);
+  // Fixed: the same (job, rank) attaches with a ring that fits.
+  spec.ring_slots = 8;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->ring_slots, 8);
+  EXPECT_EQ(pool_->free_bytes(), 0u);
+}
+
+TEST_F(SessionManagerTest, ConfiguredDefaultRingSlots) {
+  SessionManagerOptions options;
+  options.default_ring_slots = 3;
+  StartManager(options);
+  AttachSpec spec = Spec();
+  spec.ring_slots = 0;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->ring_slots, 3);
+  std::shared_ptr<Session> session = MustFind(*a);
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->ring_bytes(), 3 * a->layout.stride_bytes);
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - 3 * a->layout.stride_bytes);
+}
+
+TEST_F(SessionManagerTest, AutoRingSlotsFitTheAutoBudget) {
+  SessionManagerOptions options;
+  options.default_ring_slots = 0;  // auto
+  options.auto_ring_bytes = 5 * PageSize();
+  StartManager(options);
+  AttachSpec spec = Spec();
+  spec.ring_slots = 0;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->layout.stride_bytes, PageSize());  // 4 rows of 22 bytes fit one page
+  EXPECT_EQ(a->ring_slots, 5);
+  EXPECT_EQ(MustFind(*a)->ring_bytes(), 5 * PageSize());
+  // An explicit ring_slots wins over the default.
+  AttachSpec explicit_spec = Spec();
+  explicit_spec.rank = 1;
+  explicit_spec.ring_slots = 7;
+  absl::StatusOr<Attachment> b = manager_->Attach(explicit_spec);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->ring_slots, 7);
+}
+
+TEST(DefaultRingSlotsTest, AutoDepthIsWhatFitsClampedTo2Through16) {
+  SessionManagerOptions options;
+  options.default_ring_slots = 0;
+  options.auto_ring_bytes = uint64_t{64} << 20;
+  EXPECT_EQ(DefaultRingSlots(options, 256 << 10), 16);  // 256 fit: at most 16
+  EXPECT_EQ(DefaultRingSlots(options, 8 << 20), 8);     // exactly 8 fit
+  EXPECT_EQ(DefaultRingSlots(options, 9 << 20), 7);     // 7.1 fit: rounded down
+  EXPECT_EQ(DefaultRingSlots(options, 40 << 20), 2);    // 1 fits: at least 2
+  EXPECT_EQ(DefaultRingSlots(options, uint64_t{1} << 40), 2);
+  EXPECT_EQ(DefaultRingSlots(options, 0), 16);  // no division by zero
+  options.default_ring_slots = 5;
+  EXPECT_EQ(DefaultRingSlots(options, 8 << 20), 5);  // configured: used as is
+}
+
+// ---- Find / Detach ----
+
+TEST_F(SessionManagerTest, FindChecksIdAndToken) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->token.size(), 32u);  // 16 random bytes, hex
+  ASSERT_NE(MustFind(*a), nullptr);
+  EXPECT_EQ(MustFind(*a)->id(), a->session_id);
+
+  std::string wrong = a->token;
+  wrong[0] = wrong[0] == '0' ? '1' : '0';
+  absl::StatusOr<std::shared_ptr<Session>> s = manager_->Find(a->session_id, wrong);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->Find(a->session_id, "").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->Find(a->session_id, a->token + "0").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  s = manager_->Find(a->session_id + 1000, a->token);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  // Detach with a wrong token does nothing.
+  EXPECT_EQ(manager_->Detach(a->session_id, wrong).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->num_sessions(), 1);
+}
+
+TEST_F(SessionManagerTest, TokensAndIdsDifferPerSession) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  AttachSpec spec1 = Spec();
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> b = manager_->Attach(spec1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->session_id, b->session_id);
+  EXPECT_NE(a->token, b->token);
+  EXPECT_EQ(manager_->Find(a->session_id, b->token).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+// ---- the session flow, without gRPC ----
+
+TEST_F(SessionManagerTest, FullFlowDeliversTheSamplersIdsAndTheFilesBytes) {
+  StartManager();
+  AttachSpec spec = Spec();
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->num_samples, 100u);
+  EXPECT_EQ(a->steps_per_epoch, 12);
+  EXPECT_EQ(a->ring_slots, 2);
+  ASSERT_EQ(a->layout.tensors.size(), 1u);
+  EXPECT_EQ(a->layout.tensors[0].name, "tokens");
+  EXPECT_EQ(a->layout.tensors[0].dtype, DType::kUInt16);
+  EXPECT_THAT(a->layout.tensors[0].shape, ElementsAreArray({int64_t{4}, kSeqLen + 1}));
+  EXPECT_EQ(a->layout.tensors[0].row_bytes, kRowBytes);
+  EXPECT_EQ(a->layout.tensors[0].byte_size, 4 * kRowBytes);
+  EXPECT_EQ(a->layout.stride_bytes % PageSize(), 0u);
+
+  std::shared_ptr<Session> session = MustFind(*a);
+  ASSERT_NE(session, nullptr);
+  EXPECT_EQ(session->ring_offset() % PageSize(), 0u);
+  EXPECT_EQ(session->ring_bytes(), 2 * a->layout.stride_bytes);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  EXPECT_TRUE(session->streaming());
+  // One stream per session.
+  EXPECT_EQ(session->BindStream([] {}).code(), absl::StatusCode::kFailedPrecondition);
+
+  std::unique_ptr<Sampler> sampler = ReferenceSampler(spec, a->num_samples);
+  ASSERT_NE(sampler, nullptr);
+  // Read 5 batches through a ring of 2: each is released after it was checked.
+  Position expected{0, 0};
+  std::set<std::pair<int32_t, uint64_t>> seen_leases;
+  for (int n = 0; n < 5; ++n) {
+    StreamEvent ev = probe.Next(*session);
+    ASSERT_EQ(ev.kind, StreamEvent::kBatch) << "batch " << n << ": " << ev.status;
+    const ReadyBatch& b = ev.batch;
+    EXPECT_EQ(b.position, expected) << "batch " << n;
+    EXPECT_EQ(b.ids, Ids(*sampler, expected, 0)) << "batch " << n;
+    EXPECT_EQ(b.valid, 4);
+    EXPECT_GE(b.slot, 0);
+    EXPECT_LT(b.slot, 2);
+    EXPECT_GE(b.generation, 1u);
+    EXPECT_TRUE(seen_leases.insert({b.slot, b.generation}).second) << "lease reused";
+    ExpectSlotBytes(*session, *a, b);
+    EXPECT_EQ(session->delivered(), sampler->Next(expected));
+    ASSERT_TRUE(session->Release(b.slot, b.generation).ok());
+    expected = sampler->Next(expected);
+  }
+  EXPECT_GT(probe.notified(), 0);
+  const SessionSnapshot snap = session->Snapshot();
+  EXPECT_EQ(snap.batches_delivered, 5);
+  EXPECT_EQ(snap.delivered, (Position{0, 5}));
+  EXPECT_TRUE(snap.streaming);
+  EXPECT_EQ(snap.job, "train");
+  EXPECT_EQ(snap.world_size, 2);
+  EXPECT_EQ(snap.feed_key, a->feed_key);
+}
+
+TEST_F(SessionManagerTest, TwoRanksGetDisjointSlicesOfTheGlobalBatch) {
+  StartManager();
+  AttachSpec spec0 = Spec();
+  AttachSpec spec1 = Spec();
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> a0 = manager_->Attach(spec0);
+  absl::StatusOr<Attachment> a1 = manager_->Attach(spec1);
+  ASSERT_TRUE(a0.ok() && a1.ok());
+  EXPECT_EQ(a0->feed_key, a1->feed_key);
+  std::shared_ptr<Session> s0 = MustFind(*a0);
+  std::shared_ptr<Session> s1 = MustFind(*a1);
+  StreamProbe p0;
+  StreamProbe p1;
+  ASSERT_TRUE(s0->BindStream(p0.Callback()).ok());
+  ASSERT_TRUE(s1->BindStream(p1.Callback()).ok());
+  StreamEvent e0 = p0.Next(*s0);
+  StreamEvent e1 = p1.Next(*s1);
+  ASSERT_EQ(e0.kind, StreamEvent::kBatch);
+  ASSERT_EQ(e1.kind, StreamEvent::kBatch);
+  const std::vector<uint64_t> perm = EpochPermutation(100, 1234, 0, true);
+  std::vector<int64_t> both = e0.batch.ids;
+  both.insert(both.end(), e1.batch.ids.begin(), e1.batch.ids.end());
+  std::vector<int64_t> first8(perm.begin(), perm.begin() + 8);
+  EXPECT_EQ(both, first8);
+  ExpectSlotBytes(*s0, *a0, e0.batch);
+  ExpectSlotBytes(*s1, *a1, e1.batch);
+}
+
+TEST_F(SessionManagerTest, ResumesAtTheStartPosition) {
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.start = {3, 7};
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  std::unique_ptr<Sampler> sampler = ReferenceSampler(spec, 100);
+  Position expected{3, 7};
+  for (int n = 0; n < 6; ++n) {  // crosses into epoch 4
+    StreamEvent ev = probe.Next(*session);
+    ASSERT_EQ(ev.kind, StreamEvent::kBatch);
+    EXPECT_EQ(ev.batch.position, expected);
+    EXPECT_EQ(ev.batch.ids, Ids(*sampler, expected, 0));
+    ExpectSlotBytes(*session, *a, ev.batch);
+    ASSERT_TRUE(session->Release(ev.batch.slot, ev.batch.generation).ok());
+    expected = sampler->Next(expected);
+  }
+  EXPECT_EQ(expected, (Position{4, 1}));
+}
+
+TEST_F(SessionManagerTest, BadReleasesAreRefusedAndTheSessionGoesOn) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  StreamEvent ev = probe.Next(*session);
+  ASSERT_EQ(ev.kind, StreamEvent::kBatch);
+  const int32_t slot = ev.batch.slot;
+  const uint64_t gen = ev.batch.generation;
+
+  absl::Status s = session->Release(99, gen);  // no such slot
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("slot 99"));
+  s = session->Release(-1, gen);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  s = session->Release(slot, gen + 1);  // a generation it never had
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("stale generation"));
+  s = session->Release(slot, gen - 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("slot ", slot)));
+  s = session->Release(1 - slot, 1);  // filling or ready, never handed out
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("not leased"));
+  EXPECT_FALSE(session->closed());
+
+  EXPECT_TRUE(session->Release(slot, gen).ok());
+  s = session->Release(slot, gen);  // twice
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("not leased"));
+
+  // The stream goes on: steps 1 and 2 arrive, and a slot that is refilled carries a newer
+  // generation (how often a slot is reused depends on how fast the workers run).
+  std::unique_ptr<Sampler> sampler = ReferenceSampler(Spec(), 100);
+  for (int64_t step = 1; step <= 2; ++step) {
+    StreamEvent next = probe.Next(*session);
+    ASSERT_EQ(next.kind, StreamEvent::kBatch) << next.status;
+    EXPECT_EQ(next.batch.position, (Position{0, step}));
+    EXPECT_EQ(next.batch.ids, Ids(*sampler, {0, step}, 0));
+    if (next.batch.slot == slot) {
+      EXPECT_GT(next.batch.generation, gen);
+    }
+    ExpectSlotBytes(*session, *a, next.batch);
+    ASSERT_TRUE(session->Release(next.batch.slot, next.batch.generation).ok());
+  }
+}
+
+TEST_F(SessionManagerTest, NoNewBatchWithoutACredit) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok());
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  ASSERT_EQ(probe.Next(*session).kind, StreamEvent::kBatch);
+  StreamEvent second = probe.Next(*session);
+  ASSERT_EQ(second.kind, StreamEvent::kBatch);
+  // Both slots are leased: nothing more until a release.
+  EXPECT_EQ(probe.Next(*session, absl::Milliseconds(100)).kind, StreamEvent::kNothing);
+  EXPECT_EQ(session->Snapshot().slots_leased, 2);
+  ASSERT_TRUE(session->Release(second.batch.slot, second.batch.generation).ok());
+  StreamEvent third = probe.Next(*session);
+  ASSERT_EQ(third.kind, StreamEvent::kBatch);
+  EXPECT_EQ(third.batch.position, (Position{0, 2}));
+  EXPECT_EQ(third.batch.slot, second.batch.slot);
+}
+
+TEST_F(SessionManagerTest, StopEpochYieldsEveryBatchThenEndOnce) {
+  // A tiny file of its own: 31 tokens -> 3 samples; batch 1, world 1 -> 3 steps.
+  tokens_ = TokenFile(31);
+  const std::string tiny = dir_.WriteFile("tiny.bin", tokens_);
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.feed.dataset.path = tiny;
+  spec.feed.world_size = 1;
+  spec.feed.batch_size = 1;
+  spec.ring_slots = 2;
+  spec.stop_epoch = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->num_samples, 3u);
+  ASSERT_EQ(a->steps_per_epoch, 3);
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  std::vector<int64_t> ids;
+  for (int64_t step = 0; step < 3; ++step) {
+    StreamEvent ev = probe.Next(*session);
+    ASSERT_EQ(ev.kind, StreamEvent::kBatch) << "step " << step;
+    EXPECT_EQ(ev.batch.position, (Position{0, step}));
+    ids.insert(ids.end(), ev.batch.ids.begin(), ev.batch.ids.end());
+    ExpectSlotBytes(*session, *a, ev.batch);
+    ASSERT_TRUE(session->Release(ev.batch.slot, ev.batch.generation).ok());
+  }
+  StreamEvent end = probe.Next(*session);
+  ASSERT_EQ(end.kind, StreamEvent::kEnd);
+  EXPECT_EQ(end.end_position, (Position{1, 0}));
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<int64_t>{0, 1, 2}));
+  // Exactly once: nothing more, ever.
+  EXPECT_EQ(probe.Next(*session, absl::Milliseconds(100)).kind, StreamEvent::kNothing);
+  EXPECT_EQ(session->NextEvent().kind, StreamEvent::kNothing);
+  EXPECT_FALSE(session->closed());
+}
+
+TEST_F(SessionManagerTest, StopEpochWithPaddingMarksValidRows) {
+  // 31 tokens -> 3 samples; batch 2, world 1, drop_last=false -> 2 steps, the last padded.
+  tokens_ = TokenFile(31);
+  const std::string tiny = dir_.WriteFile("tiny.bin", tokens_);
+  StartManager();
+  AttachSpec spec = Spec();
+  spec.feed.dataset.path = tiny;
+  spec.feed.world_size = 1;
+  spec.feed.batch_size = 2;
+  spec.feed.drop_last = false;
+  spec.ring_slots = 4;
+  spec.stop_epoch = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->steps_per_epoch, 2);
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  const std::vector<uint64_t> perm = EpochPermutation(3, 1234, 0, true);
+  StreamEvent b0 = probe.Next(*session);
+  StreamEvent b1 = probe.Next(*session);
+  ASSERT_EQ(b0.kind, StreamEvent::kBatch);
+  ASSERT_EQ(b1.kind, StreamEvent::kBatch);
+  EXPECT_EQ(b0.batch.valid, 2);
+  EXPECT_EQ(b1.batch.valid, 1);
+  EXPECT_EQ(b1.batch.ids,
+            (std::vector<int64_t>{static_cast<int64_t>(perm[2]), static_cast<int64_t>(perm[0])}));
+  ExpectSlotBytes(*session, *a, b1.batch);  // padded rows carry real data too
+  // The end comes without releasing anything: all batches are delivered.
+  StreamEvent end = probe.Next(*session);
+  ASSERT_EQ(end.kind, StreamEvent::kEnd);
+  EXPECT_EQ(end.end_position, (Position{1, 0}));
+  EXPECT_EQ(probe.Next(*session, absl::Milliseconds(50)).kind, StreamEvent::kNothing);
+}
+
+// ---- ending sessions ----
+
+TEST_F(SessionManagerTest, DetachReturnsTheRingToThePool) {
+  StartManager();
+  const uint64_t free_before = pool_->free_bytes();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(pool_->free_bytes(), free_before - 2 * a->layout.stride_bytes);
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  StreamEvent ev = probe.Next(*session);
+  ASSERT_EQ(ev.kind, StreamEvent::kBatch);
+  ASSERT_TRUE(session->Release(ev.batch.slot, ev.batch.generation).ok());  // a fill may run
+
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  EXPECT_TRUE(Eventually([&] { return pool_->free_bytes() == free_before; }))
+      << "free " << pool_->free_bytes() << " of " << free_before;
+  EXPECT_EQ(manager_->num_sessions(), 0);
+  EXPECT_EQ(manager_->Find(a->session_id, a->token).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Detach(a->session_id, a->token).code(), absl::StatusCode::kNotFound);
+  StreamEvent closed = session->NextEvent();
+  ASSERT_EQ(closed.kind, StreamEvent::kClosed);
+  EXPECT_EQ(closed.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(session->closed());
+  EXPECT_GT(probe.notified(), 0);
+  // The (job, rank) is free again.
+  EXPECT_TRUE(manager_->Attach(Spec()).ok());
+}
+
+TEST_F(SessionManagerTest, EndClosesWithTheGivenStatus) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok());
+  std::shared_ptr<Session> session = MustFind(*a);
+  manager_->End(a->session_id, absl::AbortedError("stream cancelled"));
+  StreamEvent ev = session->NextEvent();
+  ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ev.status.message(), "stream cancelled");
+  EXPECT_TRUE(Eventually([&] { return pool_->free_bytes() == pool_->total_bytes(); }));
+  // A closed session cannot be bound.
+  EXPECT_EQ(session->BindStream([] {}).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(SessionManagerTest, UnboundSessionIsReapedAndItsBytesReturn) {
+  SessionManagerOptions options;
+  options.attach_timeout = absl::Milliseconds(200);
+  options.reap_interval = absl::Milliseconds(20);
+  StartManager(options);
+  const absl::Time before_attach = absl::Now();
+  absl::StatusOr<Attachment> lazy = manager_->Attach(Spec());
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  AttachSpec spec1 = Spec();
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> eager = manager_->Attach(spec1);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  std::shared_ptr<Session> lazy_session = MustFind(*lazy);
+  std::shared_ptr<Session> eager_session = MustFind(*eager);
+  StreamProbe probe;
+  ASSERT_TRUE(eager_session->BindStream(probe.Callback()).ok());
+  const uint64_t ring = 2 * lazy->layout.stride_bytes;
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - 2 * ring);
+
+  ASSERT_TRUE(Eventually([&] { return !manager_->Find(lazy->session_id, lazy->token).ok(); },
+                         absl::Seconds(3)));
+  EXPECT_GE(absl::Now() - before_attach, absl::Milliseconds(200));  // not before the timeout
+  EXPECT_EQ(manager_->Find(lazy->session_id, lazy->token).status().code(),
+            absl::StatusCode::kNotFound);
+  StreamEvent ev = lazy_session->NextEvent();
+  ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(ev.status.message(), HasSubstr("no stream"));
+  EXPECT_TRUE(Eventually([&] { return pool_->free_bytes() == pool_->total_bytes() - ring; }))
+      << pool_->free_bytes();
+  // The session with a stream stays.
+  EXPECT_TRUE(manager_->Find(eager->session_id, eager->token).ok());
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  EXPECT_EQ(probe.Next(*eager_session).kind, StreamEvent::kBatch);
+  // The reaped (job, rank) can attach again.
+  EXPECT_TRUE(manager_->Attach(Spec()).ok());
+}
+
+TEST_F(SessionManagerTest, ShutdownClosesSessionsWithUnavailable) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  AttachSpec spec1 = Spec();
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> b = manager_->Attach(spec1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::shared_ptr<Session> sa = MustFind(*a);
+  std::shared_ptr<Session> sb = MustFind(*b);
+  StreamProbe probe;
+  ASSERT_TRUE(sa->BindStream(probe.Callback()).ok());
+  ASSERT_EQ(probe.Next(*sa).kind, StreamEvent::kBatch);
+
+  manager_->Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
+  for (Session* s : {sa.get(), sb.get()}) {
+    StreamEvent ev = s->NextEvent();
+    ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+    EXPECT_EQ(ev.status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(ev.status.message(), HasSubstr("shutting down"));
+  }
+  EXPECT_EQ(manager_->num_sessions(), 0);
+  // Workers are joined: no fill is in flight, every ring is back.
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+  const absl::Status late = manager_->Attach(Spec()).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+  manager_->Shutdown(absl::InternalError("again"));  // idempotent
+  EXPECT_EQ(sa->NextEvent().status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SessionManagerTest, DestructorShutsDownWithUnavailable) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok());
+  std::shared_ptr<Session> session = MustFind(*a);
+  manager_.reset();
+  StreamEvent ev = session->NextEvent();
+  ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes());
+}
+
+// Truncates the dataset to 1000 of its 2002 bytes under a streaming session and consumes
+// until the session ends; it must end with DATA_LOSS naming the shrink, and give its ring
+// back. Batches filled before the cut (or that happen to read only what is left) may come
+// first: the sample order is fixed by the seed, so this is deterministic enough to bound.
+void ExpectShrinkEndsSession(SessionManager& manager, StagingPool& pool, const Attachment& a,
+                             const std::string& path) {
+  absl::StatusOr<std::shared_ptr<Session>> found = manager.Find(a.session_id, a.token);
+  ASSERT_TRUE(found.ok()) << found.status();
+  Session& session = **found;
+  StreamProbe probe;
+  ASSERT_TRUE(session.BindStream(probe.Callback()).ok());
+  ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
+  StreamEvent ev;
+  for (int n = 0; n < 2 * a.steps_per_epoch; ++n) {
+    ev = probe.Next(session);
+    if (ev.kind != StreamEvent::kBatch) break;
+    ASSERT_TRUE(session.Release(ev.batch.slot, ev.batch.generation).ok());
+  }
+  ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kDataLoss) << ev.status;
+  EXPECT_THAT(ev.status.message(), HasSubstr("shrank"));
+  EXPECT_THAT(ev.status.message(), HasSubstr("epoch 0 step"));
+  EXPECT_TRUE(Eventually([&] { return pool.free_bytes() == pool.total_bytes(); }))
+      << "a failed session must give its ring back";
+}
+
+TEST_F(SessionManagerTest, FileShrinkingUnderASessionEndsItWithDataLoss) {
+  StartManager({}, PosixFileSystem());
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectShrinkEndsSession(*manager_, *pool_, *a, path_);
+}
+
+TEST_F(SessionManagerTest, FileShrinkingUnderAMappedSessionEndsItWithDataLoss) {
+  // The daemon's default reader: the cut tail of a mapped page reads as zeros, and only the
+  // check after each batch notices.
+  StartManager({}, MappedFileSystem());
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ExpectShrinkEndsSession(*manager_, *pool_, *a, path_);
+}
+
+}  // namespace
+}  // namespace gpufeed::server

@@ -1,0 +1,325 @@
+#include "server/staging/staging_pool.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/os/fd.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+const uint64_t kPage = PageSize();
+
+std::unique_ptr<StagingPool> MakePool(uint64_t total, uint64_t slab) {
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(total, slab);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? std::move(*pool) : nullptr;
+}
+
+StagingRegion MustAllocate(StagingPool& pool, uint64_t bytes) {
+  absl::StatusOr<StagingRegion> r = pool.Allocate(bytes);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? std::move(*r) : StagingRegion();
+}
+
+TEST(StagingPoolTest, CreateSplitsIntoSlabs) {
+  std::unique_ptr<StagingPool> pool = MakePool(10 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->total_bytes(), 10 * kPage);
+  EXPECT_EQ(pool->free_bytes(), 10 * kPage);
+  ASSERT_EQ(pool->num_slabs(), 3);  // 4 + 4 + 2 pages
+  const uint64_t expected_sizes[] = {4 * kPage, 4 * kPage, 2 * kPage};
+  for (int s = 0; s < 3; ++s) {
+    struct stat st {};
+    ASSERT_EQ(::fstat(pool->slab_fd(s), &st), 0) << "slab " << s;
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), expected_sizes[s]) << "slab " << s;
+    EXPECT_NE(pool->slab_fd(s), pool->slab_fd((s + 1) % 3));
+  }
+}
+
+TEST(StagingPoolTest, CreateRoundsToPages) {
+  std::unique_ptr<StagingPool> pool = MakePool(3 * kPage + 1, kPage + 1);
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->total_bytes(), 4 * kPage);
+  EXPECT_EQ(pool->num_slabs(), 2);  // slabs of 2 pages
+}
+
+TEST(StagingPoolTest, CreateRejectsZeroBytes) {
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(0, kPage);
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(pool.status().message(), HasSubstr("staging_bytes"));
+}
+
+TEST(StagingPoolTest, SlabsAreSealedAgainstShrinking) {
+  std::unique_ptr<StagingPool> pool = MakePool(2 * kPage, 2 * kPage);
+  ASSERT_NE(pool, nullptr);
+  EXPECT_NE(::ftruncate(pool->slab_fd(0), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+}
+
+TEST(StagingPoolTest, AllocateRoundsUpToPages) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, 1);
+  EXPECT_EQ(a.size(), kPage);
+  EXPECT_EQ(a.offset() % kPage, 0u);
+  StagingRegion b = MustAllocate(*pool, kPage + 1);
+  EXPECT_EQ(b.size(), 2 * kPage);
+  StagingRegion c = MustAllocate(*pool, kPage);
+  EXPECT_EQ(c.size(), kPage);
+  StagingRegion zero = MustAllocate(*pool, 0);  // at least a page
+  EXPECT_EQ(zero.size(), kPage);
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+  for (const StagingRegion* r : {&a, &b, &c, &zero}) {
+    EXPECT_EQ(r->offset() % kPage, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r->data()) % kPage, 0u);
+  }
+}
+
+TEST(StagingPoolTest, FreeBytesReturnExactlyWhenRegionsAreDestroyed) {
+  std::unique_ptr<StagingPool> pool = MakePool(16 * kPage, 16 * kPage);
+  ASSERT_NE(pool, nullptr);
+  {
+    StagingRegion a = MustAllocate(*pool, 3 * kPage);
+    EXPECT_EQ(pool->free_bytes(), 13 * kPage);
+    {
+      StagingRegion b = MustAllocate(*pool, 5 * kPage);
+      EXPECT_EQ(pool->free_bytes(), 8 * kPage);
+    }
+    EXPECT_EQ(pool->free_bytes(), 13 * kPage);
+  }
+  EXPECT_EQ(pool->free_bytes(), 16 * kPage);
+  // Everything coalesced back: the whole slab can be taken again.
+  StagingRegion all = MustAllocate(*pool, 16 * kPage);
+  EXPECT_EQ(all.offset(), 0u);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+}
+
+TEST(StagingPoolTest, MovingARegionDoesNotDoubleFree) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  {
+    StagingRegion a = MustAllocate(*pool, kPage);
+    std::byte* data = a.data();
+    StagingRegion b(std::move(a));
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_EQ(a.size(), 0u);
+    EXPECT_EQ(b.data(), data);
+    EXPECT_EQ(b.size(), kPage);
+    StagingRegion c;
+    c = std::move(b);
+    EXPECT_EQ(c.data(), data);
+    EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+    { StagingRegion moved_out = std::move(c); }
+    EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  }
+  // No region was freed twice: free bytes never exceed the total.
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+}
+
+TEST(StagingPoolTest, MoveAssigningOverARegionFreesTheOldOne) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, kPage);
+  StagingRegion b = MustAllocate(*pool, 2 * kPage);
+  EXPECT_EQ(pool->free_bytes(), kPage);
+  a = std::move(b);  // a's old page goes back
+  EXPECT_EQ(pool->free_bytes(), 2 * kPage);
+  EXPECT_EQ(a.size(), 2 * kPage);
+  a = StagingRegion();
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+}
+
+TEST(StagingPoolTest, ResourceExhaustedStatesBytesAskedAndFree) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, 5 * kPage);
+  absl::StatusOr<StagingRegion> r = pool->Allocate(4 * kPage);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", 4 * kPage, " bytes")));
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat(3 * kPage, " of ", 8 * kPage)));
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("largest free block ", 3 * kPage)));
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);  // a refusal takes nothing
+  // What is free can still be had.
+  StagingRegion b = MustAllocate(*pool, 3 * kPage);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+}
+
+TEST(StagingPoolTest, RequestLargerThanThePoolIsRefused) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  absl::StatusOr<StagingRegion> r = pool->Allocate(4 * kPage + 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", 5 * kPage, " bytes")));
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+}
+
+TEST(StagingPoolTest, HugeRequestDoesNotWrapAround) {
+  // Page rounding of a request near 2^64 once wrapped to 0, and Allocate(UINT64_MAX)
+  // "succeeded" with a 0-byte region.
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  for (uint64_t bytes : {~uint64_t{0}, ~uint64_t{0} - kPage + 2, uint64_t{1} << 63}) {
+    absl::StatusOr<StagingRegion> r = pool->Allocate(bytes);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << bytes;
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", bytes)));
+    if (r.ok()) {
+      EXPECT_GE(r->size(), bytes) << "a region smaller than asked";
+    }
+  }
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+}
+
+TEST(StagingPoolTest, FragmentationThenCoalescing) {
+  std::unique_ptr<StagingPool> pool = MakePool(6 * kPage, 6 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, 2 * kPage);
+  StagingRegion b = MustAllocate(*pool, 2 * kPage);
+  StagingRegion c = MustAllocate(*pool, 2 * kPage);
+  EXPECT_EQ(a.offset(), 0u);
+  EXPECT_EQ(b.offset(), 2 * kPage);
+  EXPECT_EQ(c.offset(), 4 * kPage);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+
+  b = StagingRegion();  // hole in the middle
+  EXPECT_EQ(pool->free_bytes(), 2 * kPage);
+  // 3 pages are not contiguous anywhere yet.
+  absl::StatusOr<StagingRegion> too_big = pool->Allocate(3 * kPage);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+
+  a = StagingRegion();  // A's range is merged with B's
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  StagingRegion ab = MustAllocate(*pool, 4 * kPage);
+  EXPECT_EQ(ab.offset(), 0u);
+  EXPECT_EQ(ab.size(), 4 * kPage);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+}
+
+TEST(StagingPoolTest, CoalescesWithTheFollowingRangeToo) {
+  std::unique_ptr<StagingPool> pool = MakePool(6 * kPage, 6 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, 2 * kPage);
+  StagingRegion b = MustAllocate(*pool, 2 * kPage);
+  StagingRegion c = MustAllocate(*pool, 2 * kPage);
+  b = StagingRegion();
+  c = StagingRegion();  // merges with B's range before it
+  StagingRegion bc = MustAllocate(*pool, 4 * kPage);
+  EXPECT_EQ(bc.offset(), 2 * kPage);
+  a = StagingRegion();
+  bc = StagingRegion();  // A, B, C all back: one range of 6 pages
+  StagingRegion all = MustAllocate(*pool, 6 * kPage);
+  EXPECT_EQ(all.offset(), 0u);
+}
+
+TEST(StagingPoolTest, RegionsAreWritableAndDoNotOverlap) {
+  std::unique_ptr<StagingPool> pool = MakePool(12 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  std::vector<StagingRegion> regions;
+  const uint64_t sizes[] = {kPage, 3 * kPage, 2 * kPage, kPage, 4 * kPage, kPage};
+  for (uint64_t size : sizes) regions.push_back(MustAllocate(*pool, size));
+  ASSERT_EQ(pool->free_bytes(), 0u);
+  // Fill each with its own byte; then check that no write landed in another region.
+  for (size_t i = 0; i < regions.size(); ++i) {
+    std::fill(regions[i].data(), regions[i].data() + regions[i].size(),
+              static_cast<std::byte>(i + 1));
+  }
+  for (size_t i = 0; i < regions.size(); ++i) {
+    for (uint64_t k = 0; k < regions[i].size(); ++k) {
+      ASSERT_EQ(regions[i].data()[k], static_cast<std::byte>(i + 1)) << "region " << i;
+    }
+    for (size_t j = i + 1; j < regions.size(); ++j) {
+      if (regions[i].slab() != regions[j].slab()) continue;
+      const bool disjoint = regions[i].offset() + regions[i].size() <= regions[j].offset() ||
+                            regions[j].offset() + regions[j].size() <= regions[i].offset();
+      EXPECT_TRUE(disjoint) << "regions " << i << " and " << j;
+    }
+  }
+}
+
+TEST(StagingPoolTest, RegionDataIsTheSlabAtItsOffset) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocate(*pool, 3 * kPage);
+  StagingRegion b = MustAllocate(*pool, 2 * kPage);  // does not fit behind a: slab 1
+  EXPECT_EQ(a.slab(), 0);
+  EXPECT_EQ(b.slab(), 1);
+  EXPECT_EQ(b.offset(), 0u);
+  const std::string text = "written through the region";
+  std::memcpy(b.data() + 5, text.data(), text.size());
+  // A consumer maps the slab's fd at the region's offset and sees the same bytes.
+  absl::StatusOr<Mapping> m = Mapping::Map(pool->slab_fd(b.slab()), b.offset(), b.size(), false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()) + 5, text.size()), text);
+}
+
+TEST(StagingPoolTest, RegionNeverSpansTwoSlabs) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 4 * kPage);  // 2 slabs of 4 pages
+  ASSERT_NE(pool, nullptr);
+  ASSERT_EQ(pool->num_slabs(), 2);
+  // 5 pages are free in total (8) but no slab holds them.
+  absl::StatusOr<StagingRegion> r = pool->Allocate(5 * kPage);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("largest free block ", 4 * kPage)));
+  EXPECT_EQ(pool->free_bytes(), 8 * kPage);
+  // Free space split across slabs: 2 pages in each, 4 free in total; 3 pages do not fit.
+  StagingRegion a = MustAllocate(*pool, 2 * kPage);
+  StagingRegion b = MustAllocate(*pool, 3 * kPage);  // slab 0 has only 2 left: slab 1
+  EXPECT_EQ(a.slab(), 0);
+  EXPECT_EQ(b.slab(), 1);
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+  EXPECT_EQ(pool->Allocate(3 * kPage).status().code(), absl::StatusCode::kResourceExhausted);
+  StagingRegion c = MustAllocate(*pool, 2 * kPage);
+  EXPECT_EQ(c.slab(), 0);
+  EXPECT_EQ(c.offset(), 2 * kPage);
+  for (const StagingRegion* x : {&a, &b, &c}) {
+    const uint64_t slab_size = 4 * kPage;
+    EXPECT_LE(x->offset() + x->size(), slab_size);
+  }
+}
+
+TEST(StagingPoolTest, ManyAllocationsAndFreesReturnEverything) {
+  std::unique_ptr<StagingPool> pool = MakePool(64 * kPage, 16 * kPage);
+  ASSERT_NE(pool, nullptr);
+  std::vector<StagingRegion> live;
+  uint64_t x = 12345;
+  for (int round = 0; round < 500; ++round) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const uint64_t pages = 1 + (x >> 60) % 5;
+    if ((x >> 33) % 3 != 0) {
+      absl::StatusOr<StagingRegion> r = pool->Allocate(pages * kPage);
+      if (r.ok()) live.push_back(std::move(*r));
+    } else if (!live.empty()) {
+      live.erase(live.begin() + static_cast<int64_t>((x >> 20) % live.size()));
+    }
+    uint64_t held = 0;
+    for (const StagingRegion& r : live) held += r.size();
+    ASSERT_EQ(pool->free_bytes() + held, 64 * kPage) << "round " << round;
+  }
+  live.clear();
+  EXPECT_EQ(pool->free_bytes(), 64 * kPage);
+  for (int s = 0; s < 4; ++s) {
+    StagingRegion whole = MustAllocate(*pool, 16 * kPage);
+    EXPECT_EQ(whole.offset(), 0u);
+    live.push_back(std::move(whole));
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed::server

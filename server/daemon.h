@@ -20,6 +20,7 @@ class SessionManager;
 class MemServer;
 class FeedService;
 class AdminService;
+class DeviceBackend;
 
 inline constexpr char kVersion[] = "0.1.0";
 
@@ -39,6 +40,8 @@ struct DaemonConfig {
   // How readers copy samples from the page cache: "mmap" (memcpy from a mapping, guarded
   // against SIGBUS) or "pread". Both turn a shrunken file into DATA_LOSS.
   std::string read_mode = "mmap";
+  // Device bytes all device rings on one GPU may hold together.
+  uint64_t device_bytes = uint64_t{4} << 30;
 };
 
 // INVALID_ARGUMENT naming the field. Fills derived fields (mem_socket, threads).
@@ -66,6 +69,8 @@ class Daemon {
   DaemonConfig config_;
   std::atomic<bool> serving_{false};
   std::unique_ptr<StagingPool> pool_;
+  std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in
+  bool pinned_ = false;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<FeedService> feed_service_;
   std::unique_ptr<AdminService> admin_service_;

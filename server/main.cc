@@ -30,6 +30,8 @@ ABSL_FLAG(absl::Duration, attach_timeout, absl::Seconds(10),
 ABSL_FLAG(std::string, read_mode, "mmap",
           "how samples are copied from the page cache: mmap (memcpy from a mapping, guarded "
           "against a shrinking file) or pread");
+ABSL_FLAG(uint64_t, device_bytes, uint64_t{4} << 30,
+          "device memory all consumers' rings on one GPU may hold together (bytes)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 int main(int argc, char** argv) {
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
   config.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
   config.log_level = absl::GetFlag(FLAGS_log_level);
   config.read_mode = absl::GetFlag(FLAGS_read_mode);
+  config.device_bytes = absl::GetFlag(FLAGS_device_bytes);
 
   absl::StatusOr<std::unique_ptr<gpufeed::server::Daemon>> daemon =
       gpufeed::server::Daemon::Start(config);

@@ -70,6 +70,7 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
     offset = layout.byte_offset + layout.byte_size;
     layout_.tensors.push_back(std::move(layout));
   }
+  layout_.used_bytes = offset;
   layout_.stride_bytes = AlignUp(offset, PageSize());
 }
 

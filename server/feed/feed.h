@@ -44,6 +44,7 @@ struct TensorLayout {
 
 struct SlotLayout {
   std::vector<TensorLayout> tensors;
+  uint64_t used_bytes = 0;    // through the end of the last tensor
   uint64_t stride_bytes = 0;  // page-aligned
 };
 

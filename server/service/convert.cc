@@ -53,6 +53,20 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
           "delivery.kind: unknown kind ", static_cast<int>(r.delivery().kind())));
   }
   spec.gpu_uuid = r.delivery().gpu_uuid();
+  switch (r.delivery().ipc()) {
+    case v1::IPC_KIND_UNSPECIFIED:
+      spec.ipc = IpcKind::kUnspecified;
+      break;
+    case v1::IPC_KIND_VMM:
+      spec.ipc = IpcKind::kVmm;
+      break;
+    case v1::IPC_KIND_LEGACY:
+      spec.ipc = IpcKind::kLegacy;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("delivery.ipc: unknown kind ", static_cast<int>(r.delivery().ipc())));
+  }
   return spec;
 }
 
@@ -78,6 +92,14 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     p->set_byte_size(t.byte_size);
   }
   ToProto(a.start, out->mutable_start());
+  if (a.device) {
+    v1::DeviceRing* d = out->mutable_device();
+    d->set_ipc(a.device_ring.ipc == IpcKind::kLegacy ? v1::IPC_KIND_LEGACY : v1::IPC_KIND_VMM);
+    d->set_gpu_uuid(a.device_ring.gpu_uuid);
+    d->set_alloc_bytes(a.device_ring.alloc_bytes);
+    d->set_legacy_mem_handle(a.device_ring.legacy_mem_handle);
+    for (const std::string& h : a.device_ring.ready_event_handles) d->add_ready_event_handles(h);
+  }
 }
 
 void ToProto(const ReadyBatch& b, v1::BatchReady* out) {

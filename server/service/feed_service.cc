@@ -88,9 +88,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       absl::MutexLock lock(&link_->mu);
       session_ = *session;
     }
-    return (*session)->BindStream([weak] {
-      if (std::shared_ptr<Link> link = weak.lock()) Kick(*link);
-    });
+    const std::vector<std::string> release_events(request_.open().release_event_handles().begin(),
+                                                  request_.open().release_event_handles().end());
+    return (*session)->BindStream(
+        [weak] {
+          if (std::shared_ptr<Link> link = weak.lock()) Kick(*link);
+        },
+        release_events);
   }
 
   // Credits every release of the request; refused ones are answered on the stream.

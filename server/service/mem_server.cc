@@ -72,6 +72,7 @@ void MemServer::Loop() {
 void MemServer::Serve(int connection) {
   v1::MemResponse response;
   int pass_fd = -1;
+  UniqueFd device_fd;  // a dup of the VMM export, closed once sent
   absl::Status status = SetSocketTimeout(connection, kClientTimeout);
   absl::StatusOr<Frame> frame =
       status.ok() ? RecvFrame(connection, kMaxRequestBytes) : absl::StatusOr<Frame>(status);
@@ -88,10 +89,21 @@ void MemServer::Serve(int connection) {
     if (!session.ok()) {
       response.set_code(static_cast<int32_t>(session.status().code()));
       response.set_message(std::string(session.status().message()));
-    } else {
+    } else if (!(*session)->device_delivery()) {
       pass_fd = pool_->slab_fd((*session)->ring_slab());
       response.set_map_offset((*session)->ring_offset());
       response.set_map_bytes((*session)->ring_bytes());
+    } else if ((*session)->device_export().ipc != IpcKind::kVmm) {
+      response.set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+      response.set_message("this session's device ring is shared by legacy CUDA IPC, not an fd");
+    } else if (absl::StatusOr<UniqueFd> fd = (*session)->ExportDeviceFd(); !fd.ok()) {
+      response.set_code(static_cast<int32_t>(fd.status().code()));
+      response.set_message(std::string(fd.status().message()));
+    } else {
+      device_fd = std::move(*fd);
+      pass_fd = device_fd.get();
+      response.set_device(true);
+      response.set_map_bytes((*session)->device_export().alloc_bytes);
     }
   }
   absl::Status sent = SendFrame(connection, response.SerializeAsString(), pass_fd);

@@ -10,7 +10,8 @@
 namespace gpufeed::server {
 
 Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion ring,
-                 FillScheduler* scheduler)
+                 FillScheduler* scheduler, std::unique_ptr<DeviceRing> device,
+                 DeviceBackend* backend)
     : params_(std::move(params)),
       feed_(std::move(feed)),
       scheduler_(scheduler),
@@ -20,7 +21,10 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       ring_offset_(ring.offset()),
       ring_bytes_(ring.size()),
       ring_data_(ring.data()),
+      backend_(backend),
+      device_export_(device != nullptr ? device->exported() : DeviceRingExport{}),
       ring_(std::move(ring)),
+      device_(std::move(device)),
       slots_(static_cast<size_t>(params_.ring_slots)),
       fill_position_(params_.start),
       delivered_(params_.start) {
@@ -63,7 +67,18 @@ void Session::Notify() {
   if (notify) notify();
 }
 
-absl::Status Session::BindStream(std::function<void()> notify) {
+absl::Status Session::BindStream(std::function<void()> notify,
+                                 const std::vector<std::string>& release_events) {
+  if (!release_events.empty()) {
+    if (!device_delivery()) {
+      return absl::InvalidArgumentError("release_event_handles: only for device delivery");
+    }
+    if (release_events.size() != static_cast<size_t>(params_.ring_slots)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "release_event_handles: want one per slot (", params_.ring_slots, "), got ",
+          release_events.size()));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
@@ -74,8 +89,48 @@ absl::Status Session::BindStream(std::function<void()> notify) {
     streaming_ = true;
     notify_ = std::move(notify);
   }
+  if (!release_events.empty()) {
+    // Opening IPC events is a driver call: on the copy thread, which also orders it before
+    // any copy that waits on them (those follow the consumer's first release).
+    std::shared_ptr<Session> self = shared_from_this();
+    backend_->Post(params_.gpu_uuid, [self, release_events] {
+      absl::Status s;
+      {
+        absl::MutexLock lock(&self->mu_);
+        if (self->device_ == nullptr) return;
+        ++self->fills_in_flight_;
+      }
+      // device_ is only reset once fills_in_flight_ is 0, so it stays valid unlocked here.
+      s = self->device_->SetReleaseEvents(release_events);
+      StagingRegion host;
+      std::unique_ptr<DeviceRing> device;
+      {
+        absl::MutexLock lock(&self->mu_);
+        --self->fills_in_flight_;
+        if (!s.ok() && self->closed_.ok()) self->closed_ = s;
+        self->TakeRingsIfIdleLocked(&host, &device);
+      }
+      if (!s.ok()) self->Notify();
+    });
+  }
   Notify();  // batches may already be waiting
   return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
+  absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
+  if (device_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", params_.id, " has no device ring"));
+  }
+  return device_->ExportFd();
+}
+
+void Session::TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device) {
+  if (closed_.ok() || fills_in_flight_ > 0) return;
+  *host = std::move(ring_);
+  *device = std::move(device_);
 }
 
 bool Session::streaming() const {
@@ -167,42 +222,99 @@ void Session::FillOne() {
   // Let another worker take this session's next free slot while this one reads.
   if (more) scheduler_->Schedule(shared_from_this());
 
-  // The slot is ours alone while kFilling: read without the lock.
-  std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
-  absl::StatusOr<int64_t> valid =
-      feed_->Fill(slot->batch.position, params_.rank, data, std::span<int64_t>(slot->batch.ids));
+  // The slot is ours alone while kFilling: read without the lock. device_ is only reset
+  // once fills_in_flight_ is 0, so it stays valid here.
+  const bool reused = slot->generation > 1;
+  absl::StatusOr<int64_t> valid = int64_t{0};
+  if (device_ != nullptr && reused) {
+    // The previous copy out of this host slot must be done before it is overwritten.
+    if (absl::Status s = device_->WaitCopied(slot->batch.slot); !s.ok()) valid = s;
+  }
+  if (valid.ok()) {
+    std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
+    valid = feed_->Fill(slot->batch.position, params_.rank, data,
+                        std::span<int64_t>(slot->batch.ids));
+  }
 
   bool failed_here = false;
+  bool copy = false;
+  StagingRegion host;
+  std::unique_ptr<DeviceRing> device;
   {
     absl::MutexLock lock(&mu_);
-    --fills_in_flight_;
-    if (valid.ok()) {
+    if (valid.ok() && closed_.ok() && device_ != nullptr) {
       slot->batch.valid = *valid;
-      slot->state = SlotState::kReady;
+      slot->state = SlotState::kCopying;  // stays in flight until the copy is enqueued
+      copy = true;
     } else {
-      slot->state = SlotState::kFree;
-      if (closed_.ok()) {
-        closed_ = valid.status();
-        failed_here = true;
+      --fills_in_flight_;
+      if (valid.ok()) {
+        slot->batch.valid = *valid;
+        slot->state = SlotState::kReady;
+      } else {
+        slot->state = SlotState::kFree;
+        if (closed_.ok()) {
+          closed_ = valid.status();
+          failed_here = true;
+        }
       }
+      TakeRingsIfIdleLocked(&host, &device);
     }
-    if (!closed_.ok() && fills_in_flight_ == 0) ring_ = StagingRegion();
   }
   if (failed_here) {
     spdlog::error("session {} (job {} rank {}) failed: {}", params_.id, params_.job,
                   params_.rank, valid.status().ToString());
+  }
+  if (copy) {
+    std::shared_ptr<Session> self = shared_from_this();
+    backend_->Post(params_.gpu_uuid, [self, slot] { self->CopyOne(slot); });
+    return;
+  }
+  Notify();
+}
+
+void Session::CopyOne(Slot* slot) {
+  const uint64_t bytes = feed_->layout().used_bytes;
+  const std::byte* src = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
+  bool closed;
+  {
+    absl::MutexLock lock(&mu_);
+    closed = !closed_.ok();
+  }
+  absl::Status s = closed ? absl::OkStatus()
+                          : device_->CopyIn(slot->batch.slot, src, bytes, slot->generation > 1);
+  StagingRegion host;
+  std::unique_ptr<DeviceRing> device;
+  {
+    absl::MutexLock lock(&mu_);
+    --fills_in_flight_;
+    if (s.ok() && !closed) {
+      slot->state = SlotState::kReady;
+    } else {
+      slot->state = SlotState::kFree;
+      if (closed_.ok()) closed_ = s;
+    }
+    TakeRingsIfIdleLocked(&host, &device);
+  }
+  if (!s.ok()) {
+    spdlog::error("session {} (job {} rank {}) copy to GPU failed: {}", params_.id, params_.job,
+                  params_.rank, s.ToString());
   }
   Notify();
 }
 
 void Session::Close(absl::Status reason) {
   if (reason.ok()) reason = absl::CancelledError("session closed");
+  StagingRegion host;
+  std::unique_ptr<DeviceRing> device;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return;
     closed_ = std::move(reason);
-    // Return the ring now unless a worker is still writing into it; the last one does then.
-    if (fills_in_flight_ == 0) ring_ = StagingRegion();
+    // Return the rings now unless a worker or the copy thread still uses them; the last one
+    // does then. They are freed below, outside the lock (freeing device memory waits for
+    // copies in flight).
+    TakeRingsIfIdleLocked(&host, &device);
   }
   Notify();
 }

@@ -20,6 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/os/fd.h"
+#include "server/device/device_backend.h"
 #include "server/feed/feed.h"
 #include "server/staging/staging_pool.h"
 
@@ -75,6 +77,7 @@ struct SessionParams {
   std::string job;
   int32_t rank = 0;
   DeliveryKind delivery = DeliveryKind::kHost;
+  std::string gpu_uuid;  // device delivery
   int32_t ring_slots = 0;
   Position start;
   int64_t stop_epoch = 0;  // exclusive; 0 = never
@@ -82,8 +85,11 @@ struct SessionParams {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
+  // `device` and `backend` are set for device delivery: slots are filled in the host ring,
+  // then copied into the device ring by the GPU's copy thread.
   Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion ring,
-          FillScheduler* scheduler);
+          FillScheduler* scheduler, std::unique_ptr<DeviceRing> device = nullptr,
+          DeviceBackend* backend = nullptr);
 
   uint64_t id() const { return params_.id; }
   const std::string& token() const { return params_.token; }
@@ -102,7 +108,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- stream side ----
   // Binds the session's one stream; `notify` is called (no lock held, any thread) whenever
   // NextEvent may have something new. FAILED_PRECONDITION when a stream is already bound.
-  absl::Status BindStream(std::function<void()> notify);
+  // `release_events`: for device delivery, none or one cudaIpcEventHandle_t per slot
+  // (INVALID_ARGUMENT otherwise).
+  absl::Status BindStream(std::function<void()> notify,
+                          const std::vector<std::string>& release_events = {});
   bool streaming() const;
   // The next thing to send, in stream order; kClosed once the session has ended.
   StreamEvent NextEvent();
@@ -112,6 +121,11 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Status Release(int32_t slot, uint64_t generation);
   // Position after the last batch handed to the stream.
   Position delivered() const;
+
+  // A descriptor of the device ring's exported allocation (device delivery, VMM).
+  absl::StatusOr<UniqueFd> ExportDeviceFd() const;
+  bool device_delivery() const { return params_.delivery == DeliveryKind::kDevice; }
+  const DeviceRingExport& device_export() const { return device_export_; }
 
   // ---- producer side ----
   // Claims one free slot, reads its batch into it and publishes it. Run by pool workers.
@@ -125,7 +139,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionSnapshot Snapshot() const;
 
  private:
-  enum class SlotState { kFree, kFilling, kReady, kLeased };
+  enum class SlotState { kFree, kFilling, kCopying, kReady, kLeased };
   struct Slot {
     SlotState state = SlotState::kFree;
     uint64_t generation = 0;
@@ -138,6 +152,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Marks the session queued and returns true when it should be handed to the scheduler.
   bool WantScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();
+  // Copies a filled host slot into the device ring (on the GPU's copy thread).
+  void CopyOne(Slot* slot);
+  // Once closed and nothing is in flight: hands the rings over for freeing outside the lock.
+  void TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionParams params_;
   const std::shared_ptr<Feed> feed_;
@@ -148,15 +167,18 @@ class Session : public std::enable_shared_from_this<Session> {
   const uint64_t ring_offset_;
   const uint64_t ring_bytes_;
   std::byte* const ring_data_;
+  DeviceBackend* const backend_;
+  const DeviceRingExport device_export_;
 
   mutable absl::Mutex mu_;
   StagingRegion ring_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceRing> device_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   Position fill_position_ ABSL_GUARDED_BY(mu_);
   Position delivered_ ABSL_GUARDED_BY(mu_);
   uint64_t next_fill_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_deliver_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  int fills_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int fills_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reads and device copies
   int64_t batches_delivered_ ABSL_GUARDED_BY(mu_) = 0;
   bool queued_ ABSL_GUARDED_BY(mu_) = false;
   bool end_sent_ ABSL_GUARDED_BY(mu_) = false;

@@ -90,9 +90,10 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
 }
 
 SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool* pool,
-                               FileSystem* fs)
+                               FileSystem* fs, DeviceBackend* devices)
     : options_(options),
       pool_(pool),
+      devices_(devices),
       feeds_(fs),
       // Each session is queued at most once at a time; closed ones may linger briefly.
       work_(static_cast<size_t>(options.max_sessions) * 2 + 16) {
@@ -117,9 +118,14 @@ SessionManager::~SessionManager() {
 absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   if (absl::Status s = ValidateAttachSpec(spec, options_.max_ring_slots); !s.ok()) return s;
   if (spec.delivery == DeliveryKind::kDevice) {
-    return absl::FailedPreconditionError(
-        "delivery: device delivery is not available in this gpufeedd yet; attach with host "
-        "delivery");
+    if (devices_ == nullptr || devices_->gpu_uuids().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("delivery: ", kNoGpuMessage, "; attach with host delivery"));
+    }
+    if (spec.gpu_uuid.empty()) {
+      return absl::InvalidArgumentError(
+          "delivery.gpu_uuid: device delivery names the consumer's GPU by UUID");
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -147,8 +153,17 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
         "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));
   }
 
+  std::unique_ptr<DeviceRing> device;
+  if (spec.delivery == DeliveryKind::kDevice) {
+    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated =
+        devices_->AllocateRing(spec.gpu_uuid, slots, stride, spec.ipc);
+    if (!allocated.ok()) return Annotate(allocated.status(), "device ring");
+    device = std::move(*allocated);
+  }
+
   SessionParams params;
   params.token = NewToken();
+  params.gpu_uuid = spec.gpu_uuid;
   params.job = spec.job;
   params.rank = spec.rank;
   params.delivery = spec.delivery;
@@ -178,7 +193,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     job.world_size = spec.feed.world_size;
     job.ranks.insert(spec.rank);
     params.id = next_id_++;
-    session = std::make_shared<Session>(params, feed, std::move(*ring), this);
+    session = std::make_shared<Session>(params, feed, std::move(*ring), this, std::move(device),
+                                        devices_);
     sessions_[params.id] = session;
   }
   session->Start();
@@ -197,6 +213,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   out.ring_slots = slots;
   out.layout = feed->layout();
   out.start = spec.start;
+  out.device = spec.delivery == DeliveryKind::kDevice;
+  if (out.device) out.device_ring = session->device_export();
   return out;
 }
 

@@ -30,6 +30,7 @@ struct AttachSpec {
   int32_t ring_slots = 0;  // 0 = default
   DeliveryKind delivery = DeliveryKind::kHost;
   std::string gpu_uuid;
+  IpcKind ipc = IpcKind::kUnspecified;
   Position start;
   int64_t stop_epoch = 0;
 };
@@ -49,6 +50,8 @@ struct Attachment {
   int32_t ring_slots = 0;
   SlotLayout layout;
   Position start;
+  bool device = false;
+  DeviceRingExport device_ring;  // when device
 };
 
 struct FeedSnapshot {
@@ -77,7 +80,9 @@ struct SessionManagerOptions {
 
 class SessionManager final : public FillScheduler {
  public:
-  SessionManager(const SessionManagerOptions& options, StagingPool* pool, FileSystem* fs);
+  // `devices` may be null (no GPU support built in): device Attach is then refused.
+  SessionManager(const SessionManagerOptions& options, StagingPool* pool, FileSystem* fs,
+                 DeviceBackend* devices = nullptr);
   ~SessionManager() override;
 
   absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
@@ -111,6 +116,7 @@ class SessionManager final : public FillScheduler {
 
   const SessionManagerOptions options_;
   StagingPool* const pool_;
+  DeviceBackend* const devices_;
   FeedRegistry feeds_;
   BoundedQueue<std::shared_ptr<Session>> work_;
   absl::Notification stop_reaper_;

@@ -59,6 +59,8 @@ class StagingPool {
   uint64_t free_bytes() const;
   int num_slabs() const { return static_cast<int>(slabs_.size()); }
   int slab_fd(int slab) const { return slabs_[slab].fd.get(); }
+  std::byte* slab_data(int slab) const { return slabs_[slab].mapping.data(); }
+  uint64_t slab_bytes(int slab) const { return slabs_[slab].mapping.size(); }
 
  private:
   friend class StagingRegion;

@@ -400,7 +400,7 @@ TEST_F(RawProtocolTest, UnknownEnumsAndDeviceDeliveryAreRefused) {
     grpc::ClientContext ctx;
     grpc::Status s = stub_->Attach(&ctx, r, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_THAT(s.error_message(), HasSubstr("device delivery"));
+    EXPECT_THAT(s.error_message(), HasSubstr("no CUDA device visible to gpufeedd"));
   }
   {
     v1::AttachRequest r = Request();

@@ -1,0 +1,315 @@
+#include "server/device/cuda_backend.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/bounded_queue.h"
+#include "common/cuda/cuda.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace gpufeed::server {
+namespace {
+
+class CudaBackend;
+
+// One GPU: its copy stream and thread, and the bytes its rings hold.
+struct Gpu {
+  int ordinal = 0;
+  std::string uuid;
+  bool vmm = false;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<BoundedQueue<std::function<void()>>> work;
+  std::thread thread;
+  absl::Mutex mu;
+  uint64_t used ABSL_GUARDED_BY(mu) = 0;
+};
+
+class CudaRing final : public DeviceRing {
+ public:
+  CudaRing(Gpu* gpu, uint64_t budget_bytes) : gpu_(gpu), budget_(budget_bytes) {}
+
+  ~CudaRing() override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    // Copies in flight read our memory and record our events: let them finish first.
+    for (cudaEvent_t e : ready_) {
+      if (e != nullptr) cudaEventSynchronize(e);
+    }
+    for (cudaEvent_t e : ready_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (cudaEvent_t e : release_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (vmm_ptr_ != 0) {
+      const cuda::DriverApi* api = *cuda::Driver();
+      api->cuMemUnmap(vmm_ptr_, export_.alloc_bytes);
+      api->cuMemAddressFree(vmm_ptr_, export_.alloc_bytes);
+      api->cuMemRelease(vmm_handle_);
+    }
+    if (legacy_ptr_ != nullptr) cudaFree(legacy_ptr_);
+    if (charged_ > 0) {
+      absl::MutexLock lock(&gpu_->mu);
+      gpu_->used -= charged_;
+    }
+  }
+
+  absl::Status Allocate(int slots, uint64_t stride, IpcKind ipc) {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    export_.gpu_uuid = gpu_->uuid;
+    export_.ipc = ipc == IpcKind::kUnspecified ? (gpu_->vmm ? IpcKind::kVmm : IpcKind::kLegacy)
+                                               : ipc;
+    if (export_.ipc == IpcKind::kVmm && !gpu_->vmm) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "delivery.ipc: ", gpu_->uuid, " does not export VMM memory as POSIX fds; use legacy"));
+    }
+    stride_ = stride;
+    uint64_t bytes = stride * static_cast<uint64_t>(slots);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = gpu_->ordinal;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const cuda::DriverApi* api = nullptr;
+    if (export_.ipc == IpcKind::kVmm) {
+      GPUFEED_ASSIGN_OR_RETURN(api, cuda::Driver());
+      size_t granularity = 0;
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(
+          api->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity"));
+      bytes = (bytes + granularity - 1) / granularity * granularity;
+    }
+    {
+      absl::MutexLock lock(&gpu_->mu);
+      if (gpu_->used + bytes > budget_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "device ring of ", bytes, " bytes on ", gpu_->uuid, ": ", budget_ - gpu_->used,
+            " of the GPU's --device_bytes budget of ", budget_, " bytes are free"));
+      }
+      gpu_->used += bytes;
+      charged_ = bytes;
+    }
+    export_.alloc_bytes = bytes;
+    if (export_.ipc == IpcKind::kVmm) {
+      GPUFEED_RETURN_IF_ERROR(
+          cuda::Check(api->cuMemCreate(&vmm_handle_, bytes, &prop, 0), "cuMemCreate"));
+      CUdeviceptr ptr = 0;
+      absl::Status s = cuda::Check(api->cuMemAddressReserve(&ptr, bytes, 0, 0, 0),
+                                   "cuMemAddressReserve");
+      if (s.ok()) s = cuda::Check(api->cuMemMap(ptr, bytes, 0, vmm_handle_, 0), "cuMemMap");
+      if (!s.ok()) {
+        if (ptr != 0) api->cuMemAddressFree(ptr, bytes);
+        api->cuMemRelease(vmm_handle_);
+        return s;
+      }
+      vmm_ptr_ = ptr;
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      GPUFEED_RETURN_IF_ERROR(
+          cuda::Check(api->cuMemSetAccess(ptr, bytes, &access, 1), "cuMemSetAccess"));
+      int fd = -1;
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(
+          api->cuMemExportToShareableHandle(&fd, vmm_handle_,
+                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle"));
+      export_fd_.Reset(fd);
+      base_ = reinterpret_cast<std::byte*>(ptr);
+    } else {
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaMalloc(&legacy_ptr_, bytes), "cudaMalloc"));
+      cudaIpcMemHandle_t handle;
+      GPUFEED_RETURN_IF_ERROR(
+          cuda::Check(cudaIpcGetMemHandle(&handle, legacy_ptr_), "cudaIpcGetMemHandle"));
+      export_.legacy_mem_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+      base_ = static_cast<std::byte*>(legacy_ptr_);
+    }
+    ready_.assign(static_cast<size_t>(slots), nullptr);
+    release_.assign(static_cast<size_t>(slots), nullptr);
+    for (cudaEvent_t& e : ready_) {
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
+          "cudaEventCreateWithFlags"));
+      cudaIpcEventHandle_t handle;
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaIpcGetEventHandle(&handle, e), "cudaIpcGetEventHandle"));
+      export_.ready_event_handles.emplace_back(reinterpret_cast<const char*>(&handle),
+                                               sizeof(handle));
+    }
+    return absl::OkStatus();
+  }
+
+  const DeviceRingExport& exported() const override { return export_; }
+
+  absl::StatusOr<UniqueFd> ExportFd() const override {
+    if (!export_fd_.valid()) return absl::FailedPreconditionError("ring is not a VMM export");
+    UniqueFd fd(::dup(export_fd_.get()));
+    if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's export");
+    return fd;
+  }
+
+  absl::Status SetReleaseEvents(const std::vector<std::string>& handles) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    for (size_t i = 0; i < handles.size() && i < release_.size(); ++i) {
+      if (handles[i].size() != sizeof(cudaIpcEventHandle_t)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "release_event_handles[", i, "]: want ", sizeof(cudaIpcEventHandle_t), " bytes, got ",
+            handles[i].size()));
+      }
+      cudaIpcEventHandle_t handle;
+      std::memcpy(&handle, handles[i].data(), sizeof(handle));
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaIpcOpenEventHandle(&release_[i], handle),
+                                          absl::StrCat("opening release event of slot ", i)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    const size_t k = static_cast<size_t>(slot);
+    if (reused && release_[k] != nullptr) {
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaStreamWaitEvent(gpu_->stream, release_[k], 0),
+                                          "waiting for the consumer's release"));
+    }
+    GPUFEED_RETURN_IF_ERROR(cuda::Check(
+        cudaMemcpyAsync(base_ + k * stride_, src, bytes, cudaMemcpyHostToDevice, gpu_->stream),
+        "copy to the GPU"));
+    return cuda::Check(cudaEventRecord(ready_[k], gpu_->stream), "recording the ready event");
+  }
+
+  absl::Status WaitCopied(int slot) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    return cuda::Check(cudaEventSynchronize(ready_[static_cast<size_t>(slot)]),
+                       "waiting for the copy to the GPU");
+  }
+
+ private:
+  Gpu* const gpu_;
+  const uint64_t budget_;
+  uint64_t charged_ = 0;
+  uint64_t stride_ = 0;
+  DeviceRingExport export_;
+  UniqueFd export_fd_;
+  CUmemGenericAllocationHandle vmm_handle_ = 0;
+  CUdeviceptr vmm_ptr_ = 0;
+  void* legacy_ptr_ = nullptr;
+  std::byte* base_ = nullptr;
+  std::vector<cudaEvent_t> ready_;
+  std::vector<cudaEvent_t> release_;
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  explicit CudaBackend(uint64_t budget) : budget_(budget) {}
+
+  ~CudaBackend() override {
+    for (auto& gpu : gpus_) gpu->work->Close(absl::CancelledError("shutting down"));
+    for (auto& gpu : gpus_) {
+      if (gpu->thread.joinable()) gpu->thread.join();
+      cuda::DeviceGuard guard(gpu->ordinal);
+      if (gpu->stream != nullptr) cudaStreamDestroy(gpu->stream);
+    }
+  }
+
+  absl::Status Start() {
+    for (const cuda::Device& d : cuda::VisibleDevices()) {
+      auto gpu = std::make_unique<Gpu>();
+      gpu->ordinal = d.ordinal;
+      gpu->uuid = d.uuid;
+      gpu->vmm = cuda::SupportsVmmFd(d.ordinal);
+      {
+        cuda::DeviceGuard guard(d.ordinal);
+        GPUFEED_RETURN_IF_ERROR(cuda::Check(
+            cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking),
+            absl::StrCat("creating the copy stream of ", d.uuid)));
+      }
+      gpu->work = std::make_unique<BoundedQueue<std::function<void()>>>(1 << 16);
+      Gpu* raw = gpu.get();
+      gpu->thread = std::thread([raw] {
+        const std::string name = absl::StrCat("h2d/gpu", raw->ordinal);
+        pthread_setname_np(pthread_self(), name.c_str());
+        cudaSetDevice(raw->ordinal);
+        while (true) {
+          absl::StatusOr<std::function<void()>> work = raw->work->Pop();
+          if (!work.ok()) return;
+          (*work)();
+        }
+      });
+      spdlog::info("GPU {} {} ({}): copy thread started, {} IPC", d.ordinal, d.uuid, d.name,
+                   gpu->vmm ? "VMM fd" : "legacy");
+      gpus_.push_back(std::move(gpu));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> gpu_uuids() const override {
+    std::vector<std::string> out;
+    for (const auto& gpu : gpus_) out.push_back(gpu->uuid);
+    return out;
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& uuid, int slots,
+                                                           uint64_t stride,
+                                                           IpcKind ipc) override {
+    if (gpus_.empty()) return absl::FailedPreconditionError(kNoGpuMessage);
+    Gpu* gpu = Find(uuid);
+    if (gpu == nullptr) {
+      std::vector<std::string> seen = gpu_uuids();
+      return absl::NotFoundError(absl::StrCat("delivery.gpu_uuid: no GPU ", uuid,
+                                              " is visible to gpufeedd (it sees: ",
+                                              absl::StrJoin(seen, ", "), ")"));
+    }
+    auto ring = std::make_unique<CudaRing>(gpu, budget_);
+    GPUFEED_RETURN_IF_ERROR(ring->Allocate(slots, stride, ipc));
+    return std::unique_ptr<DeviceRing>(std::move(ring));
+  }
+
+  void Post(const std::string& uuid, std::function<void()> work) override {
+    Gpu* gpu = Find(uuid);
+    if (gpu == nullptr || !gpu->work->TryPush(std::move(work)).ok()) {
+      spdlog::error("copy queue of {} is closed or full", uuid);
+    }
+  }
+
+  uint64_t budget_bytes() const override { return budget_; }
+  uint64_t used_bytes(const std::string& uuid) const override {
+    Gpu* gpu = Find(uuid);
+    if (gpu == nullptr) return 0;
+    absl::MutexLock lock(&gpu->mu);
+    return gpu->used;
+  }
+
+ private:
+  Gpu* Find(const std::string& uuid) const {
+    for (const auto& gpu : gpus_) {
+      if (gpu->uuid == uuid) return gpu.get();
+    }
+    return nullptr;
+  }
+
+  const uint64_t budget_;
+  std::vector<std::unique_ptr<Gpu>> gpus_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceBackend>> CreateCudaBackend(uint64_t budget_bytes) {
+  auto backend = std::make_unique<CudaBackend>(budget_bytes);
+  GPUFEED_RETURN_IF_ERROR(backend->Start());
+  return std::unique_ptr<DeviceBackend>(std::move(backend));
+}
+
+absl::Status PinHost(void* data, uint64_t bytes) {
+  return cuda::Check(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
+                     "cudaHostRegister of the staging pool");
+}
+
+void UnpinHost(void* data) { cudaHostUnregister(data); }
+
+}  // namespace gpufeed::server

@@ -1,0 +1,68 @@
+// GPUs as the daemon sees them: device rings (one per device-delivery session), one copy
+// thread and stream per GPU, and a byte budget per GPU. An interface, so the session logic
+// is tested on machines without a GPU (tests/testing/fake_device_backend.h) and the CUDA
+// implementation (cuda_backend.cc) is the only code that touches the driver.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/os/fd.h"
+
+namespace gpufeed::server {
+
+enum class IpcKind { kUnspecified = 0, kVmm = 1, kLegacy = 2 };
+
+// What a consumer needs to map a device ring and wait on its slots.
+struct DeviceRingExport {
+  IpcKind ipc = IpcKind::kVmm;
+  std::string gpu_uuid;
+  uint64_t alloc_bytes = 0;
+  std::string legacy_mem_handle;                 // kLegacy: cudaIpcMemHandle_t bytes
+  std::vector<std::string> ready_event_handles;  // per slot: cudaIpcEventHandle_t bytes
+};
+
+// One session's ring of slots in one GPU's memory. CopyIn, SetReleaseEvents and WaitCopied
+// run on that GPU's copy thread or a reader thread; the destructor waits for copies in
+// flight and frees the device memory (a consumer's VMM mapping keeps it alive until unmapped).
+class DeviceRing {
+ public:
+  virtual ~DeviceRing() = default;
+  virtual const DeviceRingExport& exported() const = 0;
+  // A new descriptor of the exported allocation, for the memory socket (kVmm only).
+  virtual absl::StatusOr<UniqueFd> ExportFd() const = 0;
+  // Opens the consumer's per-slot release events.
+  virtual absl::Status SetReleaseEvents(const std::vector<std::string>& handles) = 0;
+  // Enqueues on the GPU's copy stream: when `reused`, a wait for the consumer's release event
+  // of `slot`; the copy of `bytes` from pinned `src` into the slot; the slot's ready event.
+  // Returns without waiting for the copy.
+  virtual absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) = 0;
+  // Blocks until the last copy into `slot` has read its source (before the source is refilled).
+  virtual absl::Status WaitCopied(int slot) = 0;
+};
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  // UUIDs ("GPU-...") of the GPUs this daemon serves; empty without GPU or driver.
+  virtual std::vector<std::string> gpu_uuids() const = 0;
+  // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`. FAILED_PRECONDITION without
+  // GPUs, NOT_FOUND for an unknown UUID, RESOURCE_EXHAUSTED beyond the GPU's byte budget.
+  virtual absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& gpu_uuid,
+                                                                   int slots, uint64_t stride,
+                                                                   IpcKind ipc) = 0;
+  // Runs `work` on that GPU's copy thread, in order.
+  virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;
+  virtual uint64_t budget_bytes() const = 0;
+  virtual uint64_t used_bytes(const std::string& gpu_uuid) const = 0;
+};
+
+// The message of a device Attach on a daemon that sees no GPU.
+inline constexpr char kNoGpuMessage[] = "no CUDA device visible to gpufeedd";
+
+}  // namespace gpufeed::server

@@ -73,6 +73,10 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.token_dtype = value;
   } else if (k == "delivery") {
     o.delivery = value;
+  } else if (k == "gpu") {
+    o.gpu = value;
+  } else if (k == "ipc") {
+    o.ipc = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }
@@ -200,11 +204,23 @@ gpufeed_status gpufeed_batch_get_tensor(const gpufeed_batch* batch, int32_t inde
   out_tensor->shape = t.shape.data();
   out_tensor->data = const_cast<void*>(t.data);
   out_tensor->byte_size = t.byte_size;
-  out_tensor->device_type = GPUFEED_DEVICE_CPU;
-  out_tensor->device_id = 0;
+  out_tensor->device_type = t.device >= 0 ? GPUFEED_DEVICE_CUDA : GPUFEED_DEVICE_CPU;
+  out_tensor->device_id = t.device >= 0 ? t.device : 0;
   return Ok();
 }
 
+gpufeed_status gpufeed_batch_wait_ready(const gpufeed_batch* batch, void* stream) {
+  if (batch == nullptr) return Invalid("batch must not be NULL");
+  absl::Status status = batch->batch.WaitReady(stream);
+  return status.ok() ? Ok() : Fail(status);
+}
+
 void gpufeed_batch_release(gpufeed_batch* batch) { delete batch; }
+
+void gpufeed_batch_release_after(gpufeed_batch* batch, void* stream) {
+  if (batch == nullptr) return;
+  batch->batch.Release(stream);
+  delete batch;
+}
 
 }  // extern "C"

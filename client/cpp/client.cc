@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/cpp/device_ring.h"
 #include "common/os/fd.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
@@ -110,6 +111,17 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_HOST);
     } else if (o.delivery == "device") {
       request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_DEVICE);
+      GPUFEED_ASSIGN_OR_RETURN(gpu_, internal::ResolveGpu(o.gpu));
+      request.mutable_delivery()->set_gpu_uuid(gpu_.uuid);
+      if (o.ipc == "vmm") {
+        request.mutable_delivery()->set_ipc(v1::IPC_KIND_VMM);
+      } else if (o.ipc == "legacy") {
+        request.mutable_delivery()->set_ipc(v1::IPC_KIND_LEGACY);
+      } else if (o.ipc != "auto" && !o.ipc.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ipc: unknown kind '", o.ipc, "' (want auto, vmm or legacy)"));
+      }
+      device_ = true;
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("delivery: unknown kind '", o.delivery, "' (want host or device)"));
@@ -150,6 +162,18 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       info.layout.push_back(std::move(tensor));
     }
     layout_ = info.layout;
+    if (device_) {
+      if (!response.has_device()) return absl::InternalError("attach: no device ring in reply");
+      device_reply_ = response.device();
+      info.device = true;
+      info.gpu_uuid = device_reply_.gpu_uuid();
+      info.gpu_ordinal = gpu_.ordinal;
+      info.ipc = device_reply_.ipc() == v1::IPC_KIND_LEGACY ? "legacy" : "vmm";
+      if (device_reply_.alloc_bytes() < stride_ * static_cast<uint64_t>(ring_slots_) ||
+          device_reply_.ready_event_handles_size() != ring_slots_) {
+        return absl::InternalError("attach: daemon sent a device ring smaller than its slots");
+      }
+    }
     // The memory socket lies beside the gRPC socket as this process sees it (a container may
     // mount the directory elsewhere than the daemon does).
     mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
@@ -157,6 +181,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   }
 
   absl::Status MapRing() {
+    if (device_ && device_reply_.ipc() == v1::IPC_KIND_LEGACY) {
+      GPUFEED_ASSIGN_OR_RETURN(
+          device_ring_, internal::DeviceRingMapping::MapLegacy(
+                            gpu_.ordinal, device_reply_.legacy_mem_handle(), ReadyEvents()));
+      return absl::OkStatus();
+    }
     GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
     GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
     v1::MemRequest request;
@@ -173,6 +203,13 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                           absl::StrCat("memory socket: ", response.message()));
     }
     if (!frame.fd.valid()) return absl::InternalError("memory socket: no descriptor came");
+    if (device_) {
+      if (!response.device()) return absl::InternalError("memory socket: host memory for a device session");
+      GPUFEED_ASSIGN_OR_RETURN(device_ring_, internal::DeviceRingMapping::MapVmm(
+                                                 gpu_.ordinal, std::move(frame.fd),
+                                                 response.map_bytes(), ReadyEvents()));
+      return absl::OkStatus();
+    }
     if (response.map_bytes() < stride_ * static_cast<uint64_t>(ring_slots_)) {
       return absl::InternalError("memory socket: ring smaller than its slots");
     }
@@ -187,6 +224,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     v1::StreamRequest open;
     open.mutable_open()->set_session_id(session_id_);
     open.mutable_open()->set_token(token_);
+    if (device_ring_ != nullptr) {
+      for (const std::string& h : device_ring_->release_event_handles()) {
+        open.mutable_open()->add_release_event_handles(h);
+      }
+    }
     if (!stream_->Write(open)) {
       return FromGrpc(stream_->Finish(), "opening stream");
     }
@@ -229,8 +271,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     batch.valid_ = b.valid_count();
     batch.ids_.assign(b.ids().begin(), b.ids().end());
     batch.tensors_ = layout_;
-    const std::byte* slot = mapping_.data() + static_cast<uint64_t>(b.slot()) * stride_;
-    for (size_t i = 0; i < batch.tensors_.size(); ++i) batch.tensors_[i].data = slot + offsets_[i];
+    const std::byte* base = device_ring_ != nullptr ? device_ring_->base() : mapping_.data();
+    const std::byte* slot = base + static_cast<uint64_t>(b.slot()) * stride_;
+    for (size_t i = 0; i < batch.tensors_.size(); ++i) {
+      batch.tensors_[i].data = slot + offsets_[i];
+      batch.tensors_[i].device = device_ring_ != nullptr ? device_ring_->ordinal() : -1;
+    }
     {
       absl::MutexLock lock(&mu_);
       position_ = Advance({b.epoch(), b.step()}, steps_per_epoch_);
@@ -241,7 +287,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Releases from any thread. Whoever finds no write in progress becomes the writer and
   // sends every release queued meanwhile in one message, so releases that arrive while a
   // write is under way share the next one.
-  void Release(int32_t slot, uint64_t generation) {
+  void Release(int32_t slot, uint64_t generation, void* stream) {
+    if (device_ring_ != nullptr) {
+      // The daemon's next copy into this slot waits for the work queued on `stream` so far.
+      absl::Status s = device_ring_->RecordRelease(slot, stream);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (end_.ok()) end_ = s;  // a CUDA error: the next Next() reports it
+      }
+    }
     {
       absl::MutexLock lock(&release_mu_);
       v1::Release* r = releases_.add_releases();
@@ -297,6 +351,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     return Position{response.delivered().epoch(), response.delivered().step()};
   }
 
+  absl::Status WaitReady(int32_t slot, void* stream) const {
+    if (device_ring_ == nullptr) return absl::OkStatus();
+    return device_ring_->WaitReady(slot, stream);
+  }
+
   Position position() const {
     absl::MutexLock lock(&mu_);
     return position_;
@@ -308,6 +367,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   void set_socket(std::string socket) { socket_ = std::move(socket); }
 
  private:
+  std::vector<std::string> ReadyEvents() const {
+    return {device_reply_.ready_event_handles().begin(), device_reply_.ready_event_handles().end()};
+  }
+
   void ReadLoop() {
     v1::StreamResponse response;
     while (stream_->Read(&response)) {
@@ -356,7 +419,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   int32_t ring_slots_ = 0;
   std::vector<Tensor> layout_;
   std::vector<uint64_t> offsets_;
-  Mapping mapping_;
+  Mapping mapping_;                                        // host delivery
+  bool device_ = false;                                    // device delivery
+  internal::GpuTarget gpu_;
+  v1::DeviceRing device_reply_;
+  std::unique_ptr<internal::DeviceRingMapping> device_ring_;  // freed after the last batch
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
   std::thread reader_;
@@ -389,7 +456,7 @@ Batch::Batch(Batch&& other) noexcept { *this = std::move(other); }
 
 Batch& Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
-    Release();
+    Release(nullptr);
     core_ = std::move(other.core_);
     slot_ = std::exchange(other.slot_, -1);
     generation_ = other.generation_;
@@ -402,13 +469,18 @@ Batch& Batch::operator=(Batch&& other) noexcept {
   return *this;
 }
 
-Batch::~Batch() { Release(); }
+Batch::~Batch() { Release(nullptr); }
 
-void Batch::Release() {
+void Batch::Release(void* stream) {
   if (core_ == nullptr) return;
-  core_->Release(slot_, generation_);
+  core_->Release(slot_, generation_, stream);
   core_.reset();
   for (Tensor& t : tensors_) t.data = nullptr;
+}
+
+absl::Status Batch::WaitReady(void* stream) const {
+  if (core_ == nullptr) return absl::FailedPreconditionError("the batch was released");
+  return core_->WaitReady(slot_, stream);
 }
 
 std::vector<uint8_t> Batch::valid_mask() const {

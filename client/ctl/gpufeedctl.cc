@@ -25,6 +25,10 @@
 #include "absl/time/clock.h"
 #include "gpufeed/client.h"
 
+#ifdef GPUFEED_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace {
 
 using gpufeed::client::AdminClient;
@@ -61,6 +65,9 @@ consume flags:
   --timeout-ms MS       give up when no batch comes for MS milliseconds (default 60000)
   --ids FILE            write one JSON line per batch: rank, epoch, step, ids, valid
   --checksum            print "checksum <u64>": sum over valid samples of sum_j (j+1)*t_j
+  --device GPU          device delivery to cuda:N or a GPU-... UUID: batches land in that
+                        GPU's memory; --checksum copies each batch back to compute the sum
+  --ipc KIND            device delivery: auto (default), vmm or legacy
 
 The socket defaults to $GPUFEED_SOCKET, then /run/gpufeed/gpufeed.sock.
 )";
@@ -77,7 +84,7 @@ const std::vector<std::string> kValueFlags = {
     "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
     "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
-    "--timeout-ms",  "--ids"};
+    "--timeout-ms",  "--ids",        "--device",      "--ipc"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -328,10 +335,33 @@ int Consume(const Args& args) {
     if (!ids_out) return Fail(absl::PermissionDeniedError(absl::StrCat("--ids: cannot write ", path)));
   }
   const bool checksum = args.values.contains("--checksum");
+  if (const std::string device = StringFlag(args, "--device", ""); !device.empty()) {
+#ifndef GPUFEED_WITH_CUDA
+    return Fail(absl::FailedPreconditionError("--device: gpufeedctl was built without CUDA"));
+#endif
+    o.delivery = "device";
+    o.gpu = device;
+    o.ipc = StringFlag(args, "--ipc", "auto");
+  }
+  const bool on_device = o.delivery == "device";
+  // Device delivery: batches are waited for and released on one stream of ours, the way a
+  // training step would; --checksum copies each batch back into this host buffer.
+  void* stream = nullptr;
+  std::vector<std::byte> host_copy;
 
   const absl::Time start = absl::Now();
   auto session = Session::Attach(o);
   if (!session.ok()) return Fail(session.status());
+#ifdef GPUFEED_WITH_CUDA
+  if (on_device) {
+    cudaSetDevice((*session)->info().gpu_ordinal);
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      return Fail(absl::InternalError("--device: cannot create a CUDA stream"));
+    }
+    stream = s;
+  }
+#endif
   int64_t batches = 0, samples = 0;
   uint64_t bytes = 0, sum = 0;
   absl::Duration first_batch = absl::ZeroDuration();
@@ -352,18 +382,35 @@ int Consume(const Args& args) {
               << ",\"step\":" << batch->step() << ",\"ids\":[" << absl::StrJoin(batch->ids(), ",")
               << "],\"valid\":" << batch->valid_count() << "}\n";
     }
+    if (on_device) {
+      if (absl::Status s = batch->WaitReady(stream); !s.ok()) return Fail(s);
+    }
     if (checksum) {
       const auto& t = batch->tensors()[0];
+      const void* data = t.data;
+#ifdef GPUFEED_WITH_CUDA
+      if (on_device) {
+        host_copy.resize(t.byte_size);
+        auto* cs = static_cast<cudaStream_t>(stream);
+        if (cudaMemcpyAsync(host_copy.data(), t.data, t.byte_size, cudaMemcpyDeviceToHost, cs) !=
+                cudaSuccess ||
+            cudaStreamSynchronize(cs) != cudaSuccess) {
+          return Fail(absl::InternalError("--checksum: copying a batch back from the GPU failed"));
+        }
+        data = host_copy.data();
+      }
+#endif
       const uint32_t width = gpufeed::DTypeSize(t.dtype);
       uint64_t elements = 1;
       for (size_t d = 1; d < t.shape.size(); ++d) elements *= static_cast<uint64_t>(t.shape[d]);
       const uint64_t row_bytes = elements * width;
-      const auto* base = static_cast<const std::byte*>(t.data);
+      const auto* base = static_cast<const std::byte*>(data);
       for (int64_t r = 0; r < batch->valid_count(); ++r) {
         sum += SampleChecksum(base + static_cast<uint64_t>(r) * row_bytes, elements, width);
       }
     }
     if (step_ms > 0) absl::SleepFor(absl::Milliseconds(step_ms));
+    batch->Release(stream);
     if (absl::Now() - last_report >= absl::Seconds(1)) {
       last_report = absl::Now();
       const double secs = absl::ToDoubleSeconds(last_report - start);
@@ -371,6 +418,9 @@ int Consume(const Args& args) {
                    batches / secs, bytes / secs / 1e6);
     }
   }
+#ifdef GPUFEED_WITH_CUDA
+  if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+#endif
   const double secs = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
   const gpufeed::client::Position pos = (*session)->position();
   if (ids_out.is_open()) ids_out.flush();

@@ -87,9 +87,9 @@ typedef struct gpufeed_tensor {
   int32_t dtype;        /* gpufeed_dtype */
   int32_t ndim;
   const int64_t* shape; /* ndim entries, first is batch_size */
-  void* data;           /* mapped staging memory (host) */
+  void* data;           /* host: mapped staging memory; device: a device pointer */
   uint64_t byte_size;
-  int32_t device_type;  /* GPUFEED_DEVICE_CPU */
+  int32_t device_type;  /* GPUFEED_DEVICE_CPU or GPUFEED_DEVICE_CUDA */
   int32_t device_id;
 } gpufeed_tensor;
 
@@ -98,7 +98,9 @@ uint32_t gpufeed_api_version(void);
 /* The calling thread's message for its last failed call ("" if none). */
 const char* gpufeed_last_error(void);
 
-/* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery (strings);
+/* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery ("host" or
+ * "device"), gpu ("" = current device, "cuda:N" or a "GPU-..." UUID), ipc ("auto", "vmm",
+ * "legacy") (strings);
  * rank, world_size, seq_len, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
  * start_step, stop_epoch, rpc_timeout_ms (integers). An unknown key is INVALID_ARGUMENT. */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
@@ -123,8 +125,14 @@ void gpufeed_session_destroy(gpufeed_session* session);
 gpufeed_status gpufeed_batch_get_info(const gpufeed_batch* batch, gpufeed_batch_info* out_info);
 gpufeed_status gpufeed_batch_get_tensor(const gpufeed_batch* batch, int32_t index,
                                         gpufeed_tensor* out_tensor);
-/* Returns the batch's slot to the daemon and frees the handle. */
+/* Device delivery: makes `stream` (a cudaStream_t; NULL: the legacy default stream) wait
+ * until the batch is in device memory, without blocking the host. OK for host batches. */
+gpufeed_status gpufeed_batch_wait_ready(const gpufeed_batch* batch, void* stream);
+/* Returns the batch's slot to the daemon and frees the handle. Device delivery: the slot is
+ * not written again before the work queued on the legacy default stream has completed. */
 void gpufeed_batch_release(gpufeed_batch* batch);
+/* As gpufeed_batch_release, ordered after the work queued on `stream` (a cudaStream_t). */
+void gpufeed_batch_release_after(gpufeed_batch* batch, void* stream);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,10 @@ struct AttachOptions {
   bool drop_last = true;
   int32_t ring_slots = 0;        // 0: the daemon's default
   std::string delivery = "host";  // host | device
+  // device delivery: "" (this process's current CUDA device), "cuda:N" or a "GPU-..." UUID.
+  std::string gpu;
+  // device delivery: "auto" (VMM fd where the GPU supports it), "vmm" or "legacy".
+  std::string ipc = "auto";
   Position start;
   int64_t stop_epoch = 0;  // exclusive; 0 = never end
   absl::Duration rpc_timeout = absl::Seconds(10);
@@ -59,6 +63,7 @@ struct Tensor {
   std::vector<int64_t> shape;  // [batch_size, ...]
   const void* data = nullptr;  // in the session's mapped ring; valid while the Batch lives
   uint64_t byte_size = 0;
+  int device = -1;  // CUDA device ordinal of `data` in this process; -1: host memory
 };
 
 namespace internal {
@@ -88,8 +93,14 @@ class Batch {
   int32_t slot() const { return slot_; }
   uint64_t generation() const { return generation_; }
 
-  // Returns the slot to the daemon now. Idempotent.
-  void Release();
+  // Device delivery: makes `stream` (a cudaStream_t; nullptr: the legacy default stream)
+  // wait until the batch is in device memory. No host synchronisation. OK for host batches.
+  absl::Status WaitReady(void* stream = nullptr) const;
+
+  // Returns the slot to the daemon now. Idempotent. For device delivery the daemon does not
+  // write the slot again before the work queued on `stream` (a cudaStream_t; nullptr: the
+  // legacy default stream) so far has completed.
+  void Release(void* stream = nullptr);
 
  private:
   friend class internal::SessionCore;
@@ -111,6 +122,10 @@ struct SessionInfo {
   int32_t ring_slots = 0;
   uint64_t slot_stride_bytes = 0;
   std::vector<Tensor> layout;  // data = nullptr; shapes and dtypes of every batch
+  bool device = false;         // device delivery
+  std::string gpu_uuid;        // device delivery
+  int gpu_ordinal = -1;        // device delivery: the CUDA device in this process
+  std::string ipc;             // device delivery: "vmm" or "legacy"
 };
 
 class Session {

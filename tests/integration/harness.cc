@@ -88,8 +88,15 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-std::string GpufeeddPath() { return GPUFEEDD_PATH; }
-std::string GpufeedctlPath() { return GPUFEEDCTL_PATH; }
+// The build's binaries, unless the environment names others (a bundle on the GPU machine).
+std::string GpufeeddPath() {
+  const char* env = std::getenv("GPUFEEDD");
+  return env != nullptr && *env != '\0' ? env : GPUFEEDD_PATH;
+}
+std::string GpufeedctlPath() {
+  const char* env = std::getenv("GPUFEEDCTL");
+  return env != nullptr && *env != '\0' ? env : GPUFEEDCTL_PATH;
+}
 
 Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags)
     : socket_(dir.File("gf.sock")) {

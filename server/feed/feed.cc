@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -75,22 +76,40 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
-                                   std::span<int64_t> ids) const {
+                                   std::span<int64_t> ids, const ParallelFor& parallel) const {
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
-  std::vector<std::span<std::byte>> rows(layout_.tensors.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    for (size_t t = 0; t < rows.size(); ++t) {
-      const TensorLayout& l = layout_.tensors[t];
-      rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
+  uint64_t row_bytes = 0;
+  for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;
+  const size_t rows_per_chunk =
+      static_cast<size_t>(std::max<uint64_t>(1, kChunkBytes / std::max<uint64_t>(row_bytes, 1)));
+  const int chunks = static_cast<int>((ids.size() + rows_per_chunk - 1) / rows_per_chunk);
+  std::vector<absl::Status> status(static_cast<size_t>(std::max(chunks, 1)));
+  auto read_chunk = [&](int chunk) {
+    std::vector<std::span<std::byte>> rows(layout_.tensors.size());
+    const size_t end = std::min(ids.size(), (static_cast<size_t>(chunk) + 1) * rows_per_chunk);
+    for (size_t i = static_cast<size_t>(chunk) * rows_per_chunk; i < end; ++i) {
+      for (size_t t = 0; t < rows.size(); ++t) {
+        const TensorLayout& l = layout_.tensors[t];
+        rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
+      }
+      absl::Status s = dataset_->ReadSample(static_cast<uint64_t>(ids[i]), rows);
+      if (!s.ok()) {
+        status[static_cast<size_t>(chunk)] = Annotate(
+            s, absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ", p.step));
+        return;
+      }
     }
-    absl::Status status = dataset_->ReadSample(static_cast<uint64_t>(ids[i]), rows);
-    if (!status.ok()) {
-      return Annotate(status, absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ",
-                                           p.step));
-    }
+  };
+  if (parallel != nullptr && chunks > 1) {
+    parallel(chunks, read_chunk);
+  } else {
+    for (int c = 0; c < chunks; ++c) read_chunk(c);
   }
-  if (absl::Status status = dataset_->CheckNotShrunk(); !status.ok()) {
-    return Annotate(status, absl::StrCat("epoch ", p.epoch, " step ", p.step));
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = dataset_->CheckNotShrunk(); !s.ok()) {
+    return Annotate(s, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
   batches_produced_.fetch_add(1, std::memory_order_relaxed);
   uint64_t bytes = 0;

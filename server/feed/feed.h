@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -59,10 +60,16 @@ class Feed {
   const Dataset& dataset() const { return *dataset_; }
   const SlotLayout& layout() const { return layout_; }
 
+  // Runs fn(0) .. fn(n-1), possibly on several threads, and returns when all are done.
+  using ParallelFor = std::function<void(int n, const std::function<void(int)>& fn)>;
+
   // Reads `rank`'s slice of global batch `p` into the slot at `slot` (layout() bytes) and
-  // writes its sample ids to `ids`; returns the number of valid (unpadded) rows.
-  absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot,
-                               std::span<int64_t> ids) const;
+  // writes its sample ids to `ids`; returns the number of valid (unpadded) rows. Batches of
+  // more than kChunkBytes are read in chunks of rows through `parallel` when given: one
+  // thread's memcpy from the page cache does not fill a PCIe link.
+  absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot, std::span<int64_t> ids,
+                               const ParallelFor& parallel = nullptr) const;
+  static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
 
   int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
   uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }

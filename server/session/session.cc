@@ -233,7 +233,10 @@ void Session::FillOne() {
   if (valid.ok()) {
     std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
     valid = feed_->Fill(slot->batch.position, params_.rank, data,
-                        std::span<int64_t>(slot->batch.ids));
+                        std::span<int64_t>(slot->batch.ids),
+                        [this](int n, const std::function<void(int)>& fn) {
+                          scheduler_->ParallelFor(n, fn);
+                        });
   }
 
   bool failed_here = false;

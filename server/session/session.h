@@ -37,6 +37,11 @@ class FillScheduler {
   virtual ~FillScheduler() = default;
   // Never blocks.
   virtual void Schedule(std::shared_ptr<Session> session) = 0;
+  // Runs fn(0..n-1) with the help of idle workers, the caller taking part; returns when all
+  // are done. Serial unless overridden.
+  virtual void ParallelFor(int n, const std::function<void(int)>& fn) {
+    for (int i = 0; i < n; ++i) fn(i);
+  }
 };
 
 struct ReadyBatch {

@@ -4,6 +4,7 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -95,8 +96,10 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       pool_(pool),
       devices_(devices),
       feeds_(fs),
-      // Each session is queued at most once at a time; closed ones may linger briefly.
-      work_(static_cast<size_t>(options.max_sessions) * 2 + 16) {
+      // Each session is queued at most once at a time (closed ones may linger briefly), and
+      // each running fill asks for at most threads - 1 helpers.
+      work_(static_cast<size_t>(options.max_sessions) * 2 + 16 +
+            static_cast<size_t>(std::max(1, options.threads)) * std::max(1, options.threads)) {
   const int threads = std::max(1, options_.threads);
   for (int i = 0; i < threads; ++i) {
     workers_.emplace_back([this, i] {
@@ -299,7 +302,7 @@ int SessionManager::num_sessions() const {
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
   const uint64_t id = session->id();
-  absl::Status s = work_.TryPush(std::move(session));
+  absl::Status s = work_.TryPush([session = std::move(session)] { session->FillOne(); });
   if (!s.ok() && !work_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
@@ -309,10 +312,42 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
 
 void SessionManager::WorkerLoop() {
   while (true) {
-    absl::StatusOr<std::shared_ptr<Session>> session = work_.Pop();
-    if (!session.ok()) return;  // closed: shutting down
-    (*session)->FillOne();
+    absl::StatusOr<std::function<void()>> work = work_.Pop();
+    if (!work.ok()) return;  // closed: shutting down
+    (*work)();
   }
+}
+
+void SessionManager::ParallelFor(int n, const std::function<void(int)>& fn) {
+  // Chunks are claimed from a shared counter by the caller and by helpers that idle workers
+  // pick up. The caller alone can finish every chunk, so a helper queued behind busy workers
+  // costs nothing; one that starts late finds no chunk left and returns without touching fn.
+  struct Shared {
+    std::atomic<int> next{0};
+    absl::Mutex mu;
+    int done ABSL_GUARDED_BY(mu) = 0;
+    int n = 0;
+    const std::function<void(int)>* fn = nullptr;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->n = n;
+  shared->fn = &fn;
+  auto run = [shared] {
+    for (int i = shared->next.fetch_add(1); i < shared->n; i = shared->next.fetch_add(1)) {
+      (*shared->fn)(i);
+      absl::MutexLock lock(&shared->mu);
+      ++shared->done;
+    }
+  };
+  const int helpers = std::min(n, static_cast<int>(workers_.size())) - 1;
+  for (int h = 0; h < helpers; ++h) {
+    if (!work_.TryPush(run).ok()) break;  // the caller does the rest
+  }
+  run();
+  absl::MutexLock lock(&shared->mu);
+  shared->mu.Await(absl::Condition(
+      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },
+      shared.get()));
 }
 
 void SessionManager::ReaperLoop() {

@@ -101,6 +101,7 @@ class SessionManager final : public FillScheduler {
   void Shutdown(const absl::Status& reason);
 
   void Schedule(std::shared_ptr<Session> session) override;
+  void ParallelFor(int n, const std::function<void(int)>& fn) override;
 
  private:
   struct Job {
@@ -118,7 +119,8 @@ class SessionManager final : public FillScheduler {
   StagingPool* const pool_;
   DeviceBackend* const devices_;
   FeedRegistry feeds_;
-  BoundedQueue<std::shared_ptr<Session>> work_;
+  // Fills of sessions and chunks of a parallel fill.
+  BoundedQueue<std::function<void()>> work_;
   absl::Notification stop_reaper_;
 
   mutable absl::Mutex mu_;

@@ -46,7 +46,7 @@ a = np.lib.format.open_memmap(sys.argv[1], mode="w+", dtype=np.uint8, shape=(row
 a[:] = (np.arange(rows, dtype=np.uint8)[:, None, None, None] * 7)
 a.flush()
 PY
-"$bundle/bin/device_bench" --dataset "$data" --batches 300 --latency-batches 10000 \
+"$bundle/bin/device_bench" --dataset "$data" --batches 1000 --latency-batches 10000 \
     2>"$out/device_bench.err" | tee "$out/device_bench.log"
 python3 "$root/tests/bench/torch_loader_bench.py" "$data" 100 2>"$out/torch.err" | tee -a "$out/device_bench.log"
 log "done"

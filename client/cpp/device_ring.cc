@@ -155,8 +155,14 @@ DeviceRingMapping::~DeviceRingMapping() {
 
 absl::Status DeviceRingMapping::WaitReady(int slot, void* stream) const {
   cuda::DeviceGuard guard(ordinal_);
-  return cuda::Check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                         static_cast<cudaEvent_t>(ready_[static_cast<size_t>(slot)]), 0),
+  auto* ready = static_cast<cudaEvent_t>(ready_[static_cast<size_t>(slot)]);
+  // Measured on the H200: a stream wait on an interprocess event costs ~150 us even when the
+  // event completed long ago, a query of it far less. In training the ring runs ahead, so the
+  // copy is usually done: ask first, and only make the stream wait when it is not.
+  const cudaError_t done = cudaEventQuery(ready);
+  if (done == cudaSuccess) return absl::OkStatus();
+  if (done != cudaErrorNotReady) return cuda::Check(done, "querying a batch's ready event");
+  return cuda::Check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ready, 0),
                      "waiting for a batch's ready event");
 }
 

@@ -206,6 +206,38 @@ TEST_P(DeviceDeliveryTest, KilledConsumerFreesItsDeviceMemory) {
   EXPECT_GE(free2 + (2u << 20), free0) << "baseline " << free0 << ", now " << free2;
 }
 
+// 2 ranks of one job on 2 GPUs: each receives its slice in its own GPU's memory, the ids of
+// the two together exactly once per epoch, payloads byte-exact.
+TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  if (count < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << count;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Subprocess>(
+        CtlArgv(daemon_->socket(),
+                Consume({"--job", "two-gpus", "--rank", absl::StrCat(r), "--world-size", "2",
+                         "--batch-size", "64", "--seed", "9", "--epochs", "1", "--device",
+                         absl::StrCat("cuda:", r), "--checksum", "--ids",
+                         dir_.File(absl::StrCat("ids", r)), "-o", "json"})),
+        dir_.File(absl::StrCat("gpu", r))));
+  }
+  std::vector<int64_t> ids;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[r]->Wait(absl::Seconds(120)), 0) << ranks[r]->Stderr();
+    const std::vector<IdsLine> lines = ReadIdsFile(dir_.File(absl::StrCat("ids", r)));
+    ASSERT_EQ(lines.size(), 16383u / 128);
+    for (const IdsLine& l : lines) ids.insert(ids.end(), l.ids.begin(), l.ids.end());
+    EXPECT_EQ(static_cast<uint64_t>(JsonInt(ranks[r]->Stdout(), "checksum")),
+              TokensChecksum(tokens_, kSeqLen, lines))
+        << "rank " << r;
+  }
+  EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), ids.size());
+  EXPECT_EQ(ids.size(), 16383u / 128 * 128);
+  // The daemon placed each ring on the GPU its rank named.
+  EXPECT_THAT(daemon_->process().Stderr(), HasSubstr("GPU 1 "));
+}
+
 // A device Attach that does not fit the --device_bytes budget is RESOURCE_EXHAUSTED.
 TEST_P(DeviceDeliveryTest, RingBeyondTheDeviceBudgetIsRefused) {
   TempDir dir;

@@ -613,6 +613,7 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
     info.world_size = s.world_size();
     info.feed_key = s.feed_key();
     info.delivery = s.delivery() == v1::DELIVERY_KIND_DEVICE ? "device" : "host";
+    info.gpu_uuid = s.gpu_uuid();
     info.delivered = {s.delivered().epoch(), s.delivered().step()};
     info.ring_slots = s.ring_slots();
     info.slots_leased = s.slots_leased();

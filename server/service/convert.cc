@@ -126,6 +126,7 @@ void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
   out->set_batches_delivered(s.batches_delivered);
   out->set_streaming(s.streaming);
   out->set_age_ms(absl::ToInt64Milliseconds(s.age));
+  out->set_gpu_uuid(s.gpu_uuid);
 }
 
 void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {

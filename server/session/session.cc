@@ -336,6 +336,7 @@ SessionSnapshot Session::Snapshot() const {
   s.world_size = feed_->spec().world_size;
   s.feed_key = feed_->key();
   s.delivery = params_.delivery;
+  s.gpu_uuid = params_.gpu_uuid;
   s.delivered = delivered_;
   s.ring_slots = params_.ring_slots;
   for (const Slot& slot : slots_) s.slots_leased += slot.state == SlotState::kLeased ? 1 : 0;

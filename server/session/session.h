@@ -67,6 +67,7 @@ struct SessionSnapshot {
   int32_t world_size = 0;
   std::string feed_key;
   DeliveryKind delivery = DeliveryKind::kHost;
+  std::string gpu_uuid;
   Position delivered;
   int32_t ring_slots = 0;
   int32_t slots_leased = 0;

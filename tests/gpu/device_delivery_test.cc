@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -218,10 +219,38 @@ TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
         CtlArgv(daemon_->socket(),
                 Consume({"--job", "two-gpus", "--rank", absl::StrCat(r), "--world-size", "2",
                          "--batch-size", "64", "--seed", "9", "--epochs", "1", "--device",
-                         absl::StrCat("cuda:", r), "--checksum", "--ids",
+                         absl::StrCat("cuda:", r), "--step-ms", "5", "--checksum", "--ids",
                          dir_.File(absl::StrCat("ids", r)), "-o", "json"})),
         dir_.File(absl::StrCat("gpu", r))));
   }
+  // While they run: each rank's ring is on the GPU it named.
+  std::string uuid[2];
+  for (int r = 0; r < 2; ++r) {
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, r), cudaSuccess);
+    const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    char text[64];
+    std::snprintf(text, sizeof(text),
+                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                  b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                  b[14], b[15]);
+    uuid[r] = text;
+  }
+  ASSERT_NE(uuid[0], uuid[1]);
+  int seen = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (seen < 2 && absl::Now() < deadline) {
+    auto admin = client::AdminClient::Connect(daemon_->socket());
+    auto list = (*admin)->ListSessions();
+    seen = 0;
+    for (const auto& s : list.ok() ? *list : std::vector<client::SessionSummary>{}) {
+      if (s.job != "two-gpus") continue;
+      EXPECT_EQ(s.gpu_uuid, uuid[s.rank]) << "rank " << s.rank;
+      ++seen;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(seen, 2);
   std::vector<int64_t> ids;
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(ranks[r]->Wait(absl::Seconds(120)), 0) << ranks[r]->Stderr();
@@ -234,8 +263,6 @@ TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
   }
   EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()).size(), ids.size());
   EXPECT_EQ(ids.size(), 16383u / 128 * 128);
-  // The daemon placed each ring on the GPU its rank named.
-  EXPECT_THAT(daemon_->process().Stderr(), HasSubstr("GPU 1 "));
 }
 
 // A device Attach that does not fit the --device_bytes budget is RESOURCE_EXHAUSTED.

@@ -192,6 +192,7 @@ struct SessionSummary {
   int32_t world_size = 0;
   std::string feed_key;
   std::string delivery;
+  std::string gpu_uuid;  // device delivery
   Position delivered;
   int32_t ring_slots = 0;
   int32_t slots_leased = 0;

@@ -47,6 +47,17 @@ void SetDeadline(grpc::ClientContext& ctx, absl::Duration timeout) {
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
 }
 
+// One unary call with a deadline; a failure carries `what` as context.
+template <typename Stub, typename Request, typename Response>
+absl::Status Call(Stub* stub,
+                  grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& request, Response* response, absl::Duration timeout,
+                  absl::string_view what) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, timeout);
+  return FromGrpc((stub->*method)(&ctx, request, response), what);
+}
+
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -131,9 +142,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     request.set_stop_epoch(o.stop_epoch);
 
     v1::AttachResponse response;
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, rpc_timeout_);
-    GPUFEED_RETURN_IF_ERROR(FromGrpc(stub_->Attach(&ctx, request, &response), "attach"));
+    GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response,
+                                 rpc_timeout_, "attach"));
     session_id_ = response.session_id();
     token_ = response.token();
     steps_per_epoch_ = response.steps_per_epoch();
@@ -331,9 +341,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     request.set_session_id(session_id_);
     request.set_token(token_);
     v1::DetachResponse response;
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, rpc_timeout_);
-    status = FromGrpc(stub_->Detach(&ctx, request, &response), "detach");
+    status = Call(stub_.get(), &v1::Feed::Stub::Detach, request, &response, rpc_timeout_, "detach");
     // A session the daemon already ended (shutdown, failure) is detached all the same.
     if (absl::IsNotFound(status) || absl::IsUnavailable(status)) status = absl::OkStatus();
     Stop();
@@ -345,9 +353,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     request.set_session_id(session_id_);
     request.set_token(token_);
     v1::GetPositionResponse response;
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, rpc_timeout_);
-    GPUFEED_RETURN_IF_ERROR(FromGrpc(stub_->GetPosition(&ctx, request, &response), "position"));
+    GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::GetPosition, request, &response,
+                                 rpc_timeout_, "position"));
     return Position{response.delivered().epoch(), response.delivered().step()};
   }
 
@@ -553,16 +560,13 @@ absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
     ::grpc::health::v1::HealthCheckRequest request;
     request.set_service("gpufeed.v1.Feed");
     ::grpc::health::v1::HealthCheckResponse response;
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, impl_->timeout);
-    GPUFEED_RETURN_IF_ERROR(FromGrpc(impl_->health->Check(&ctx, request, &response), "health"));
+    GPUFEED_RETURN_IF_ERROR(Call(impl_->health.get(), &::grpc::health::v1::Health::Stub::Check,
+                                 request, &response, impl_->timeout, "health"));
     out.health = ::grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   }
   v1::GetStatusResponse response;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, impl_->timeout);
-  GPUFEED_RETURN_IF_ERROR(
-      FromGrpc(impl_->admin->GetStatus(&ctx, v1::GetStatusRequest(), &response), "status"));
+  GPUFEED_RETURN_IF_ERROR(Call(impl_->admin.get(), &v1::Admin::Stub::GetStatus,
+                               v1::GetStatusRequest(), &response, impl_->timeout, "status"));
   out.version = response.version();
   out.uptime_ms = response.uptime_ms();
   out.staging_total_bytes = response.staging_total_bytes();
@@ -574,10 +578,8 @@ absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
 
 absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
   v1::ListFeedsResponse response;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, impl_->timeout);
-  GPUFEED_RETURN_IF_ERROR(
-      FromGrpc(impl_->admin->ListFeeds(&ctx, v1::ListFeedsRequest(), &response), "feeds"));
+  GPUFEED_RETURN_IF_ERROR(Call(impl_->admin.get(), &v1::Admin::Stub::ListFeeds,
+                               v1::ListFeedsRequest(), &response, impl_->timeout, "feeds"));
   std::vector<FeedInfo> out;
   for (const v1::FeedInfo& f : response.feeds()) {
     FeedInfo info;
@@ -600,10 +602,8 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
 
 absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
   v1::ListSessionsResponse response;
-  grpc::ClientContext ctx;
-  SetDeadline(ctx, impl_->timeout);
-  GPUFEED_RETURN_IF_ERROR(FromGrpc(
-      impl_->admin->ListSessions(&ctx, v1::ListSessionsRequest(), &response), "sessions"));
+  GPUFEED_RETURN_IF_ERROR(Call(impl_->admin.get(), &v1::Admin::Stub::ListSessions,
+                               v1::ListSessionsRequest(), &response, impl_->timeout, "sessions"));
   std::vector<SessionSummary> out;
   for (const v1::SessionInfo& s : response.sessions()) {
     SessionSummary info;

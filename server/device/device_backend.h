@@ -56,7 +56,8 @@ class DeviceBackend {
   virtual absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& gpu_uuid,
                                                                    int slots, uint64_t stride,
                                                                    IpcKind ipc) = 0;
-  // Runs `work` on that GPU's copy thread, in order.
+  // Runs `work` on that GPU's copy thread, in order; never drops it (runs it inline once the
+  // thread is gone).
   virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;
   virtual uint64_t budget_bytes() const = 0;
   virtual uint64_t used_bytes(const std::string& gpu_uuid) const = 0;

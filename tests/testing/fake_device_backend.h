@@ -109,7 +109,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
     return std::unique_ptr<server::DeviceRing>(std::move(ring));
   }
   void Post(const std::string&, std::function<void()> work) override {
-    (void)work_.TryPush(std::move(work));
+    if (!work_.Push(work).ok()) work();
   }
   uint64_t budget_bytes() const override { return budget_; }
   uint64_t used_bytes(const std::string&) const override {

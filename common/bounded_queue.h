@@ -71,7 +71,7 @@ class BoundedQueue {
   }
 
   // Closes with `status` (must not be OK). Idempotent: the first status wins.
-  void Close(absl::Status status = absl::CancelledError("queue closed")) {
+  void Close(const absl::Status& status = absl::CancelledError("queue closed")) {
     absl::MutexLock lock(&mu_);
     if (status_.ok()) status_ = status.ok() ? absl::CancelledError("queue closed") : status;
   }

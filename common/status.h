@@ -22,10 +22,12 @@
 // `lhs = value of expr` where expr is an absl::StatusOr<T>; returns its status if not OK.
 #define GPUFEED_ASSIGN_OR_RETURN(lhs, expr) \
   GPUFEED_ASSIGN_OR_RETURN_IMPL_(GPUFEED_CONCAT_(gpufeed_statusor_, __LINE__), lhs, expr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` may be a declaration, which parentheses break.
 #define GPUFEED_ASSIGN_OR_RETURN_IMPL_(var, lhs, expr) \
   auto var = (expr);                                   \
   if (!var.ok()) return std::move(var).status();       \
   lhs = std::move(var).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 namespace gpufeed {
 

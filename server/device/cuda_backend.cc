@@ -122,7 +122,7 @@ class CudaRing final : public DeviceRing {
                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
           "cuMemExportToShareableHandle"));
       export_fd_.Reset(fd);
-      base_ = reinterpret_cast<std::byte*>(ptr);
+      base_ = reinterpret_cast<std::byte*>(ptr);  // NOLINT(performance-no-int-to-ptr): a CUdeviceptr
     } else {
       GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaMalloc(&legacy_ptr_, bytes), "cudaMalloc"));
       cudaIpcMemHandle_t handle;

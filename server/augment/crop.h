@@ -1,0 +1,57 @@
+// Geometry of the image pipeline, with torchvision's semantics, and the per-sample random
+// source: random parameters depend only on (seed, epoch, sample id) (DESIGN.md §5), so a
+// sample gets the same crop whatever the rank count, thread count or restart.
+#pragma once
+
+#include <cstdint>
+
+namespace gpufeed::server {
+
+// A counter-based random source for one sample: SplitMix64 keyed by (seed, epoch, id).
+class SampleRandom {
+ public:
+  SampleRandom(uint64_t seed, int64_t epoch, uint64_t sample_id);
+  virtual ~SampleRandom() = default;
+  // Uniform in [lo, hi).
+  virtual double Uniform(double lo, double hi);
+  // Uniform integer in [lo, hi_exclusive); hi_exclusive > lo.
+  virtual int64_t RandInt(int64_t lo, int64_t hi_exclusive);
+
+ protected:
+  SampleRandom() = default;  // for scripted sources in tests
+
+ private:
+  uint64_t Next();
+  uint64_t state_ = 0;
+};
+
+// A crop: top row, left column, height, width (torchvision's i, j, h, w).
+struct CropBox {
+  int top = 0;
+  int left = 0;
+  int height = 0;
+  int width = 0;
+  bool operator==(const CropBox&) const = default;
+};
+
+struct RandomResizedCropOptions {
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+};
+
+// torchvision.transforms.RandomResizedCrop.get_params: up to 10 attempts of an area fraction
+// in [scale] and a log-uniform aspect ratio in [ratio], sizes rounded half to even as Python's
+// round(); then the centre-crop fallback. Draw order per attempt: area, log-ratio, then (when
+// the box fits) top, left.
+CropBox RandomResizedCropBox(int image_height, int image_width,
+                             const RandomResizedCropOptions& options, SampleRandom& random);
+
+// torchvision's CenterCrop box for an image (crops larger than the image are not padded here:
+// the caller validates sizes).
+CropBox CenterCropBox(int image_height, int image_width, int crop_height, int crop_width);
+
+// torchvision's Resize(size) with one int: the shorter side becomes `shorter`, the longer
+// keeps the aspect ratio (truncated, as torchvision's int()).
+void ResizeShorterSide(int height, int width, int shorter, int* out_height, int* out_width);
+
+}  // namespace gpufeed::server

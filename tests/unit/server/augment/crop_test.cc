@@ -1,0 +1,145 @@
+#include "server/augment/crop.h"
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace gpufeed::server {
+namespace {
+
+// Replays scripted draws: uniform draws return the given values, integer draws the given
+// integers (checked against their range), so a test fixes what torch's RNG would have drawn.
+class ScriptedRandom : public SampleRandom {
+ public:
+  ScriptedRandom(std::deque<double> uniforms, std::deque<int64_t> ints)
+      : uniforms_(std::move(uniforms)), ints_(std::move(ints)) {}
+  double Uniform(double lo, double hi) override {
+    EXPECT_FALSE(uniforms_.empty()) << "an unexpected uniform draw";
+    const double v = uniforms_.empty() ? lo : uniforms_.front();
+    if (!uniforms_.empty()) uniforms_.pop_front();
+    EXPECT_GE(v, lo);
+    EXPECT_LE(v, hi);
+    ranges_.push_back({lo, hi});
+    return v;
+  }
+  int64_t RandInt(int64_t lo, int64_t hi_exclusive) override {
+    EXPECT_FALSE(ints_.empty()) << "an unexpected integer draw";
+    const int64_t v = ints_.empty() ? lo : ints_.front();
+    if (!ints_.empty()) ints_.pop_front();
+    EXPECT_GE(v, lo);
+    EXPECT_LT(v, hi_exclusive);
+    int_ranges_.push_back({lo, hi_exclusive});
+    return v;
+  }
+  std::vector<std::pair<double, double>> ranges_;
+  std::vector<std::pair<int64_t, int64_t>> int_ranges_;
+
+ private:
+  std::deque<double> uniforms_;
+  std::deque<int64_t> ints_;
+};
+
+// torchvision, for a 375x500 (h x w) image, scale draw 0.5 and log-ratio draw log(4/3):
+// target_area = 93750, aspect = 4/3, w = round(sqrt(125000)) = round(353.55) = 354,
+// h = round(sqrt(70312.5)) = round(265.17) = 265; then i in [0, 111), j in [0, 147).
+TEST(RandomResizedCropTest, FirstAttemptThatFitsMatchesTorchvision) {
+  ScriptedRandom random({0.5, std::log(4.0 / 3.0)}, {17, 99});
+  const CropBox box = RandomResizedCropBox(375, 500, {}, random);
+  EXPECT_EQ(box, (CropBox{17, 99, 265, 354}));
+  ASSERT_EQ(random.ranges_.size(), 2u);
+  EXPECT_DOUBLE_EQ(random.ranges_[0].first, 0.08);
+  EXPECT_DOUBLE_EQ(random.ranges_[0].second, 1.0);
+  EXPECT_DOUBLE_EQ(random.ranges_[1].first, std::log(3.0 / 4.0));
+  EXPECT_DOUBLE_EQ(random.ranges_[1].second, std::log(4.0 / 3.0));
+  ASSERT_EQ(random.int_ranges_.size(), 2u);
+  EXPECT_EQ(random.int_ranges_[0], (std::pair<int64_t, int64_t>{0, 375 - 265 + 1}));
+  EXPECT_EQ(random.int_ranges_[1], (std::pair<int64_t, int64_t>{0, 500 - 354 + 1}));
+}
+
+// An attempt that does not fit draws no position and moves on to the next attempt.
+TEST(RandomResizedCropTest, AttemptsThatDoNotFitAreSkipped) {
+  // 100x100 image: scale 1.0 with ratio 4/3 gives w = round(115.47) = 115 > 100: no fit.
+  // Second attempt: scale 0.25, ratio 1: w = h = 50.
+  ScriptedRandom random({1.0, std::log(4.0 / 3.0), 0.25, 0.0}, {3, 4});
+  EXPECT_EQ(RandomResizedCropBox(100, 100, {}, random), (CropBox{3, 4, 50, 50}));
+}
+
+// Ten failures fall back to the centre crop with the ratio clamped: a 100 (h) x 1000 (w)
+// image has ratio 10 > 4/3, so h = 100, w = round(133.33) = 133, centred.
+TEST(RandomResizedCropTest, TenFailuresFallBackToTheClampedCentreCrop) {
+  std::deque<double> draws;
+  for (int i = 0; i < 10; ++i) {
+    draws.push_back(1.0);                  // the whole area
+    draws.push_back(std::log(3.0 / 4.0));  // tall: h = round(sqrt(1e5 / 0.75)) = 365 > 100
+  }
+  ScriptedRandom random(draws, {});
+  EXPECT_EQ(RandomResizedCropBox(100, 1000, {}, random), (CropBox{0, 433, 100, 133}));
+  // A tall image clamps the other way: 1000 x 100, ratio 0.1 < 3/4: w = 100,
+  // h = round(100 / 0.75) = round(133.33) = 133.
+  ScriptedRandom tall(draws, {});
+  EXPECT_EQ(RandomResizedCropBox(1000, 100, {}, tall), (CropBox{433, 0, 133, 100}));
+}
+
+// Python's round() rounds half to even: a side of exactly 2.5 gives 2, of 3.5 gives 4. On a
+// 4x4 image with ratio 1, scale 25/64 gives sqrt(6.25) = 2.5 and 49/64 gives sqrt(12.25) = 3.5
+// (all exact in binary).
+TEST(RandomResizedCropTest, SizesRoundHalfToEvenAsPython) {
+  ScriptedRandom half({25.0 / 64.0, 0.0}, {0, 0});
+  EXPECT_EQ(RandomResizedCropBox(4, 4, {}, half), (CropBox{0, 0, 2, 2}));
+  ScriptedRandom three_half({49.0 / 64.0, 0.0}, {0, 0});
+  EXPECT_EQ(RandomResizedCropBox(4, 4, {}, three_half), (CropBox{0, 0, 4, 4}));
+}
+
+TEST(SampleRandomTest, DependsOnlyOnSeedEpochAndSample) {
+  SampleRandom a(7, 2, 123), b(7, 2, 123), other_epoch(7, 3, 123), other_sample(7, 2, 124);
+  const double x = a.Uniform(0, 1);
+  EXPECT_EQ(x, b.Uniform(0, 1));
+  EXPECT_NE(x, other_epoch.Uniform(0, 1));
+  EXPECT_NE(x, other_sample.Uniform(0, 1));
+  // Integer draws cover their range and stay inside it.
+  SampleRandom r(1, 0, 0);
+  std::set<int64_t> seen;
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t v = r.RandInt(-3, 4);
+    ASSERT_GE(v, -3);
+    ASSERT_LT(v, 4);
+    seen.insert(v);
+  }
+  EXPECT_EQ(seen.size(), 7u);
+}
+
+TEST(SampleRandomTest, RealCropsStayInsideTheImage) {
+  for (uint64_t id = 0; id < 500; ++id) {
+    SampleRandom random(42, 0, id);
+    const CropBox box = RandomResizedCropBox(375, 500, {}, random);
+    ASSERT_GT(box.height, 0);
+    ASSERT_GT(box.width, 0);
+    ASSERT_LE(box.top + box.height, 375);
+    ASSERT_LE(box.left + box.width, 500);
+  }
+}
+
+TEST(CenterCropTest, MatchesTorchvisionRounding) {
+  // torchvision: top = int(round((256 - 224) / 2)) = 16; (257 - 224) / 2 = 16.5 -> 16 (even).
+  EXPECT_EQ(CenterCropBox(256, 256, 224, 224), (CropBox{16, 16, 224, 224}));
+  EXPECT_EQ(CenterCropBox(257, 259, 224, 224), (CropBox{16, 18, 224, 224}));
+}
+
+TEST(ResizeTest, ShorterSideKeepsTheAspectRatioTruncated) {
+  int h, w;
+  ResizeShorterSide(375, 500, 256, &h, &w);  // int(256 * 500 / 375) = int(341.33) = 341
+  EXPECT_EQ(h, 256);
+  EXPECT_EQ(w, 341);
+  ResizeShorterSide(500, 375, 256, &h, &w);
+  EXPECT_EQ(h, 341);
+  EXPECT_EQ(w, 256);
+  ResizeShorterSide(300, 300, 224, &h, &w);
+  EXPECT_EQ(h, 224);
+  EXPECT_EQ(w, 224);
+}
+
+}  // namespace
+}  // namespace gpufeed::server

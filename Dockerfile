@@ -10,7 +10,7 @@ RUN cmake -S /src -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=
 FROM debian:12-slim
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends libgrpc++1.51 libprotobuf32 libspdlog1.10 \
-    libabsl20220623 \
+    libabsl20220623 libturbojpeg0 libpng16-16 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home /nonexistent --shell /usr/sbin/nologin gpufeed
 COPY --from=build /build/server/gpufeedd /build/client/ctl/gpufeedctl /usr/local/bin/

@@ -1,0 +1,156 @@
+#include "server/decode/image_decoder.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace gpufeed::server {
+namespace {
+
+constexpr char kPayload[] = "type.gpufeed/bad_image";
+
+absl::Status Bad(BadImage reason, absl::string_view message) {
+  absl::Status s = (reason == BadImage::kTruncated || reason == BadImage::kCorrupt)
+                       ? absl::DataLossError(message)
+                       : absl::InvalidArgumentError(message);
+  s.SetPayload(kPayload, absl::Cord(BadImageName(reason)));
+  return s;
+}
+
+absl::Status CheckSize(int64_t width, int64_t height, const DecodeOptions& o) {
+  if (width <= 0 || height <= 0) return Bad(BadImage::kCorrupt, "image has no pixels");
+  if (static_cast<uint64_t>(width) * static_cast<uint64_t>(height) > o.max_pixels) {
+    return Bad(BadImage::kTooLarge,
+               absl::StrCat("image of ", width, "x", height, " exceeds the cap of ", o.max_pixels,
+                            " pixels"));
+  }
+  return absl::OkStatus();
+}
+
+struct TjDeleter {
+  void operator()(void* h) const { tjDestroy(h); }
+};
+
+absl::StatusOr<Image> DecodeJpeg(std::span<const uint8_t> bytes, const DecodeOptions& o) {
+  // One decompressor per thread: TurboJPEG handles are not thread-safe, and creating one per
+  // image costs an allocation we need not pay.
+  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitDecompress());
+  if (handle == nullptr) return absl::InternalError("tjInitDecompress failed");
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(handle.get(), bytes.data(), bytes.size(), &width, &height, &subsamp,
+                          &colorspace) != 0) {
+    const std::string why = tjGetErrorStr2(handle.get());
+    return Bad(absl::StrContains(why, "Premature end") || bytes.size() < 128 ? BadImage::kTruncated
+                                                                            : BadImage::kCorrupt,
+               absl::StrCat("JPEG header: ", why));
+  }
+  if (absl::Status s = CheckSize(width, height, o); !s.ok()) return s;
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  std::vector<uint8_t> pixels(static_cast<size_t>(width) * height * (cmyk ? 4 : 3));
+  // Stop on warnings: libjpeg "recovers" from a truncated or damaged scan by filling grey,
+  // which would train on garbage silently.
+  if (tjDecompress2(handle.get(), bytes.data(), bytes.size(), pixels.data(), width, 0, height,
+                    cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    const std::string why = tjGetErrorStr2(handle.get());
+    const bool truncated = absl::StrContains(why, "Premature end");
+    return Bad(truncated ? BadImage::kTruncated : BadImage::kCorrupt, absl::StrCat("JPEG: ", why));
+  }
+  Image image{height, width, {}};
+  if (!cmyk) {
+    image.rgb = std::move(pixels);
+    return image;
+  }
+  // Adobe CMYK JPEGs store inverted ink values; PIL reads them as "CMYK;I" and converts with
+  // r = clip((255 - k) - c) on the uninverted values, i.e. clip(raw_c + raw_k - 255).
+  image.rgb.resize(static_cast<size_t>(width) * height * 3);
+  for (size_t p = 0, n = static_cast<size_t>(width) * height; p < n; ++p) {
+    const int k = pixels[4 * p + 3];
+    for (int c = 0; c < 3; ++c) {
+      image.rgb[3 * p + c] = static_cast<uint8_t>(std::max(0, pixels[4 * p + c] + k - 255));
+    }
+  }
+  return image;
+}
+
+absl::StatusOr<Image> DecodePng(std::span<const uint8_t> bytes, const DecodeOptions& o) {
+  png_image png;
+  std::memset(&png, 0, sizeof(png));
+  png.version = PNG_IMAGE_VERSION;
+  auto fail = [&](BadImage reason) {
+    const std::string why = png.message;
+    png_image_free(&png);
+    return Bad(reason, absl::StrCat("PNG: ", why));
+  };
+  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
+    return fail(BadImage::kCorrupt);
+  }
+  if (absl::Status s = CheckSize(png.width, png.height, o); !s.ok()) {
+    png_image_free(&png);
+    return s;
+  }
+  // RGBA, then the alpha dropped below: PIL's convert("RGB") discards alpha rather than
+  // compositing it onto a background, as png's RGB output would.
+  png.format = PNG_FORMAT_RGBA;
+  std::vector<uint8_t> rgba(PNG_IMAGE_SIZE(png));
+  if (!png_image_finish_read(&png, nullptr, rgba.data(), 0, nullptr)) {
+    const std::string why = png.message;
+    const bool truncated = absl::StrContains(why, "Not enough") || absl::StrContains(why, "EOF") ||
+                           absl::StrContains(why, "end of");
+    return fail(truncated ? BadImage::kTruncated : BadImage::kCorrupt);
+  }
+  Image image{static_cast<int>(png.height), static_cast<int>(png.width), {}};
+  image.rgb.resize(static_cast<size_t>(png.width) * png.height * 3);
+  for (size_t p = 0, n = static_cast<size_t>(png.width) * png.height; p < n; ++p) {
+    std::memcpy(&image.rgb[3 * p], &rgba[4 * p], 3);
+  }
+  png_image_free(&png);
+  return image;
+}
+
+}  // namespace
+
+const char* BadImageName(BadImage reason) {
+  switch (reason) {
+    case BadImage::kNone: return "none";
+    case BadImage::kEmpty: return "empty";
+    case BadImage::kNotAnImage: return "not_an_image";
+    case BadImage::kUnsupported: return "unsupported_format";
+    case BadImage::kTruncated: return "truncated";
+    case BadImage::kCorrupt: return "corrupt";
+    case BadImage::kTooLarge: return "too_large";
+  }
+  return "none";
+}
+
+BadImage BadImageOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kPayload);  // absl::optional<absl::Cord>
+  if (!payload.has_value()) return BadImage::kNone;
+  for (BadImage r : {BadImage::kEmpty, BadImage::kNotAnImage, BadImage::kUnsupported,
+                     BadImage::kTruncated, BadImage::kCorrupt, BadImage::kTooLarge}) {
+    if (*payload == BadImageName(r)) return r;
+  }
+  return BadImage::kNone;
+}
+
+absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options) {
+  if (bytes.empty()) return Bad(BadImage::kEmpty, "the file is empty");
+  auto starts = [&](std::initializer_list<uint8_t> magic) {
+    return bytes.size() >= magic.size() && std::equal(magic.begin(), magic.end(), bytes.begin());
+  };
+  if (starts({0xFF, 0xD8, 0xFF})) return DecodeJpeg(bytes, options);
+  if (starts({0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A})) return DecodePng(bytes, options);
+  if (starts({'G', 'I', 'F', '8'}) || starts({'B', 'M'}) || starts({'R', 'I', 'F', 'F'}) ||
+      starts({'I', 'I', 0x2A, 0x00}) || starts({'M', 'M', 0x00, 0x2A})) {
+    return Bad(BadImage::kUnsupported, "GIF, BMP, WebP and TIFF are not supported (JPEG and PNG are)");
+  }
+  return Bad(BadImage::kNotAnImage, "neither JPEG nor PNG");
+}
+
+}  // namespace gpufeed::server

@@ -1,0 +1,38 @@
+// Decoding JPEG (libjpeg-turbo's TurboJPEG) and PNG (libpng's simplified API) to 8-bit RGB,
+// as torchvision's ImageFolder sees images through PIL's convert("RGB"): grayscale, CMYK and
+// palette images become RGB, an alpha channel is dropped (not composited).
+//
+// Bad input never crashes and never allocates beyond the pixel cap (checked from the header,
+// before any pixel buffer exists). A failure is DATA_LOSS (truncated, corrupt), or
+// INVALID_ARGUMENT (empty, not an image, unsupported format, too large), with the reason in
+// a payload that BadImageOf reads back, so the feed can count failures per reason.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpufeed::server {
+
+enum class BadImage { kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge };
+// "empty", "not_an_image", "unsupported_format", "truncated", "corrupt", "too_large".
+const char* BadImageName(BadImage reason);
+// The reason of a DecodeImage failure; kNone for OK or a status from elsewhere.
+BadImage BadImageOf(const absl::Status& status);
+
+struct Image {
+  int height = 0;
+  int width = 0;
+  std::vector<uint8_t> rgb;  // height x width x 3, row-major (HWC)
+};
+
+struct DecodeOptions {
+  uint64_t max_pixels = 64'000'000;  // width x height
+};
+
+absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options = {});
+
+}  // namespace gpufeed::server

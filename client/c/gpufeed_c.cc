@@ -77,6 +77,8 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.gpu = value;
   } else if (k == "ipc") {
     o.ipc = value;
+  } else if (k == "pipeline_json") {
+    o.pipeline_json = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }

@@ -13,6 +13,7 @@
 #include "common/os/fd.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
+#include "google/protobuf/util/json_util.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -140,6 +141,15 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     request.mutable_start()->set_epoch(o.start.epoch);
     request.mutable_start()->set_step(o.start.step);
     request.set_stop_epoch(o.stop_epoch);
+    if (!o.pipeline_json.empty()) {
+      v1::Pipeline pipeline;
+      const auto parsed = google::protobuf::util::JsonStringToMessage(o.pipeline_json, &pipeline);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pipeline: not a pipeline in JSON: ", std::string(parsed.message())));
+      }
+      *request.mutable_pipeline() = pipeline.ops();
+    }
 
     v1::AttachResponse response;
     GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response,

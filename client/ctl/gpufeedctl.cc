@@ -14,6 +14,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,7 @@ consume flags:
   --device GPU          device delivery to cuda:N or a GPU-... UUID: batches land in that
                         GPU's memory; --checksum copies each batch back to compute the sum
   --ipc KIND            device delivery: auto (default), vmm or legacy
+  --pipeline FILE       image datasets: the pipeline as JSON (deploy/pipelines/*.json)
 
 The socket defaults to $GPUFEED_SOCKET, then /run/gpufeed/gpufeed.sock.
 )";
@@ -84,7 +86,7 @@ const std::vector<std::string> kValueFlags = {
     "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
     "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
-    "--timeout-ms",  "--ids",        "--device",      "--ipc"};
+    "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -335,6 +337,13 @@ int Consume(const Args& args) {
     if (!ids_out) return Fail(absl::PermissionDeniedError(absl::StrCat("--ids: cannot write ", path)));
   }
   const bool checksum = args.values.contains("--checksum");
+  if (const std::string path = StringFlag(args, "--pipeline", ""); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return Fail(absl::NotFoundError(absl::StrCat("--pipeline: cannot read ", path)));
+    std::stringstream text;
+    text << in.rdbuf();
+    o.pipeline_json = text.str();
+  }
   if (const std::string device = StringFlag(args, "--device", ""); !device.empty()) {
 #ifndef GPUFEED_WITH_CUDA
     return Fail(absl::FailedPreconditionError("--device: gpufeedctl was built without CUDA"));

@@ -5,6 +5,51 @@
 
 namespace gpufeed::server {
 
+absl::StatusOr<std::vector<PipelineStep>> PipelineFromProto(
+    const google::protobuf::RepeatedPtrField<v1::PipelineOp>& ops) {
+  std::vector<PipelineStep> steps;
+  for (int i = 0; i < ops.size(); ++i) {
+    const v1::PipelineOp& op = ops[i];
+    switch (op.op_case()) {
+      case v1::PipelineOp::kRandomResizedCrop: {
+        const v1::RandomResizedCropOp& o = op.random_resized_crop();
+        RandomResizedCropStep step;
+        step.size = o.size();
+        // Zero (unset) means torchvision's default.
+        if (o.scale_min() != 0) step.options.scale_min = o.scale_min();
+        if (o.scale_max() != 0) step.options.scale_max = o.scale_max();
+        if (o.ratio_min() != 0) step.options.ratio_min = o.ratio_min();
+        if (o.ratio_max() != 0) step.options.ratio_max = o.ratio_max();
+        steps.push_back(step);
+        break;
+      }
+      case v1::PipelineOp::kResize:
+        steps.push_back(ResizeStep{op.resize().shorter_side()});
+        break;
+      case v1::PipelineOp::kCenterCrop:
+        steps.push_back(CenterCropStep{op.center_crop().size()});
+        break;
+      case v1::PipelineOp::kFlip:
+        steps.push_back(FlipStep{op.flip().p()});
+        break;
+      case v1::PipelineOp::kNormalize:
+        steps.push_back(NormalizeStep{{op.normalize().mean().begin(), op.normalize().mean().end()},
+                                      {op.normalize().std().begin(), op.normalize().std().end()}});
+        break;
+      case v1::PipelineOp::kCast:
+        steps.push_back(CastStep{static_cast<DType>(op.cast().dtype())});
+        break;
+      case v1::PipelineOp::kLayout:
+        steps.push_back(LayoutStep{op.layout().layout() == v1::IMAGE_LAYOUT_NHWC ? Layout::kNHWC
+                                                                                 : Layout::kNCHW});
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("pipeline[", i, "]: no op set"));
+    }
+  }
+  return steps;
+}
+
 absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   AttachSpec spec;
   spec.job = r.job();
@@ -51,6 +96,11 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "delivery.kind: unknown kind ", static_cast<int>(r.delivery().kind())));
+  }
+  if (!r.pipeline().empty()) {
+    absl::StatusOr<std::vector<PipelineStep>> steps = PipelineFromProto(r.pipeline());
+    if (!steps.ok()) return steps.status();
+    spec.pipeline = std::move(*steps);
   }
   spec.gpu_uuid = r.delivery().gpu_uuid();
   switch (r.delivery().ipc()) {

@@ -6,11 +6,15 @@
 #include "absl/status/statusor.h"
 #include "gpufeed/v1/feed.pb.h"
 #include "grpcpp/support/status.h"
+#include "server/augment/pipeline.h"
 #include "server/session/session_manager.h"
 
 namespace gpufeed::server {
 
 absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& request);
+// The ops of an image pipeline; INVALID_ARGUMENT naming the op for an empty or unknown one.
+absl::StatusOr<std::vector<PipelineStep>> PipelineFromProto(
+    const google::protobuf::RepeatedPtrField<v1::PipelineOp>& ops);
 void ToProto(const Attachment& attachment, v1::AttachResponse* response);
 void ToProto(const ReadyBatch& batch, v1::BatchReady* out);
 void ToProto(const SessionSnapshot& session, v1::SessionInfo* out);

@@ -77,6 +77,14 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
     return absl::InvalidArgumentError(absl::StrCat("stop_epoch: must be 0 or > start.epoch (",
                                                    spec.start.epoch, "), got ", spec.stop_epoch));
   }
+  if (!spec.pipeline.empty()) {
+    if (absl::StatusOr<PipelinePlan> plan = CompilePipeline(spec.pipeline); !plan.ok()) {
+      return plan.status();
+    }
+    // Image datasets (issue 4) are not served yet: tokens and records take no pipeline.
+    return absl::InvalidArgumentError(
+        "pipeline: only image datasets take a pipeline; tokens and records are served as stored");
+  }
   if (spec.feed.dataset.kind != DatasetKind::kTokens &&
       spec.feed.dataset.kind != DatasetKind::kRecords) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/bounded_queue.h"
+#include "server/augment/pipeline.h"
 #include "server/feed/feed.h"
 #include "server/session/session.h"
 #include "server/staging/staging_pool.h"
@@ -33,6 +34,7 @@ struct AttachSpec {
   IpcKind ipc = IpcKind::kUnspecified;
   Position start;
   int64_t stop_epoch = 0;
+  std::vector<PipelineStep> pipeline;  // image datasets only
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.

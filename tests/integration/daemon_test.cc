@@ -293,6 +293,9 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
       npy("o.npy", "{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", 32);
   const std::string malformed = npy("m.npy", "{'descr': '<f4', 'fortran_order': Fa", 48);
   const std::string missing = dir_.File("no-such-file.bin");
+  const std::string bad_pipeline = write(
+      "bad.json", R"({"ops": [{"center_crop": {"size": 224}}, {"flip": {"p": 2}}]})");
+  const std::string eval_pipeline = std::string(GPUFEED_SOURCE_DIR) + "/deploy/pipelines/imagenet_eval.json";
 
   const std::vector<std::string> base = {"consume", "--seq-len", "16", "--batch-size", "8",
                                          "--max-batches", "1"};
@@ -327,6 +330,12 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
        "RESOURCE_EXHAUSTED", "asked for"},
       {"start past the epoch", with({"--dataset", tokens_path_, "--start-step", "1000"}),
        "INVALID_ARGUMENT", "start.step"},
+      {"bad pipeline op", with({"--dataset", tokens_path_, "--pipeline", bad_pipeline}),
+       "INVALID_ARGUMENT", "pipeline[1] flip: p"},
+      {"pipeline for tokens", with({"--dataset", tokens_path_, "--pipeline", eval_pipeline}),
+       "INVALID_ARGUMENT", "pipeline: only image datasets"},
+      {"pipeline not JSON", with({"--dataset", tokens_path_, "--pipeline", tokens_path_}),
+       "INVALID_ARGUMENT", "pipeline: not a pipeline in JSON"},
   };
   for (const BadInput& c : cases) {
     CtlResult r = RunCtl(daemon_->socket(), c.args, dir_.File("bad"));

@@ -54,6 +54,9 @@ struct AttachOptions {
   std::string ipc = "auto";
   Position start;
   int64_t stop_epoch = 0;  // exclusive; 0 = never end
+  // Image datasets: the pipeline as JSON, {"ops": [{"random_resized_crop": {"size": 224}},
+  // ...]} (deploy/pipelines/ has ImageNet's). Empty: none.
+  std::string pipeline_json;
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 

@@ -79,6 +79,8 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.ipc = value;
   } else if (k == "pipeline_json") {
     o.pipeline_json = value;
+  } else if (k == "bad_sample") {
+    o.bad_sample = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }

@@ -109,9 +109,19 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       d->set_seq_len(o.seq_len);
     } else if (o.kind == "records") {
       d->set_kind(v1::DATASET_KIND_RECORDS);
+    } else if (o.kind == "image_folder") {
+      d->set_kind(v1::DATASET_KIND_IMAGE_FOLDER);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kind: unknown dataset kind '", o.kind, "' (want tokens, records or image_folder)"));
+    }
+    if (o.bad_sample == "skip") {
+      request.set_bad_sample(v1::BAD_SAMPLE_POLICY_SKIP);
+    } else if (o.bad_sample == "fail") {
+      request.set_bad_sample(v1::BAD_SAMPLE_POLICY_FAIL);
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("kind: unknown dataset kind '", o.kind, "' (want tokens or records)"));
+          absl::StrCat("bad_sample: want skip or fail, got '", o.bad_sample, "'"));
     }
     d->set_path(o.dataset);
     request.set_batch_size(o.batch_size);
@@ -594,7 +604,9 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
   for (const v1::FeedInfo& f : response.feeds()) {
     FeedInfo info;
     info.key = f.key();
-    info.kind = f.dataset().kind() == v1::DATASET_KIND_TOKENS ? "tokens" : "records";
+    info.kind = f.dataset().kind() == v1::DATASET_KIND_TOKENS    ? "tokens"
+                : f.dataset().kind() == v1::DATASET_KIND_RECORDS ? "records"
+                                                                 : "image_folder";
     info.dataset = f.dataset().path();
     info.num_samples = f.num_samples();
     info.batch_size = f.batch_size();

@@ -49,7 +49,7 @@ consume flags:
   --job NAME            job name (default "default")
   --rank R              this consumer's rank (default 0)
   --world-size W        ranks in the job (default 1)
-  --kind tokens|records dataset kind (default tokens)
+  --kind KIND           tokens (default), records or image_folder
   --dataset PATH        dataset file, absolute path as the daemon sees it
   --token-dtype T       uint16 or uint32 (tokens; default uint16)
   --seq-len L           tokens per sample (tokens)
@@ -70,6 +70,7 @@ consume flags:
                         GPU's memory; --checksum copies each batch back to compute the sum
   --ipc KIND            device delivery: auto (default), vmm or legacy
   --pipeline FILE       image datasets: the pipeline as JSON (deploy/pipelines/*.json)
+  --bad-sample POLICY   image datasets: skip (default: replace, count, log) or fail
 
 The socket defaults to $GPUFEED_SOCKET, then /run/gpufeed/gpufeed.sock.
 )";
@@ -86,7 +87,7 @@ const std::vector<std::string> kValueFlags = {
     "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
     "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
-    "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline"};
+    "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -309,6 +310,7 @@ int Consume(const Args& args) {
   o.kind = StringFlag(args, "--kind", "tokens");
   o.dataset = StringFlag(args, "--dataset", "");
   o.token_dtype = StringFlag(args, "--token-dtype", "uint16");
+  o.bad_sample = StringFlag(args, "--bad-sample", "skip");
   o.shuffle = !args.values.contains("--no-shuffle");
   o.drop_last = !args.values.contains("--no-drop-last");
   int64_t rank = 0, world = 1, seed = 0, epochs = 1, max_batches = -1, ring = 0, step_ms = 0,

@@ -1,6 +1,7 @@
 #include "server/augment/pipeline.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace gpufeed::server {
 namespace {
@@ -87,6 +88,33 @@ absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& st
   // Without a cast: uint8 as decoded, or float32 once normalised.
   if (!have_cast) plan.output.dtype = plan.output.normalize ? DType::kFloat32 : DType::kUInt8;
   return plan;
+}
+
+}  // namespace gpufeed::server
+
+namespace gpufeed::server {
+
+std::string PipelineCanonical(const std::vector<PipelineStep>& steps) {
+  std::string out;
+  for (const PipelineStep& step : steps) {
+    if (const auto* s = std::get_if<RandomResizedCropStep>(&step)) {
+      absl::StrAppend(&out, "rrc(", s->size, ",", s->options.scale_min, ",", s->options.scale_max,
+                      ",", s->options.ratio_min, ",", s->options.ratio_max, ")");
+    } else if (const auto* s = std::get_if<ResizeStep>(&step)) {
+      absl::StrAppend(&out, "resize(", s->shorter_side, ")");
+    } else if (const auto* s = std::get_if<CenterCropStep>(&step)) {
+      absl::StrAppend(&out, "center_crop(", s->size, ")");
+    } else if (const auto* s = std::get_if<FlipStep>(&step)) {
+      absl::StrAppend(&out, "flip(", s->p, ")");
+    } else if (const auto* s = std::get_if<NormalizeStep>(&step)) {
+      absl::StrAppend(&out, "normalize(", absl::StrJoin(s->mean, ","), ";", absl::StrJoin(s->std, ","), ")");
+    } else if (const auto* s = std::get_if<CastStep>(&step)) {
+      absl::StrAppend(&out, "cast(", DTypeName(s->dtype), ")");
+    } else if (const auto* s = std::get_if<LayoutStep>(&step)) {
+      absl::StrAppend(&out, "layout(", s->layout == Layout::kNCHW ? "nchw" : "nhwc", ")");
+    }
+  }
+  return out;
 }
 
 }  // namespace gpufeed::server

@@ -52,4 +52,7 @@ struct PipelinePlan {
 
 absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& steps);
 
+// A canonical text of the steps: equal pipelines give equal text (part of a feed's key).
+std::string PipelineCanonical(const std::vector<PipelineStep>& steps);
+
 }  // namespace gpufeed::server

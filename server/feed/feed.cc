@@ -20,10 +20,15 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 std::string FeedSpec::Canonical() const {
-  return absl::StrCat("kind=", static_cast<int>(dataset.kind), ";path=", dataset.path,
-                      ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=",
-                      dataset.seq_len, ";batch_size=", batch_size, ";world_size=", world_size,
-                      ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last);
+  std::string out = absl::StrCat(
+      "kind=", static_cast<int>(dataset.kind), ";path=", dataset.path, ";token_dtype=",
+      DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len, ";batch_size=", batch_size,
+      ";world_size=", world_size, ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last);
+  if (dataset.kind == DatasetKind::kImageFolder) {
+    absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
+                    static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
+  }
+  return out;
 }
 
 std::string FeedKeyOf(const std::string& canonical) {
@@ -92,12 +97,14 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
         const TensorLayout& l = layout_.tensors[t];
         rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
       }
-      absl::Status s = dataset_->ReadSample(static_cast<uint64_t>(ids[i]), rows);
-      if (!s.ok()) {
+      absl::StatusOr<uint64_t> used =
+          dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), {spec_.seed, p.epoch}, rows);
+      if (!used.ok()) {
         status[static_cast<size_t>(chunk)] = Annotate(
-            s, absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ", p.step));
+            used.status(), absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ", p.step));
         return;
       }
+      ids[i] = static_cast<int64_t>(*used);  // a replaced bad sample reports its replacement
     }
   };
   if (parallel != nullptr && chunks > 1) {

@@ -139,11 +139,21 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const DatasetSpec& spec,
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<Dataset>> OpenImageFolder(const DatasetSpec& spec, FileSystem* fs);
+
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs) {
-  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kRecords) {
+  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kRecords &&
+      spec.kind != DatasetKind::kImageFolder) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
-                     " (want tokens or records)"));
+                     " (want tokens, records or image_folder)"));
+  }
+  if (spec.kind == DatasetKind::kImageFolder) {
+    if (spec.path.empty() || spec.path[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
+    }
+    return OpenImageFolder(spec, fs);
   }
   if (spec.path.empty() || spec.path[0] != '/') {
     return absl::InvalidArgumentError(

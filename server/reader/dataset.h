@@ -6,21 +6,33 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/os/file.h"
+#include "server/augment/pipeline.h"
 
 namespace gpufeed::server {
 
-enum class DatasetKind { kUnspecified = 0, kTokens = 1, kRecords = 2 };
+enum class DatasetKind { kUnspecified = 0, kTokens = 1, kRecords = 2, kImageFolder = 3 };
+enum class BadSamplePolicy { kSkip = 1, kFail = 2 };
 
 struct DatasetSpec {
   DatasetKind kind = DatasetKind::kUnspecified;
   std::string path;
   DType token_dtype = DType::kUnspecified;  // tokens
   int64_t seq_len = 0;                      // tokens
+  std::vector<PipelineStep> pipeline;       // image_folder
+  BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
+  uint64_t max_pixels = 64'000'000;                      // image_folder
+};
+
+// What a sample's random augmentation depends on, besides its id.
+struct SampleContext {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
 };
 
 // One tensor of a sample: its element type and per-sample shape (no batch dimension).
@@ -39,8 +51,18 @@ class Dataset {
   // Writes sample `id` (< num_samples) into rows[t] for each tensor t; rows[t] has exactly
   // tensors()[t].byte_size bytes. One copy from the page cache, no more. Thread-safe.
   virtual absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const = 0;
+  // As ReadSample, for the sample's augmentation as of `context`; returns the id actually
+  // written: a dataset whose policy skips bad samples writes a replacement instead.
+  virtual absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,
+                                                std::span<const std::span<std::byte>> rows) const {
+    absl::Status s = ReadSample(id, rows);
+    if (!s.ok()) return s;
+    return id;
+  }
   // DATA_LOSS when the files read shrank since they were opened; called after each batch.
   virtual absl::Status CheckNotShrunk() const = 0;
+  // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
+  virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
 };
 
 // Opens and validates a dataset: NOT_FOUND / PERMISSION_DENIED naming the path, and

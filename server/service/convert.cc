@@ -71,9 +71,25 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     case v1::DATASET_KIND_RECORDS:
       spec.feed.dataset.kind = DatasetKind::kRecords;
       break;
+    case v1::DATASET_KIND_IMAGE_FOLDER:
+      spec.feed.dataset.kind = DatasetKind::kImageFolder;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.kind: unknown kind ", static_cast<int>(d.kind()), " (want tokens or records)"));
+      return absl::InvalidArgumentError(absl::StrCat("dataset.kind: unknown kind ",
+                                                     static_cast<int>(d.kind()),
+                                                     " (want tokens, records or image_folder)"));
+  }
+  switch (r.bad_sample()) {
+    case v1::BAD_SAMPLE_POLICY_UNSPECIFIED:
+    case v1::BAD_SAMPLE_POLICY_SKIP:
+      spec.feed.dataset.bad_sample = BadSamplePolicy::kSkip;
+      break;
+    case v1::BAD_SAMPLE_POLICY_FAIL:
+      spec.feed.dataset.bad_sample = BadSamplePolicy::kFail;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad_sample: unknown policy ", static_cast<int>(r.bad_sample())));
   }
   spec.feed.dataset.path = d.path();
   if (spec.feed.dataset.kind == DatasetKind::kTokens) {
@@ -81,8 +97,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     spec.feed.dataset.seq_len = d.seq_len();
   } else if (d.token_dtype() != v1::DTYPE_UNSPECIFIED || d.seq_len() != 0) {
     return absl::InvalidArgumentError(
-        "dataset.token_dtype, dataset.seq_len: only for kind tokens; records take dtype and "
-        "shape from the .npy header");
+        "dataset.token_dtype, dataset.seq_len: only for kind tokens");
   }
 
   switch (r.delivery().kind()) {
@@ -100,7 +115,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   if (!r.pipeline().empty()) {
     absl::StatusOr<std::vector<PipelineStep>> steps = PipelineFromProto(r.pipeline());
     if (!steps.ok()) return steps.status();
-    spec.pipeline = std::move(*steps);
+    spec.feed.dataset.pipeline = std::move(*steps);
   }
   spec.gpu_uuid = r.delivery().gpu_uuid();
   switch (r.delivery().ipc()) {

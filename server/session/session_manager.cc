@@ -77,19 +77,22 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
     return absl::InvalidArgumentError(absl::StrCat("stop_epoch: must be 0 or > start.epoch (",
                                                    spec.start.epoch, "), got ", spec.stop_epoch));
   }
-  if (!spec.pipeline.empty()) {
-    if (absl::StatusOr<PipelinePlan> plan = CompilePipeline(spec.pipeline); !plan.ok()) {
+  const DatasetSpec& dataset = spec.feed.dataset;
+  if (dataset.kind != DatasetKind::kTokens && dataset.kind != DatasetKind::kRecords &&
+      dataset.kind != DatasetKind::kImageFolder) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.kind: unknown kind ", static_cast<int>(dataset.kind),
+        " (want tokens, records or image_folder)"));
+  }
+  if (dataset.kind == DatasetKind::kImageFolder) {
+    // Validated here, before any file is touched: INVALID_ARGUMENT naming op and field.
+    if (absl::StatusOr<PipelinePlan> plan = CompilePipeline(dataset.pipeline); !plan.ok()) {
       return plan.status();
     }
-    // Image datasets (issue 4) are not served yet: tokens and records take no pipeline.
+  } else if (!dataset.pipeline.empty()) {
     return absl::InvalidArgumentError(
-        "pipeline: only image datasets take a pipeline; tokens and records are served as stored");
-  }
-  if (spec.feed.dataset.kind != DatasetKind::kTokens &&
-      spec.feed.dataset.kind != DatasetKind::kRecords) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.kind: unknown kind ", static_cast<int>(spec.feed.dataset.kind),
-        " (want tokens or records)"));
+        "pipeline: only image_folder datasets take a pipeline; tokens and records are served "
+        "as stored");
   }
   if (spec.feed.dataset.path.empty() || spec.feed.dataset.path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -34,7 +34,6 @@ struct AttachSpec {
   IpcKind ipc = IpcKind::kUnspecified;
   Position start;
   int64_t stop_epoch = 0;
-  std::vector<PipelineStep> pipeline;  // image datasets only
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.

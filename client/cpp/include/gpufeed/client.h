@@ -38,7 +38,7 @@ struct AttachOptions {
   std::string job = "default";
   int32_t rank = 0;
   int32_t world_size = 1;
-  std::string kind = "tokens";  // tokens | records
+  std::string kind = "tokens";  // tokens | records | image_folder
   std::string dataset;          // absolute path as the daemon sees it
   std::string token_dtype = "uint16";  // tokens: uint16 | uint32
   int64_t seq_len = 0;                 // tokens
@@ -57,6 +57,7 @@ struct AttachOptions {
   // Image datasets: the pipeline as JSON, {"ops": [{"random_resized_crop": {"size": 224}},
   // ...]} (deploy/pipelines/ has ImageNet's). Empty: none.
   std::string pipeline_json;
+  std::string bad_sample = "skip";  // image datasets: skip (replace) or fail
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 

@@ -37,7 +37,10 @@ class DeviceSessionTest : public ::testing::Test {
   AttachSpec Spec() {
     AttachSpec spec;
     spec.job = "dev";
-    spec.feed.dataset = {DatasetKind::kTokens, path_, DType::kUInt16, 10};
+    spec.feed.dataset.kind = DatasetKind::kTokens;
+    spec.feed.dataset.path = path_;
+    spec.feed.dataset.token_dtype = DType::kUInt16;
+    spec.feed.dataset.seq_len = 10;
     spec.feed.batch_size = 4;
     spec.feed.world_size = 1;
     spec.feed.shuffle = false;
@@ -150,7 +153,10 @@ TEST(DeviceSessionNoGpuTest, DeviceAttachWithoutGpuIsFailedPrecondition) {
   SessionManager manager(SessionManagerOptions{}, pool->get(), MappedFileSystem(), nullptr);
   AttachSpec spec;
   spec.job = "j";
-  spec.feed.dataset = {DatasetKind::kTokens, path, DType::kUInt16, 10};
+  spec.feed.dataset.kind = DatasetKind::kTokens;
+  spec.feed.dataset.path = path;
+  spec.feed.dataset.token_dtype = DType::kUInt16;
+  spec.feed.dataset.seq_len = 10;
   spec.feed.batch_size = 4;
   spec.feed.world_size = 1;
   spec.delivery = DeliveryKind::kDevice;

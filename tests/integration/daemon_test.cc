@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -19,11 +22,14 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/image_files.h"
 
 namespace gpufeed::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::gpufeed::testing::EncodeJpeg;
+using ::gpufeed::testing::Picture;
 
 constexpr int64_t kSeqLen = 16;
 constexpr size_t kTokens = 20000;  // (20000 - 1) / 16 = 1249 samples
@@ -355,6 +361,51 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->staging_free_bytes, status->staging_total_bytes);
   EXPECT_EQ(status->health, "SERVING");
+}
+
+// An ImageFolder tree of JPEGs through the ImageNet training pipeline: 2 ranks receive every
+// image of the epoch exactly once, float16 [B, 3, 224, 224] images with their labels, and the
+// same (seed, epoch) gives the same bytes on a second run.
+TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
+  const std::string root = dir_.File("images");
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 8; ++i) {
+      const std::string path = absl::StrCat(root, "/class", c, "/img", i, ".jpg");
+      std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+      const std::vector<uint8_t> jpeg = EncodeJpeg(Picture(48 + i, 64, 3, c * 8 + i), 48 + i, 64,
+                                                   TJPF_RGB, TJSAMP_420, 90);
+      std::ofstream(path, std::ios::binary)
+          .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+    }
+  }
+  const std::string pipeline = std::string(GPUFEED_SOURCE_DIR) + "/deploy/pipelines/imagenet_train.json";
+  std::string sums[2];
+  for (int run = 0; run < 2; ++run) {
+    std::vector<std::unique_ptr<Subprocess>> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.push_back(std::make_unique<Subprocess>(
+          CtlArgv(daemon_->socket(),
+                  {"consume", "--job", absl::StrCat("img", run), "--kind", "image_folder",
+                   "--dataset", root, "--pipeline", pipeline, "--rank", absl::StrCat(r),
+                   "--world-size", "2", "--batch-size", "4", "--seed", "3", "--epochs", "1",
+                   "--ids", dir_.File(absl::StrCat("img", run, r)), "--checksum", "-o", "json"}),
+          dir_.File(absl::StrCat("imgrank", run, r))));
+    }
+    std::vector<int64_t> ids;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
+      for (const IdsLine& l : ReadIdsFile(dir_.File(absl::StrCat("img", run, r)))) {
+        ids.insert(ids.end(), l.ids.begin(), l.ids.end());
+      }
+      sums[run] += absl::StrCat(JsonInt(ranks[r]->Stdout(), "checksum"), ",");
+      EXPECT_EQ(JsonInt(ranks[r]->Stdout(), "bytes"), 3 * (4 * 3 * 224 * 224 * 2 + 4 * 8));
+    }
+    std::sort(ids.begin(), ids.end());
+    std::vector<int64_t> all(24);
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(ids, all);  // 24 images, 2 ranks x 3 steps x 4: each exactly once
+  }
+  EXPECT_EQ(sums[0], sums[1]);
 }
 
 TEST_F(DaemonTest, SecondAttachOfTheSameRankIsAlreadyExists) {

@@ -8,58 +8,23 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/image_files.h"
 
 namespace gpufeed::server {
 namespace {
 
 using ::testing::HasSubstr;
 
-// A smooth, asymmetric test picture: JPEG keeps it within a few levels at quality 100.
-std::vector<uint8_t> Picture(int h, int w, int channels) {
-  std::vector<uint8_t> p(static_cast<size_t>(h) * w * channels);
-  for (int y = 0; y < h; ++y) {
-    for (int x = 0; x < w; ++x) {
-      for (int c = 0; c < channels; ++c) {
-        p[(static_cast<size_t>(y) * w + x) * channels + c] =
-            static_cast<uint8_t>((x * 3 + y * 2 + c * 60) % 256 / 2 + 40);
-      }
-    }
-  }
-  return p;
-}
+using ::gpufeed::testing::Picture;
 
 std::vector<uint8_t> Jpeg(const std::vector<uint8_t>& pixels, int h, int w, int format,
                           int subsamp) {
-  tjhandle t = tjInitCompress();
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  EXPECT_EQ(tjCompress2(t, pixels.data(), w, 0, h, format, &out, &size, subsamp, 100,
-                        TJFLAG_ACCURATEDCT),
-            0)
-      << tjGetErrorStr2(t);
-  std::vector<uint8_t> bytes(out, out + size);
-  tjFree(out);
-  tjDestroy(t);
-  return bytes;
+  return ::gpufeed::testing::EncodeJpeg(pixels, h, w, format, subsamp);
 }
 
 std::vector<uint8_t> Png(const std::vector<uint8_t>& pixels, int h, int w, png_uint_32 format,
                          const std::vector<uint8_t>& colormap = {}) {
-  png_image image;
-  std::memset(&image, 0, sizeof(image));
-  image.version = PNG_IMAGE_VERSION;
-  image.width = static_cast<png_uint_32>(w);
-  image.height = static_cast<png_uint_32>(h);
-  image.format = format;
-  if (!colormap.empty()) image.colormap_entries = static_cast<png_uint_32>(colormap.size() / 3);
-  png_alloc_size_t size = 0;
-  EXPECT_TRUE(png_image_write_get_memory_size(image, size, 0, pixels.data(), 0,
-                                              colormap.empty() ? nullptr : colormap.data()));
-  std::vector<uint8_t> bytes(size);
-  EXPECT_TRUE(png_image_write_to_memory(&image, bytes.data(), &size, 0, pixels.data(), 0,
-                                        colormap.empty() ? nullptr : colormap.data()));
-  bytes.resize(size);
-  return bytes;
+  return ::gpufeed::testing::EncodePng(pixels, h, w, format, colormap);
 }
 
 int MaxDiff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {

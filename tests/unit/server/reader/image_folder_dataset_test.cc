@@ -1,0 +1,148 @@
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/reader/dataset.h"
+#include "tests/testing/image_files.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::EncodeJpeg;
+using ::gpufeed::testing::EncodePng;
+using ::gpufeed::testing::Picture;
+using ::testing::HasSubstr;
+
+void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+class ImageFolderDatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = dir_.path();
+    png_ = Picture(10, 12, 3, 1);
+    Write(root_ + "/a/1.png", EncodePng(png_, 10, 12));
+    Write(root_ + "/a/2.jpg", EncodeJpeg(Picture(40, 30, 3, 2), 40, 30));
+    Write(root_ + "/b/3.png", EncodePng(Picture(9, 9, 3, 3), 9, 9));
+  }
+
+  absl::StatusOr<std::unique_ptr<Dataset>> Open(std::vector<PipelineStep> pipeline,
+                                                BadSamplePolicy policy = BadSamplePolicy::kSkip) {
+    DatasetSpec spec;
+    spec.kind = DatasetKind::kImageFolder;
+    spec.path = root_;
+    spec.pipeline = std::move(pipeline);
+    spec.bad_sample = policy;
+    return OpenDataset(spec, PosixFileSystem());
+  }
+
+  // Reads sample `id` into fresh rows; returns the id used.
+  absl::StatusOr<uint64_t> Read(const Dataset& ds, uint64_t id, SampleContext ctx,
+                                std::vector<uint8_t>* image, int64_t* label) {
+    image->assign(ds.tensors()[0].byte_size, 0);
+    std::vector<std::span<std::byte>> rows = {
+        std::as_writable_bytes(std::span<uint8_t>(*image)),
+        std::span<std::byte>(reinterpret_cast<std::byte*>(label), 8)};
+    return ds.ReadSampleAt(id, ctx, rows);
+  }
+
+  testing::TempDir dir_;
+  std::string root_;
+  std::vector<uint8_t> png_;
+};
+
+TEST_F(ImageFolderDatasetTest, CentreCropOfALosslessPngIsByteExactWithItsLabel) {
+  auto ds = Open({CenterCropStep{8}, LayoutStep{Layout::kNHWC}});
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_samples(), 3u);
+  EXPECT_EQ((*ds)->tensors()[0].name, "image");
+  EXPECT_EQ((*ds)->tensors()[0].shape, (std::vector<int64_t>{8, 8, 3}));
+  EXPECT_EQ((*ds)->tensors()[1].name, "label");
+  EXPECT_EQ((*ds)->tensors()[1].dtype, DType::kInt64);
+  std::vector<uint8_t> image;
+  int64_t label = -1;
+  ASSERT_EQ(*Read(**ds, 0, {}, &image, &label), 0u);
+  EXPECT_EQ(label, 0);
+  // torchvision's CenterCrop(8) of 10x12: top round(1) = 1, left round(2) = 2.
+  for (int y = 0; y < 8; ++y) {
+    ASSERT_EQ(std::memcmp(&image[y * 8 * 3], &png_[((1 + y) * 12 + 2) * 3], 8 * 3), 0) << "row " << y;
+  }
+  ASSERT_EQ(*Read(**ds, 2, {}, &image, &label), 2u);
+  EXPECT_EQ(label, 1);
+}
+
+TEST_F(ImageFolderDatasetTest, RandomCropsDependOnSeedEpochAndSampleOnly) {
+  auto ds = Open({RandomResizedCropStep{16, {}}, FlipStep{0.5}});
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::vector<uint8_t> a, b, c;
+  int64_t label;
+  ASSERT_TRUE(Read(**ds, 1, {7, 0}, &a, &label).ok());
+  ASSERT_TRUE(Read(**ds, 1, {7, 0}, &b, &label).ok());
+  EXPECT_EQ(a, b);
+  bool differs = false;
+  for (int64_t epoch = 1; epoch < 6 && !differs; ++epoch) {
+    ASSERT_TRUE(Read(**ds, 1, {7, epoch}, &c, &label).ok());
+    differs = c != a;
+  }
+  EXPECT_TRUE(differs) << "five other epochs all drew the same crop";
+  EXPECT_EQ((*ds)->tensors()[0].shape, (std::vector<int64_t>{3, 16, 16}));  // NCHW by default
+}
+
+TEST_F(ImageFolderDatasetTest, BadImagesAreReplacedAndCountedOrFailNamingTheFile) {
+  Write(root_ + "/a/0-empty.jpg", {});
+  {
+    std::ofstream(root_ + "/a/1-text.png") << "not a png";
+  }
+  auto ds = Open({CenterCropStep{8}});
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->num_samples(), 5u);  // 0-empty, 1-text, 1.png, 2.jpg, 3.png
+  std::vector<uint8_t> image;
+  int64_t label;
+  // Sample 0 is empty and 1 is not an image: the next good sample, 2 (a/1.png), stands in.
+  absl::StatusOr<uint64_t> used = Read(**ds, 0, {}, &image, &label);
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(*used, 2u);
+  EXPECT_EQ(label, 0);
+  const auto counts = (*ds)->bad_samples();
+  auto count = [&](const std::string& reason) {
+    for (const auto& [r, n] : counts) {
+      if (r == reason) return n;
+    }
+    return int64_t{-1};
+  };
+  EXPECT_EQ(count("empty"), 1);
+  EXPECT_EQ(count("not_an_image"), 1);
+  EXPECT_EQ(count("truncated"), 0);
+
+  auto strict = Open({CenterCropStep{8}}, BadSamplePolicy::kFail);
+  ASSERT_TRUE(strict.ok());
+  absl::StatusOr<uint64_t> failed = Read(**strict, 1, {}, &image, &label);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(failed.status().message(), HasSubstr(root_ + "/a/1-text.png"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("not_an_image"));
+}
+
+TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {
+  auto ds = Open({ResizeStep{12}, CenterCropStep{10},
+                  NormalizeStep{{0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}}});
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->tensors()[0].dtype, DType::kFloat32);
+  std::vector<uint8_t> image;
+  int64_t label;
+  ASSERT_TRUE(Read(**ds, 1, {}, &image, &label).ok());  // the 40x30 JPEG -> 16x12 -> 10x10
+  std::vector<float> f(image.size() / 4);
+  std::memcpy(f.data(), image.data(), image.size());
+  for (float v : f) {
+    ASSERT_GE(v, (0 - 0.5f) / 0.25f);
+    ASSERT_LE(v, (1 - 0.5f) / 0.25f);
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed::server

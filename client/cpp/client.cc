@@ -617,6 +617,7 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
     info.sessions = f.sessions();
     info.batches_produced = f.batches_produced();
     info.bytes_produced = f.bytes_produced();
+    info.bad_samples.insert(f.bad_samples().begin(), f.bad_samples().end());
     out.push_back(std::move(info));
   }
   return out;

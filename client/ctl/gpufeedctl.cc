@@ -221,6 +221,12 @@ int Status(const Args& args) {
   return 0;
 }
 
+int64_t BadTotal(const gpufeed::client::FeedInfo& f) {
+  int64_t total = 0;
+  for (const auto& [reason, count] : f.bad_samples) total += count;
+  return total;
+}
+
 int Feeds(const Args& args) {
   auto admin = AdminClient::Connect(args.socket);
   if (!admin.ok()) return Fail(admin.status());
@@ -232,10 +238,13 @@ int Feeds(const Args& args) {
       items.push_back(absl::StrFormat(
           "{\"key\":%s,\"kind\":%s,\"dataset\":%s,\"num_samples\":%d,\"batch_size\":%d,"
           "\"world_size\":%d,\"seed\":%u,\"shuffle\":%s,\"drop_last\":%s,\"sessions\":%d,"
-          "\"batches_produced\":%d,\"bytes_produced\":%u}",
+          "\"batches_produced\":%d,\"bytes_produced\":%u,\"bad_samples\":{%s}}",
           JsonString(f.key), JsonString(f.kind), JsonString(f.dataset), f.num_samples,
           f.batch_size, f.world_size, f.seed, f.shuffle ? "true" : "false",
-          f.drop_last ? "true" : "false", f.sessions, f.batches_produced, f.bytes_produced));
+          f.drop_last ? "true" : "false", f.sessions, f.batches_produced, f.bytes_produced,
+          absl::StrJoin(f.bad_samples, ",", [](std::string* out, const auto& kv) {
+            absl::StrAppend(out, JsonString(kv.first), ":", kv.second);
+          })));
     }
     std::printf("[%s]\n", absl::StrJoin(items, ",").c_str());
     return 0;
@@ -245,10 +254,10 @@ int Feeds(const Args& args) {
     rows.push_back({f.key, f.kind, f.dataset, absl::StrCat(f.num_samples),
                     absl::StrCat(f.batch_size, "x", f.world_size), absl::StrCat(f.seed),
                     f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no", absl::StrCat(f.sessions),
-                    absl::StrCat(f.batches_produced)});
+                    absl::StrCat(f.batches_produced), absl::StrCat(BadTotal(f))});
   }
   PrintTable({"KEY", "KIND", "DATASET", "SAMPLES", "BATCHxWORLD", "SEED", "SHUFFLE", "DROP_LAST",
-              "SESSIONS", "BATCHES"},
+              "SESSIONS", "BATCHES", "BAD"},
              rows);
   return 0;
 }

@@ -65,7 +65,9 @@ class ImageFolderDataset final : public Dataset {
       }
       const BadImage reason = BadImageOf(image.status());
       if (reason == BadImage::kNone) return image.status();  // an I/O error, not the image
-      Count(sample, reason, image.status());
+      // Counted once per requested sample (attempt 0); replacements that hit a bad file are
+      // logged but not counted again, so each bad file counts once per epoch.
+      Count(sample, reason, image.status(), attempt == 0);
       if (policy_ == BadSamplePolicy::kFail) {
         return absl::DataLossError(absl::StrCat("image ", index_.paths[sample], " (",
                                                 BadImageName(reason), "): ", image.status().message()));
@@ -95,8 +97,8 @@ class ImageFolderDataset final : public Dataset {
     return DecodeImage(bytes, options);
   }
 
-  void Count(uint64_t sample, BadImage reason, const absl::Status& status) const {
-    for (size_t i = 0; i < std::size(kReasons); ++i) {
+  void Count(uint64_t sample, BadImage reason, const absl::Status& status, bool count) const {
+    for (size_t i = 0; i < std::size(kReasons) && count; ++i) {
       if (kReasons[i] == reason) bad_[i].fetch_add(1, std::memory_order_relaxed);
     }
     bool first;

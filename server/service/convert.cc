@@ -210,6 +210,7 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
   out->set_sessions(f.sessions);
   out->set_batches_produced(f.batches_produced);
   out->set_bytes_produced(f.bytes_produced);
+  for (const auto& [reason, count] : f.bad_samples) (*out->mutable_bad_samples())[reason] = count;
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

@@ -300,6 +300,7 @@ std::vector<FeedSnapshot> SessionManager::ListFeeds() const {
     f.sessions = counts[feed->key()];
     f.batches_produced = feed->batches_produced();
     f.bytes_produced = feed->bytes_produced();
+    f.bad_samples = feed->dataset().bad_samples();
     out.push_back(std::move(f));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });

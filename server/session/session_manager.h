@@ -62,6 +62,7 @@ struct FeedSnapshot {
   int32_t sessions = 0;
   int64_t batches_produced = 0;
   uint64_t bytes_produced = 0;
+  std::vector<std::pair<std::string, int64_t>> bad_samples;
 };
 
 struct SessionManagerOptions {

@@ -408,6 +408,55 @@ TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
   EXPECT_EQ(sums[0], sums[1]);
 }
 
+// Bad images end to end: skipped ones are replaced and counted in `feeds`; with
+// --bad-sample fail the stream ends with DATA_LOSS naming the file.
+TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
+  const std::string root = dir_.File("bad-images");
+  std::filesystem::create_directories(root + "/c");
+  std::ofstream(root + "/c/0.jpg");  // empty
+  std::ofstream(root + "/c/1.png") << "not a png";
+  for (int i = 2; i < 8; ++i) {
+    const std::vector<uint8_t> jpeg = EncodeJpeg(Picture(20, 20, 3, i), 20, 20);
+    std::ofstream(absl::StrCat(root, "/c/", i, ".jpg"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+  }
+  client::AttachOptions o = Options();
+  o.kind = "image_folder";
+  o.dataset = root;
+  o.batch_size = 8;
+  o.shuffle = false;
+  o.pipeline_json = R"({"ops": [{"center_crop": {"size": 16}}]})";
+  o.stop_epoch = 1;  // counts are per epoch: fill one
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(10));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  // Ids 0 and 1 are bad: both replaced by 2, the next good image.
+  EXPECT_EQ(batch->ids(), (std::vector<int64_t>{2, 2, 2, 3, 4, 5, 6, 7}));
+  auto admin = client::AdminClient::Connect(daemon_->socket());
+  auto feeds = (*admin)->ListFeeds();
+  ASSERT_TRUE(feeds.ok());
+  ASSERT_EQ(feeds->size(), 1u);
+  EXPECT_EQ((*feeds)[0].kind, "image_folder");
+  // Each bad file counts once for the sample that asked for it.
+  EXPECT_EQ((*feeds)[0].bad_samples.at("empty"), 1);
+  EXPECT_EQ((*feeds)[0].bad_samples.at("not_an_image"), 1);
+  EXPECT_EQ((*feeds)[0].bad_samples.at("truncated"), 0);
+  batch->Release();
+  ASSERT_TRUE((*session)->Detach().ok());
+
+  std::ofstream(dir_.File("cc.json")) << R"({"ops": [{"center_crop": {"size": 16}}]})";
+  CtlResult fail = RunCtl(daemon_->socket(),
+                          {"consume", "--kind", "image_folder", "--dataset", root, "--pipeline",
+                           dir_.File("cc.json"), "--batch-size", "8", "--no-shuffle",
+                           "--bad-sample", "fail"},
+                          dir_.File("badfail"));
+  EXPECT_EQ(fail.exit_code, 1);
+  EXPECT_THAT(fail.err, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(fail.err, HasSubstr(root + "/c/0.jpg (empty)"));
+  EXPECT_TRUE(daemon_->process().Running());
+}
+
 TEST_F(DaemonTest, SecondAttachOfTheSameRankIsAlreadyExists) {
   auto first = client::Session::Attach(Options());
   ASSERT_TRUE(first.ok()) << first.status();

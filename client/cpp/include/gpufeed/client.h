@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -187,6 +188,7 @@ struct FeedInfo {
   int32_t sessions = 0;
   int64_t batches_produced = 0;
   uint64_t bytes_produced = 0;
+  std::map<std::string, int64_t> bad_samples;  // image_folder: by reason
 };
 
 struct SessionSummary {

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 
 namespace gpufeed::cuda {
 
@@ -45,17 +44,6 @@ std::vector<Device> VisibleDevices() {
     out.push_back({i, UuidString(prop.uuid), prop.name});
   }
   return out;
-}
-
-absl::StatusOr<int> OrdinalOf(const std::string& uuid) {
-  std::vector<std::string> seen;
-  for (const Device& d : VisibleDevices()) {
-    if (d.uuid == uuid) return d.ordinal;
-    seen.push_back(d.uuid);
-  }
-  return absl::NotFoundError(absl::StrCat("delivery.gpu_uuid: no GPU ", uuid,
-                                          " is visible to gpufeedd (it sees: ",
-                                          seen.empty() ? "none" : absl::StrJoin(seen, ", "), ")"));
 }
 
 DeviceGuard::DeviceGuard(int ordinal) {

@@ -31,8 +31,6 @@ struct Device {
 };
 // The GPUs this process sees; empty (not an error) without driver or device.
 std::vector<Device> VisibleDevices();
-// The ordinal of the GPU with `uuid`, NOT_FOUND listing the visible ones otherwise.
-absl::StatusOr<int> OrdinalOf(const std::string& uuid);
 
 // Makes `ordinal` current for its lifetime and restores the previous device after.
 class DeviceGuard {

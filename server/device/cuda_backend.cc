@@ -279,14 +279,6 @@ class CudaBackend final : public DeviceBackend {
     work();
   }
 
-  uint64_t budget_bytes() const override { return budget_; }
-  uint64_t used_bytes(const std::string& uuid) const override {
-    Gpu* gpu = Find(uuid);
-    if (gpu == nullptr) return 0;
-    absl::MutexLock lock(&gpu->mu);
-    return gpu->used;
-  }
-
  private:
   Gpu* Find(const std::string& uuid) const {
     for (const auto& gpu : gpus_) {

@@ -59,8 +59,6 @@ class DeviceBackend {
   // Runs `work` on that GPU's copy thread, in order; never drops it (runs it inline once the
   // thread is gone).
   virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;
-  virtual uint64_t budget_bytes() const = 0;
-  virtual uint64_t used_bytes(const std::string& gpu_uuid) const = 0;
 };
 
 // The message of a device Attach on a daemon that sees no GPU.

@@ -148,17 +148,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, Fi
         absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
                      " (want tokens, records or image_folder)"));
   }
-  if (spec.kind == DatasetKind::kImageFolder) {
-    if (spec.path.empty() || spec.path[0] != '/') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
-    }
-    return OpenImageFolder(spec, fs);
-  }
   if (spec.path.empty() || spec.path[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
   }
+  if (spec.kind == DatasetKind::kImageFolder) return OpenImageFolder(spec, fs);
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, fs->OpenForRead(spec.path));
   if (spec.kind == DatasetKind::kTokens) return OpenTokens(spec, std::move(file));
   return OpenRecords(spec, std::move(file));

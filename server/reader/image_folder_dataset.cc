@@ -125,26 +125,30 @@ class ImageFolderDataset final : public Dataset {
       // An optional resize of the whole image, then the centre crop (zero padding where the
       // crop is larger, as torchvision's CenterCrop pads), then the flip.
       int sh = image.height, sw = image.width;
-      std::vector<float> source;
+      std::vector<float> resized;
       if (plan_.resize) {
         ResizeShorterSide(image.height, image.width, plan_.resize->shorter_side, &sh, &sw);
-        source.resize(static_cast<size_t>(sh) * sw * 3);
-        ResizedCrop(image, {0, 0, image.height, image.width}, sh, sw, false, source.data());
-      } else {
-        source.assign(image.rgb.begin(), image.rgb.end());
+        resized.resize(static_cast<size_t>(sh) * sw * 3);
+        ResizedCrop(image, {0, 0, image.height, image.width}, sh, sw, false, resized.data());
       }
       const CropBox box = CenterCropBox(sh, sw, oh, ow);
       const bool flip = plan_.flip_p > 0 && random.Uniform(0, 1) < plan_.flip_p;
-      for (int y = 0; y < oh; ++y) {
-        for (int x = 0; x < ow; ++x) {
-          const int sy = box.top + y, sx = box.left + x;
-          float* d = &pixels[(static_cast<size_t>(y) * ow + (flip ? ow - 1 - x : x)) * 3];
-          if (sy < 0 || sy >= sh || sx < 0 || sx >= sw) {
-            d[0] = d[1] = d[2] = 0;
-            continue;
+      // Reads the crop straight from the resized floats or the decoded bytes.
+      auto crop = [&](const auto* source) {
+        for (int y = 0; y < oh; ++y) {
+          for (int x = 0; x < ow; ++x) {
+            const int sy = box.top + y, sx = box.left + x;
+            float* d = &pixels[(static_cast<size_t>(y) * ow + (flip ? ow - 1 - x : x)) * 3];
+            const bool inside = sy >= 0 && sy < sh && sx >= 0 && sx < sw;
+            const auto* s = source + (static_cast<size_t>(inside ? sy : 0) * sw + (inside ? sx : 0)) * 3;
+            for (int c = 0; c < 3; ++c) d[c] = inside ? static_cast<float>(s[c]) : 0.0f;
           }
-          std::memcpy(d, &source[(static_cast<size_t>(sy) * sw + sx) * 3], 3 * sizeof(float));
         }
+      };
+      if (plan_.resize) {
+        crop(resized.data());
+      } else {
+        crop(image.rgb.data());
       }
     }
     WriteImage(pixels.data(), oh, ow, plan_.output, out);

@@ -4,12 +4,12 @@
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
-#include <cstdio>
 #include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cuda/cuda.h"
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
@@ -228,13 +228,7 @@ TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
   for (int r = 0; r < 2; ++r) {
     cudaDeviceProp prop{};
     ASSERT_EQ(cudaGetDeviceProperties(&prop, r), cudaSuccess);
-    const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
-    char text[64];
-    std::snprintf(text, sizeof(text),
-                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                  b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                  b[14], b[15]);
-    uuid[r] = text;
+    uuid[r] = cuda::UuidString(prop.uuid);
   }
   ASSERT_NE(uuid[0], uuid[1]);
   int seen = 0;

@@ -111,11 +111,6 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   void Post(const std::string&, std::function<void()> work) override {
     if (!work_.Push(work).ok()) work();
   }
-  uint64_t budget_bytes() const override { return budget_; }
-  uint64_t used_bytes(const std::string&) const override {
-    absl::MutexLock lock(&mu_);
-    return used_;
-  }
 
   std::shared_ptr<FakeDeviceLog> log = std::make_shared<FakeDeviceLog>();
   FakeDeviceRing* last = nullptr;  // the newest ring (alive while its session is)

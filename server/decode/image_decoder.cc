@@ -153,4 +153,40 @@ absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOp
   return Bad(BadImage::kNotAnImage, "neither JPEG nor PNG");
 }
 
+absl::StatusOr<JpegHeader> InspectJpeg(std::span<const uint8_t> bytes,
+                                       const DecodeOptions& options) {
+  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF;
+  if (!jpeg) return JpegHeader{};  // not a JPEG: for DecodeImage to take or classify
+  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitDecompress());
+  if (handle == nullptr) return absl::InternalError("tjInitDecompress failed");
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(handle.get(), bytes.data(), bytes.size(), &width, &height, &subsamp,
+                          &colorspace) != 0) {
+    return DecodeJpeg(bytes, options).status();  // the same classification as a decode
+  }
+  if (absl::Status s = CheckSize(width, height, options); !s.ok()) return s;
+  JpegHeader header{height, width, false};
+  // The frame marker says baseline (SOF0) or extended sequential Huffman (SOF1); the file
+  // must end with EOI, or it is truncated and the CPU decoder will say so.
+  bool sequential = false;
+  for (size_t i = 2; i + 3 < bytes.size();) {
+    if (bytes[i] != 0xFF) break;
+    const uint8_t marker = bytes[i + 1];
+    if (marker == 0xFF) {
+      ++i;
+      continue;
+    }
+    if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+      sequential = marker == 0xC0 || marker == 0xC1;
+      break;
+    }
+    i += 2 + ((static_cast<size_t>(bytes[i + 2]) << 8) | bytes[i + 3]);
+  }
+  const bool ends = bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
+  const bool subsampling = subsamp == TJSAMP_444 || subsamp == TJSAMP_422 ||
+                           subsamp == TJSAMP_420 || subsamp == TJSAMP_440;
+  header.gpu_decodable = sequential && ends && subsampling && colorspace == TJCS_YCbCr;
+  return header;
+}
+
 }  // namespace gpufeed::server

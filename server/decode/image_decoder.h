@@ -35,4 +35,17 @@ struct DecodeOptions {
 
 absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options = {});
 
+// What the GPU decoder needs to know of a file before taking it, from its header only.
+struct JpegHeader {
+  int height = 0;
+  int width = 0;
+  // A baseline (sequential Huffman) YCbCr JPEG of 4:4:4, 4:2:2, 4:2:0 or 4:4:0 that ends in an
+  // EOI marker: what nvJPEG's hardware decoder takes. Anything else is decoded on the CPU.
+  bool gpu_decodable = false;
+};
+// The header of a JPEG file (all zero and false for a file that is no JPEG); the DecodeImage
+// error when the header cannot be parsed or exceeds the pixel cap. Cheap: no pixel is decoded.
+absl::StatusOr<JpegHeader> InspectJpeg(std::span<const uint8_t> bytes,
+                                       const DecodeOptions& options = {});
+
 }  // namespace gpufeed::server

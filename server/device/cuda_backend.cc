@@ -14,6 +14,8 @@
 #include "common/bounded_queue.h"
 #include "common/cuda/cuda.h"
 #include "common/status.h"
+#include "server/device/augment_kernel.h"
+#include "server/device/nvjpeg.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
@@ -31,6 +33,41 @@ struct Gpu {
   std::thread thread;
   absl::Mutex mu;
   uint64_t used ABSL_GUARDED_BY(mu) = 0;
+  // nvJPEG, created on first demand; used by the copy thread only once created.
+  absl::Mutex nvjpeg_mu;
+  bool nvjpeg_tried ABSL_GUARDED_BY(nvjpeg_mu) = false;
+  absl::Status nvjpeg_status ABSL_GUARDED_BY(nvjpeg_mu);
+  const nvjpeg::Api* nvjpeg = nullptr;
+  nvjpeg::Handle nvjpeg_handle = nullptr;
+  nvjpeg::State nvjpeg_state = nullptr;
+  int nvjpeg_batch = 0;  // the batch size nvjpegDecodeBatchedInitialize was last given
+
+  // Creates the nvJPEG handle and state: the hardware backend where the GPU has JPEG
+  // engines, else the GPU-hybrid one.
+  absl::Status InitNvjpeg() {
+    absl::MutexLock lock(&nvjpeg_mu);
+    if (nvjpeg_tried) return nvjpeg_status;
+    nvjpeg_tried = true;
+    absl::StatusOr<const nvjpeg::Api*> api = nvjpeg::Load();
+    if (!api.ok()) return nvjpeg_status = api.status();
+    cuda::DeviceGuard guard(ordinal);
+    const char* backend = "hardware";
+    int rc = (*api)->CreateEx(nvjpeg::kHardware, nullptr, nullptr, 0, &nvjpeg_handle);
+    if (rc != 0) {
+      backend = "GPU-hybrid";
+      rc = (*api)->CreateEx(nvjpeg::kGpuHybrid, nullptr, nullptr, 0, &nvjpeg_handle);
+    }
+    if (rc == 0) rc = (*api)->JpegStateCreate(nvjpeg_handle, &nvjpeg_state);
+    if (rc != 0) {
+      if (nvjpeg_handle != nullptr) (*api)->Destroy(nvjpeg_handle);
+      nvjpeg_handle = nullptr;
+      return nvjpeg_status = absl::FailedPreconditionError(absl::StrCat(
+          "decode: nvJPEG (", (*api)->library, ") on ", uuid, ": ", nvjpeg::StatusName(rc)));
+    }
+    nvjpeg = *api;
+    spdlog::info("GPU {} {}: nvJPEG {} backend from {}", ordinal, uuid, backend, nvjpeg->library);
+    return nvjpeg_status = absl::OkStatus();
+  }
 };
 
 class CudaRing final : public DeviceRing {
@@ -56,13 +93,14 @@ class CudaRing final : public DeviceRing {
       api->cuMemRelease(vmm_handle_);
     }
     if (legacy_ptr_ != nullptr) cudaFree(legacy_ptr_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
     if (charged_ > 0) {
       absl::MutexLock lock(&gpu_->mu);
       gpu_->used -= charged_;
     }
   }
 
-  absl::Status Allocate(int slots, uint64_t stride, IpcKind ipc) {
+  absl::Status Allocate(int slots, uint64_t stride, IpcKind ipc, uint64_t scratch_bytes) {
     cuda::DeviceGuard guard(gpu_->ordinal);
     export_.gpu_uuid = gpu_->uuid;
     export_.ipc = ipc == IpcKind::kUnspecified ? (gpu_->vmm ? IpcKind::kVmm : IpcKind::kLegacy)
@@ -89,13 +127,19 @@ class CudaRing final : public DeviceRing {
     }
     {
       absl::MutexLock lock(&gpu_->mu);
-      if (gpu_->used + bytes > budget_) {
+      if (gpu_->used + bytes + scratch_bytes > budget_) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "device ring of ", bytes, " bytes on ", gpu_->uuid, ": ", budget_ - gpu_->used,
-            " of the GPU's --device_bytes budget of ", budget_, " bytes are free"));
+            "device ring of ", bytes, " bytes", scratch_bytes > 0 ? " and scratch of " : "",
+            scratch_bytes > 0 ? absl::StrCat(scratch_bytes, " bytes") : "", " on ", gpu_->uuid,
+            ": ", budget_ - gpu_->used, " of the GPU's --device_bytes budget of ", budget_,
+            " bytes are free"));
       }
-      gpu_->used += bytes;
-      charged_ = bytes;
+      gpu_->used += bytes + scratch_bytes;
+      charged_ = bytes + scratch_bytes;
+    }
+    if (scratch_bytes > 0) {
+      GPUFEED_RETURN_IF_ERROR(
+          cuda::Check(cudaMalloc(&scratch_, scratch_bytes), "cudaMalloc of the ring's scratch"));
     }
     export_.alloc_bytes = bytes;
     if (export_.ipc == IpcKind::kVmm) {
@@ -183,6 +227,107 @@ class CudaRing final : public DeviceRing {
     return cuda::Check(cudaEventRecord(ready_[k], gpu_->stream), "recording the ready event");
   }
 
+  absl::Status StageIn(int slot, std::byte* host, const StagedLayout& layout, int count,
+                       const StagedOutput& output, bool reused, const RedoRow& redo) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    const size_t k = static_cast<size_t>(slot);
+    cudaStream_t stream = gpu_->stream;
+    if (reused && release_[k] != nullptr) {
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaStreamWaitEvent(stream, release_[k], 0),
+                                          "waiting for the consumer's release"));
+    }
+    std::byte* dst = base_ + k * stride_;
+    auto copy = [&](void* to, const void* from, uint64_t bytes) {
+      return cuda::Check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, stream),
+                         "copy to the GPU");
+    };
+    GPUFEED_RETURN_IF_ERROR(copy(dst + output.label_offset, host + layout.labels_offset,
+                                 static_cast<uint64_t>(count) * sizeof(int64_t)));
+    const auto* records = reinterpret_cast<const StagedRecord*>(host + layout.records_offset);
+    auto* tasks = reinterpret_cast<AugmentTask*>(host + layout.tasks_offset);
+    const std::byte* arena = host + layout.arena_offset;
+    auto* scratch = static_cast<std::byte*>(scratch_);
+    int n = 0;
+    std::vector<int> jpeg_rows;
+    // kRaw pixels: one copy per run of records adjacent on both sides.
+    uint64_t run_host = 0, run_device = 0, run_bytes = 0;
+    auto flush = [&]() -> absl::Status {
+      if (run_bytes == 0) return absl::OkStatus();
+      absl::Status s = copy(scratch + run_device, arena + run_host, run_bytes);
+      run_bytes = 0;
+      return s;
+    };
+    for (int i = 0; i < count; ++i) {
+      const StagedRecord& r = records[i];
+      if (r.kind == StagedKind::kFinal) {
+        GPUFEED_RETURN_IF_ERROR(copy(dst + output.image_offset + i * output.image_row_bytes,
+                                     arena + r.host_offset, output.image_row_bytes));
+        continue;
+      }
+      if (r.kind == StagedKind::kRaw) {
+        if (run_bytes > 0 && run_host + run_bytes == r.host_offset &&
+            run_device + run_bytes == r.device_offset) {
+          run_bytes += r.host_bytes;
+        } else {
+          GPUFEED_RETURN_IF_ERROR(flush());
+          run_host = r.host_offset;
+          run_device = r.device_offset;
+          run_bytes = r.host_bytes;
+        }
+      } else {
+        jpeg_rows.push_back(i);
+      }
+      AugmentTask& t = tasks[n++];
+      t.src_offset = r.device_offset;
+      t.src_pitch = r.geometry.src_width * 3;
+      t.row = i;
+      t.geometry = r.geometry;
+    }
+    GPUFEED_RETURN_IF_ERROR(flush());
+    std::vector<int> failed;
+    if (!jpeg_rows.empty() && !DecodeJpegs(records, arena, jpeg_rows).ok()) {
+      // nvJPEG refused the batch (a corrupt file it cannot say which of): the CPU redoes its
+      // JPEG rows, after the kernel has written them.
+      failed = jpeg_rows;
+    }
+    if (n > 0) {
+      GPUFEED_RETURN_IF_ERROR(copy(scratch, tasks, static_cast<uint64_t>(n) * sizeof(AugmentTask)));
+      AugmentOutput out;
+      out.height = layout.out_height;
+      out.width = layout.out_width;
+      switch (layout.output.dtype) {
+        case DType::kFloat16: out.dtype = AugmentDType::kFloat16; break;
+        case DType::kBFloat16: out.dtype = AugmentDType::kBFloat16; break;
+        case DType::kFloat32: out.dtype = AugmentDType::kFloat32; break;
+        default: out.dtype = AugmentDType::kUInt8; break;
+      }
+      out.nchw = layout.output.layout == Layout::kNCHW;
+      out.normalize = layout.output.normalize;
+      for (int c = 0; c < 3; ++c) {
+        out.mean[c] = layout.output.mean[c];
+        out.std[c] = layout.output.std[c];
+      }
+      out.image_offset = output.image_offset;
+      out.row_bytes = output.image_row_bytes;
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(
+          LaunchAugment(reinterpret_cast<const AugmentTask*>(scratch), n, out,
+                        reinterpret_cast<const uint8_t*>(scratch), reinterpret_cast<uint8_t*>(dst),
+                        stream),
+          "launching the augment kernel"));
+    }
+    for (int row : failed) {
+      // From pageable memory: cudaMemcpyAsync returns once it has taken the bytes.
+      std::vector<std::byte> finished(output.image_row_bytes);
+      int64_t label = 0;
+      GPUFEED_RETURN_IF_ERROR(redo(row, finished.data(), &label));
+      GPUFEED_RETURN_IF_ERROR(copy(dst + output.image_offset + row * output.image_row_bytes,
+                                   finished.data(), finished.size()));
+      GPUFEED_RETURN_IF_ERROR(
+          copy(dst + output.label_offset + row * sizeof(int64_t), &label, sizeof(label)));
+    }
+    return cuda::Check(cudaEventRecord(ready_[k], stream), "recording the ready event");
+  }
+
   absl::Status WaitCopied(int slot) override {
     cuda::DeviceGuard guard(gpu_->ordinal);
     return cuda::Check(cudaEventSynchronize(ready_[static_cast<size_t>(slot)]),
@@ -202,6 +347,43 @@ class CudaRing final : public DeviceRing {
   std::byte* base_ = nullptr;
   std::vector<cudaEvent_t> ready_;
   std::vector<cudaEvent_t> release_;
+  void* scratch_ = nullptr;
+
+  // nvJPEG's batched decode of the JPEG records `rows` into their places in the scratch.
+  absl::Status DecodeJpegs(const StagedRecord* records, const std::byte* arena,
+                           const std::vector<int>& rows) {
+    GPUFEED_RETURN_IF_ERROR(gpu_->InitNvjpeg());
+    const nvjpeg::Api* api = gpu_->nvjpeg;
+    const int n = static_cast<int>(rows.size());
+    std::vector<const unsigned char*> data(rows.size());
+    std::vector<size_t> lengths(rows.size());
+    std::vector<nvjpeg::Image> images(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const StagedRecord& r = records[rows[i]];
+      data[i] = reinterpret_cast<const unsigned char*>(arena + r.host_offset);
+      lengths[i] = r.host_bytes;
+      images[i] = {};
+      images[i].channel[0] = static_cast<unsigned char*>(scratch_) + r.device_offset;
+      images[i].pitch[0] = static_cast<size_t>(r.geometry.src_width) * 3;
+    }
+    int rc = 0;
+    if (gpu_->nvjpeg_batch != n) {
+      rc = api->DecodeBatchedInitialize(gpu_->nvjpeg_handle, gpu_->nvjpeg_state, n, 1,
+                                        nvjpeg::kRgbInterleaved);
+      gpu_->nvjpeg_batch = rc == 0 ? n : 0;
+    }
+    if (rc == 0) {
+      rc = api->DecodeBatched(gpu_->nvjpeg_handle, gpu_->nvjpeg_state, data.data(),
+                              lengths.data(), images.data(), gpu_->stream);
+    }
+    if (rc != 0) {
+      spdlog::warn("nvJPEG batch of {} on {}: {}; decoding those on the CPU", n, gpu_->uuid,
+                   nvjpeg::StatusName(rc));
+      gpu_->nvjpeg_batch = 0;  // re-initialise next time
+      return absl::DataLossError(nvjpeg::StatusName(rc));
+    }
+    return absl::OkStatus();
+  }
 };
 
 class CudaBackend final : public DeviceBackend {
@@ -213,6 +395,8 @@ class CudaBackend final : public DeviceBackend {
     for (auto& gpu : gpus_) {
       if (gpu->thread.joinable()) gpu->thread.join();
       cuda::DeviceGuard guard(gpu->ordinal);
+      if (gpu->nvjpeg_state != nullptr) gpu->nvjpeg->JpegStateDestroy(gpu->nvjpeg_state);
+      if (gpu->nvjpeg_handle != nullptr) gpu->nvjpeg->Destroy(gpu->nvjpeg_handle);
       if (gpu->stream != nullptr) cudaStreamDestroy(gpu->stream);
     }
   }
@@ -255,8 +439,8 @@ class CudaBackend final : public DeviceBackend {
   }
 
   absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& uuid, int slots,
-                                                           uint64_t stride,
-                                                           IpcKind ipc) override {
+                                                           uint64_t stride, IpcKind ipc,
+                                                           uint64_t scratch_bytes) override {
     if (gpus_.empty()) return absl::FailedPreconditionError(kNoGpuMessage);
     Gpu* gpu = Find(uuid);
     if (gpu == nullptr) {
@@ -266,9 +450,17 @@ class CudaBackend final : public DeviceBackend {
                                               absl::StrJoin(seen, ", "), ")"));
     }
     auto ring = std::make_unique<CudaRing>(gpu, budget_);
-    GPUFEED_RETURN_IF_ERROR(ring->Allocate(slots, stride, ipc));
+    GPUFEED_RETURN_IF_ERROR(ring->Allocate(slots, stride, ipc, scratch_bytes));
     return std::unique_ptr<DeviceRing>(std::move(ring));
   }
+
+  absl::Status NvjpegStatus(const std::string& uuid) override {
+    Gpu* gpu = Find(uuid);
+    if (gpu == nullptr) return absl::NotFoundError(absl::StrCat("delivery.gpu_uuid: ", uuid));
+    return gpu->InitNvjpeg();
+  }
+
+  bool can_stage() const override { return true; }
 
   void Post(const std::string& uuid, std::function<void()> work) override {
     Gpu* gpu = Find(uuid);

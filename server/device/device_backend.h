@@ -13,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/os/fd.h"
+#include "server/augment/output.h"
+#include "server/augment/staged.h"
 
 namespace gpufeed::server {
 
@@ -26,6 +28,18 @@ struct DeviceRingExport {
   std::string legacy_mem_handle;                 // kLegacy: cudaIpcMemHandle_t bytes
   std::vector<std::string> ready_event_handles;  // per slot: cudaIpcEventHandle_t bytes
 };
+
+// Where a staged batch's results go in a device slot (their form is in the StagedLayout).
+struct StagedOutput {
+  uint64_t image_offset = 0;     // the image tensor, from the slot's start
+  uint64_t image_row_bytes = 0;  // one image
+  uint64_t label_offset = 0;     // the label tensor (int64 per row)
+};
+
+// Rewrites the finished image row `row` into `image` (image_row_bytes) and its `label` when
+// the GPU could not decode its file: the CPU path, with the feed's bad-image policy (a
+// replacement sample has its own label). Runs on the copy thread.
+using RedoRow = std::function<absl::Status(int row, std::byte* image, int64_t* label)>;
 
 // One session's ring of slots in one GPU's memory. CopyIn, SetReleaseEvents and WaitCopied
 // run on that GPU's copy thread or a reader thread; the destructor waits for copies in
@@ -42,6 +56,16 @@ class DeviceRing {
   // of `slot`; the copy of `bytes` from pinned `src` into the slot; the slot's ready event.
   // Returns without waiting for the copy.
   virtual absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) = 0;
+  // Enqueues one staged batch of `count` rows (augment/staged.h) from the pinned host slot
+  // `host` on the GPU's copy stream: when `reused`, the wait for the consumer's release of
+  // `slot`; the labels and kFinal rows copied into the slot; kRaw pixels copied to the ring's
+  // scratch and kJpeg files decoded there by nvJPEG; the kernel into the slot for both; the
+  // rows nvJPEG could not decode rewritten through `redo`; the slot's ready event. Writes the
+  // kernel's tasks into the host slot's task area. Returns without waiting for the GPU.
+  virtual absl::Status StageIn(int slot, std::byte* host, const StagedLayout& layout, int count,
+                               const StagedOutput& output, bool reused, const RedoRow& redo) {
+    return absl::UnimplementedError("this device backend has no GPU augmentation");
+  }
   // Blocks until the last copy into `slot` has read its source (before the source is refilled).
   virtual absl::Status WaitCopied(int slot) = 0;
 };
@@ -51,11 +75,20 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
   // UUIDs ("GPU-...") of the GPUs this daemon serves; empty without GPU or driver.
   virtual std::vector<std::string> gpu_uuids() const = 0;
-  // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`. FAILED_PRECONDITION without
-  // GPUs, NOT_FOUND for an unknown UUID, RESOURCE_EXHAUSTED beyond the GPU's byte budget.
+  // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`, plus `scratch_bytes` of
+  // private device memory for StageIn. FAILED_PRECONDITION without GPUs, NOT_FOUND for an
+  // unknown UUID, RESOURCE_EXHAUSTED beyond the GPU's byte budget.
   virtual absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& gpu_uuid,
                                                                    int slots, uint64_t stride,
-                                                                   IpcKind ipc) = 0;
+                                                                   IpcKind ipc,
+                                                                   uint64_t scratch_bytes) = 0;
+  // OK when StageIn can decode JPEGs with nvJPEG on `gpu_uuid`; FAILED_PRECONDITION saying
+  // why not (no library, no GPU).
+  virtual absl::Status NvjpegStatus(const std::string& gpu_uuid) {
+    return absl::FailedPreconditionError("decode: this device backend has no nvJPEG");
+  }
+  // Whether StageIn works at all (the fused kernel is built in).
+  virtual bool can_stage() const { return false; }
   // Runs `work` on that GPU's copy thread, in order; never drops it (runs it inline once the
   // thread is gone).
   virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;

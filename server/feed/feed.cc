@@ -78,6 +78,40 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
   }
   layout_.used_bytes = offset;
   layout_.stride_bytes = AlignUp(offset, PageSize());
+  staged_layout_ = dataset_->StagedLayoutFor(spec_.batch_size);
+}
+
+absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode, std::byte* slot,
+                                         std::span<int64_t> ids, const ParallelFor& parallel) const {
+  if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
+  const int64_t valid = sampler_->RankSlice(p, rank, ids);
+  StageArena arena(*staged_layout_);
+  const StageTarget target{mode, &*staged_layout_, slot, &arena};
+  std::vector<absl::Status> status(ids.size());
+  auto stage = [&](int i) {
+    const size_t k = static_cast<size_t>(i);
+    absl::StatusOr<uint64_t> used =
+        dataset_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i, target);
+    if (!used.ok()) {
+      status[k] = Annotate(used.status(),
+                           absl::StrCat("sample ", ids[k], " of epoch ", p.epoch, " step ", p.step));
+      return;
+    }
+    ids[k] = static_cast<int64_t>(*used);
+  };
+  if (parallel != nullptr) {
+    parallel(static_cast<int>(ids.size()), stage);
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) stage(static_cast<int>(i));
+  }
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  batches_produced_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t bytes = 0;  // counted as finished tensors, as Fill counts them
+  for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
+  bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);
+  return valid;
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,

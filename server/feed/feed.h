@@ -7,6 +7,7 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +72,14 @@ class Feed {
                                const ParallelFor& parallel = nullptr) const;
   static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
 
+  // The staged layout of a slot (augment/staged.h) for the GPU paths; nullopt for datasets
+  // without a staged form.
+  const std::optional<StagedLayout>& staged_layout() const { return staged_layout_; }
+  // As Fill, in staged form (`mode` kCpuDecode or kNvjpeg) into a slot of staged_layout():
+  // one sample per task of `parallel`.
+  absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, std::byte* slot,
+                                     std::span<int64_t> ids, const ParallelFor& parallel = nullptr) const;
+
   int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
   uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }
 
@@ -82,6 +91,7 @@ class Feed {
   const std::unique_ptr<Dataset> dataset_;
   const std::unique_ptr<Sampler> sampler_;
   SlotLayout layout_;
+  std::optional<StagedLayout> staged_layout_;
   mutable std::atomic<int64_t> batches_produced_{0};
   mutable std::atomic<uint64_t> bytes_produced_{0};
 };

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "common/dtype.h"
 #include "common/os/file.h"
 #include "server/augment/pipeline.h"
+#include "server/augment/stage_arena.h"
+#include "server/augment/staged.h"
 
 namespace gpufeed::server {
 
@@ -33,6 +36,21 @@ struct DatasetSpec {
 struct SampleContext {
   uint64_t seed = 0;
   int64_t epoch = 0;
+};
+
+// How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the
+// GPU (augment/staged.h), decoded on the CPU (kCpuDecode) or by nvJPEG where it can (kNvjpeg).
+enum class StageMode { kNone = 0, kCpuDecode = 1, kNvjpeg = 2 };
+// What Attach asks for; resolved to a StageMode by the session manager.
+enum class DecodeChoice { kAuto = 0, kCpu = 1, kNvjpeg = 2 };
+enum class AugmentChoice { kAuto = 0, kCpu = 1, kGpu = 2 };
+
+// One row of a staged batch being written: the host slot, its layout and its arena.
+struct StageTarget {
+  StageMode mode = StageMode::kCpuDecode;
+  const StagedLayout* layout = nullptr;
+  std::byte* slot = nullptr;
+  StageArena* arena = nullptr;
 };
 
 // One tensor of a sample: its element type and per-sample shape (no batch dimension).
@@ -58,6 +76,15 @@ class Dataset {
     absl::Status s = ReadSample(id, rows);
     if (!s.ok()) return s;
     return id;
+  }
+  // The staged layout of a batch of `batch` samples; nullopt when the dataset has no staged
+  // form (only image datasets have one).
+  virtual std::optional<StagedLayout> StagedLayoutFor(int64_t batch) const { return std::nullopt; }
+  // Stages sample `id` as row `row` of a staged batch (its record, label and arena bytes) and
+  // returns the id actually staged, as ReadSampleAt does.
+  virtual absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context,
+                                                 int64_t row, const StageTarget& target) const {
+    return absl::UnimplementedError("this dataset kind has no staged form");
   }
   // DATA_LOSS when the files read shrank since they were opened; called after each batch.
   virtual absl::Status CheckNotShrunk() const = 0;

@@ -53,28 +53,62 @@ class ImageFolderDataset final : public Dataset {
 
   absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,
                                         std::span<const std::span<std::byte>> rows) const override {
-    const uint64_t n = index_.paths.size();
-    for (int attempt = 0; attempt <= kMaxReplacements; ++attempt) {
-      const uint64_t sample = (id + static_cast<uint64_t>(attempt)) % n;
-      absl::StatusOr<Image> image = Load(sample);
-      if (image.ok()) {
-        Augment(*image, SampleRandom(context.seed, context.epoch, sample), rows[0].data());
-        const int64_t label = index_.labels[sample];
-        std::memcpy(rows[1].data(), &label, sizeof(label));
-        return sample;
+    return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
+      absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
+      if (!bytes.ok()) return bytes.status();
+      absl::StatusOr<Image> image = Decode(*bytes);
+      if (!image.ok()) return image.status();
+      SampleRandom random(context.seed, context.epoch, sample);
+      Augment(*image, PlanGeometry(image->height, image->width, random), rows[0].data());
+      const int64_t label = index_.labels[sample];
+      std::memcpy(rows[1].data(), &label, sizeof(label));
+      return absl::OkStatus();
+    });
+  }
+
+  std::optional<StagedLayout> StagedLayoutFor(int64_t batch) const override {
+    return MakeStagedLayout(batch, plan_.output, plan_.out_height, plan_.out_width);
+  }
+
+  absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context, int64_t row,
+                                         const StageTarget& target) const override {
+    const StagedLayout& layout = *target.layout;
+    auto* record = reinterpret_cast<StagedRecord*>(target.slot + layout.records_offset) + row;
+    std::byte* arena = target.slot + layout.arena_offset;
+    return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
+      absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
+      if (!bytes.ok()) return bytes.status();
+      SampleRandom random(context.seed, context.epoch, sample);
+      *record = StagedRecord{};
+      bool staged = false;
+      if (target.mode == StageMode::kNvjpeg) {
+        DecodeOptions options;
+        options.max_pixels = max_pixels_;
+        absl::StatusOr<JpegHeader> header = InspectJpeg(*bytes, options);
+        if (!header.ok()) return header.status();
+        StageArena::Claim claim;
+        const uint64_t decoded = static_cast<uint64_t>(header->height) * header->width * 3;
+        if (header->gpu_decodable && target.arena->TryClaim(bytes->size(), decoded, &claim)) {
+          std::memcpy(arena + claim.host_offset, bytes->data(), bytes->size());
+          record->kind = StagedKind::kJpeg;
+          record->geometry = PlanGeometry(header->height, header->width, random);
+          record->host_offset = claim.host_offset;
+          record->host_bytes = bytes->size();
+          record->device_offset = claim.device_offset;
+          record->device_bytes = decoded;
+          staged = true;
+        }
       }
-      const BadImage reason = BadImageOf(image.status());
-      if (reason == BadImage::kNone) return image.status();  // an I/O error, not the image
-      // Counted once per requested sample (attempt 0); replacements that hit a bad file are
-      // logged but not counted again, so each bad file counts once per epoch.
-      Count(sample, reason, image.status(), attempt == 0);
-      if (policy_ == BadSamplePolicy::kFail) {
-        return absl::DataLossError(absl::StrCat("image ", index_.paths[sample], " (",
-                                                BadImageName(reason), "): ", image.status().message()));
+      if (!staged) {
+        absl::StatusOr<Image> image = Decode(*bytes);
+        if (!image.ok()) return image.status();
+        StageDecoded(*image, PlanGeometry(image->height, image->width, random), target, record);
       }
-    }
-    return absl::DataLossError(absl::StrCat(kMaxReplacements + 1, " images in a row from ",
-                                            index_.paths[id], " cannot be decoded"));
+      const int64_t label = index_.labels[sample];
+      std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
+                  sizeof(label));
+      return absl::OkStatus();
+    });
   }
 
   std::vector<std::pair<std::string, int64_t>> bad_samples() const override {
@@ -86,15 +120,44 @@ class ImageFolderDataset final : public Dataset {
   }
 
  private:
-  absl::StatusOr<Image> Load(uint64_t sample) const {
+  absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenForRead(index_.paths[sample]);
     if (!file.ok()) return file.status();
     std::vector<uint8_t> bytes((*file)->size());
     absl::Status read = (*file)->ReadAt(0, std::as_writable_bytes(std::span<uint8_t>(bytes)));
     if (!read.ok()) return read;
+    return bytes;
+  }
+
+  absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes) const {
     DecodeOptions options;
     options.max_pixels = max_pixels_;
     return DecodeImage(bytes, options);
+  }
+
+  // Runs `attempt` on `id`, then on the samples after it while they are bad images and the
+  // policy skips them; returns the sample that succeeded. A bad image is counted once per
+  // requested sample and logged once per file; an error that is not about the image (I/O)
+  // ends the attempt at once.
+  template <typename F>
+  absl::StatusOr<uint64_t> WithReplacement(uint64_t id, F attempt) const {
+    const uint64_t n = index_.paths.size();
+    for (int replacement = 0; replacement <= kMaxReplacements; ++replacement) {
+      const uint64_t sample = (id + static_cast<uint64_t>(replacement)) % n;
+      absl::Status status = attempt(sample);
+      if (status.ok()) return sample;
+      const BadImage reason = BadImageOf(status);
+      if (reason == BadImage::kNone) return status;
+      // Counted once per requested sample (replacement 0); replacements that hit a bad file
+      // are logged but not counted again, so each bad file counts once per epoch.
+      Count(sample, reason, status, replacement == 0);
+      if (policy_ == BadSamplePolicy::kFail) {
+        return absl::DataLossError(absl::StrCat("image ", index_.paths[sample], " (",
+                                                BadImageName(reason), "): ", status.message()));
+      }
+    }
+    return absl::DataLossError(absl::StrCat(kMaxReplacements + 1, " images in a row from ",
+                                            index_.paths[id], " cannot be decoded"));
   }
 
   void Count(uint64_t sample, BadImage reason, const absl::Status& status, bool count) const {
@@ -112,33 +175,61 @@ class ImageFolderDataset final : public Dataset {
     }
   }
 
-  // Geometry (torchvision order: crop, resize, then flip), then the output stage.
-  void Augment(const Image& image, SampleRandom random, std::byte* out) const {
-    const int oh = plan_.out_height, ow = plan_.out_width;
-    std::vector<float> pixels(static_cast<size_t>(oh) * ow * 3);
+  // A sample's geometry on an image of height x width, drawing from `random` in torchvision's
+  // order: the crop box (random resized crop), then the flip.
+  StagedGeometry PlanGeometry(int height, int width, SampleRandom& random) const {
+    StagedGeometry g;
+    g.src_height = height;
+    g.src_width = width;
     if (plan_.random_resized_crop) {
-      const CropBox box = RandomResizedCropBox(image.height, image.width,
-                                               plan_.random_resized_crop->options, random);
-      const bool flip = plan_.flip_p > 0 && random.Uniform(0, 1) < plan_.flip_p;
-      ResizedCrop(image, box, oh, ow, flip, pixels.data());
+      const CropBox box =
+          RandomResizedCropBox(height, width, plan_.random_resized_crop->options, random);
+      g.crop_top = box.top;
+      g.crop_left = box.left;
+      g.crop_height = box.height;
+      g.crop_width = box.width;
+      g.resize_height = plan_.out_height;
+      g.resize_width = plan_.out_width;
     } else {
       // An optional resize of the whole image, then the centre crop (zero padding where the
-      // crop is larger, as torchvision's CenterCrop pads), then the flip.
-      int sh = image.height, sw = image.width;
+      // crop is larger, as torchvision's CenterCrop pads).
+      g.crop_height = height;
+      g.crop_width = width;
+      g.resize_height = height;
+      g.resize_width = width;
+      if (plan_.resize) {
+        ResizeShorterSide(height, width, plan_.resize->shorter_side, &g.resize_height,
+                          &g.resize_width);
+      }
+      const CropBox box =
+          CenterCropBox(g.resize_height, g.resize_width, plan_.out_height, plan_.out_width);
+      g.window_top = box.top;
+      g.window_left = box.left;
+    }
+    g.flip = plan_.flip_p > 0 && random.Uniform(0, 1) < plan_.flip_p;
+    return g;
+  }
+
+  // The CPU path: geometry, then the output stage, into one finished image row.
+  void Augment(const Image& image, const StagedGeometry& g, std::byte* out) const {
+    const int oh = plan_.out_height, ow = plan_.out_width;
+    std::vector<float> pixels(static_cast<size_t>(oh) * ow * 3);
+    const CropBox crop{g.crop_top, g.crop_left, g.crop_height, g.crop_width};
+    if (plan_.random_resized_crop) {
+      ResizedCrop(image, crop, oh, ow, g.flip != 0, pixels.data());
+    } else {
+      const int sh = g.resize_height, sw = g.resize_width;
       std::vector<float> resized;
       if (plan_.resize) {
-        ResizeShorterSide(image.height, image.width, plan_.resize->shorter_side, &sh, &sw);
         resized.resize(static_cast<size_t>(sh) * sw * 3);
-        ResizedCrop(image, {0, 0, image.height, image.width}, sh, sw, false, resized.data());
+        ResizedCrop(image, crop, sh, sw, false, resized.data());
       }
-      const CropBox box = CenterCropBox(sh, sw, oh, ow);
-      const bool flip = plan_.flip_p > 0 && random.Uniform(0, 1) < plan_.flip_p;
-      // Reads the crop straight from the resized floats or the decoded bytes.
-      auto crop = [&](const auto* source) {
+      // Reads the window straight from the resized floats or the decoded bytes.
+      auto window = [&](const auto* source) {
         for (int y = 0; y < oh; ++y) {
           for (int x = 0; x < ow; ++x) {
-            const int sy = box.top + y, sx = box.left + x;
-            float* d = &pixels[(static_cast<size_t>(y) * ow + (flip ? ow - 1 - x : x)) * 3];
+            const int sy = g.window_top + y, sx = g.window_left + x;
+            float* d = &pixels[(static_cast<size_t>(y) * ow + (g.flip ? ow - 1 - x : x)) * 3];
             const bool inside = sy >= 0 && sy < sh && sx >= 0 && sx < sw;
             const auto* s = source + (static_cast<size_t>(inside ? sy : 0) * sw + (inside ? sx : 0)) * 3;
             for (int c = 0; c < 3; ++c) d[c] = inside ? static_cast<float>(s[c]) : 0.0f;
@@ -146,12 +237,47 @@ class ImageFolderDataset final : public Dataset {
         }
       };
       if (plan_.resize) {
-        crop(resized.data());
+        window(resized.data());
       } else {
-        crop(image.rgb.data());
+        window(image.rgb.data());
       }
     }
     WriteImage(pixels.data(), oh, ow, plan_.output, out);
+  }
+
+  // A decoded image into the arena: the pixels the kernel reads (the crop box of a random
+  // resized crop, else the whole image) as kRaw, or the finished row (kFinal) when the arena
+  // or the device scratch has no room for them.
+  void StageDecoded(const Image& image, StagedGeometry g, const StageTarget& target,
+                    StagedRecord* record) const {
+    std::byte* arena = target.slot + target.layout->arena_offset;
+    const uint64_t bytes = static_cast<uint64_t>(g.crop_height) * g.crop_width * 3;
+    StageArena::Claim claim;
+    if (!target.arena->TryClaim(bytes, bytes, &claim)) {
+      claim = target.arena->ClaimFinal();
+      Augment(image, g, arena + claim.host_offset);
+      record->kind = StagedKind::kFinal;
+      record->geometry = g;
+      record->host_offset = claim.host_offset;
+      record->host_bytes = target.layout->final_row_bytes;
+      return;
+    }
+    const size_t line = static_cast<size_t>(g.crop_width) * 3;
+    for (int y = 0; y < g.crop_height; ++y) {
+      std::memcpy(arena + claim.host_offset + y * line,
+                  image.rgb.data() + (static_cast<size_t>(g.crop_top + y) * image.width + g.crop_left) * 3,
+                  line);
+    }
+    g.src_height = g.crop_height;
+    g.src_width = g.crop_width;
+    g.crop_top = 0;
+    g.crop_left = 0;
+    record->kind = StagedKind::kRaw;
+    record->geometry = g;
+    record->host_offset = claim.host_offset;
+    record->host_bytes = bytes;
+    record->device_offset = claim.device_offset;
+    record->device_bytes = bytes;
   }
 
   const ImageFolderIndex index_;

@@ -91,6 +91,22 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad_sample: unknown policy ", static_cast<int>(r.bad_sample())));
   }
+  switch (r.decode()) {
+    case v1::IMAGE_DECODE_AUTO: spec.decode = DecodeChoice::kAuto; break;
+    case v1::IMAGE_DECODE_CPU: spec.decode = DecodeChoice::kCpu; break;
+    case v1::IMAGE_DECODE_NVJPEG: spec.decode = DecodeChoice::kNvjpeg; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("decode: unknown decoder ", static_cast<int>(r.decode())));
+  }
+  switch (r.augment()) {
+    case v1::IMAGE_AUGMENT_AUTO: spec.augment = AugmentChoice::kAuto; break;
+    case v1::IMAGE_AUGMENT_CPU: spec.augment = AugmentChoice::kCpu; break;
+    case v1::IMAGE_AUGMENT_GPU: spec.augment = AugmentChoice::kGpu; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("augment: unknown place ", static_cast<int>(r.augment())));
+  }
   spec.feed.dataset.path = d.path();
   if (spec.feed.dataset.kind == DatasetKind::kTokens) {
     spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
@@ -164,6 +180,10 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     d->set_alloc_bytes(a.device_ring.alloc_bytes);
     d->set_legacy_mem_handle(a.device_ring.legacy_mem_handle);
     for (const std::string& h : a.device_ring.ready_event_handles) d->add_ready_event_handles(h);
+  }
+  if (a.image) {
+    out->set_decode(a.stage == StageMode::kNvjpeg ? "nvjpeg" : "cpu");
+    out->set_augment(a.stage == StageMode::kNone ? "cpu" : "gpu");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
@@ -16,7 +17,8 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       feed_(std::move(feed)),
       scheduler_(scheduler),
       attached_at_(absl::Now()),
-      stride_(feed_->layout().stride_bytes),
+      stride_(params_.stage == StageMode::kNone ? feed_->layout().stride_bytes
+                                                : feed_->staged_layout()->stride_bytes),
       ring_slab_(ring.slab()),
       ring_offset_(ring.offset()),
       ring_bytes_(ring.size()),
@@ -232,11 +234,14 @@ void Session::FillOne() {
   }
   if (valid.ok()) {
     std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
-    valid = feed_->Fill(slot->batch.position, params_.rank, data,
-                        std::span<int64_t>(slot->batch.ids),
-                        [this](int n, const std::function<void(int)>& fn) {
-                          scheduler_->ParallelFor(n, fn);
-                        });
+    auto parallel = [this](int n, const std::function<void(int)>& fn) {
+      scheduler_->ParallelFor(n, fn);
+    };
+    valid = params_.stage == StageMode::kNone
+                ? feed_->Fill(slot->batch.position, params_.rank, data,
+                              std::span<int64_t>(slot->batch.ids), parallel)
+                : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, data,
+                                    std::span<int64_t>(slot->batch.ids), parallel);
   }
 
   bool failed_here = false;
@@ -284,8 +289,10 @@ void Session::CopyOne(Slot* slot) {
     absl::MutexLock lock(&mu_);
     closed = !closed_.ok();
   }
-  absl::Status s = closed ? absl::OkStatus()
-                          : device_->CopyIn(slot->batch.slot, src, bytes, slot->generation > 1);
+  absl::Status s = closed                               ? absl::OkStatus()
+                   : params_.stage != StageMode::kNone ? StageOne(slot, slot->generation > 1)
+                                                       : device_->CopyIn(slot->batch.slot, src, bytes,
+                                                                         slot->generation > 1);
   StagingRegion host;
   std::unique_ptr<DeviceRing> device;
   {
@@ -304,6 +311,33 @@ void Session::CopyOne(Slot* slot) {
                   params_.rank, s.ToString());
   }
   Notify();
+}
+
+absl::Status Session::StageOne(Slot* slot, bool reused) {
+  const SlotLayout& layout = feed_->layout();  // the finished tensors: image, then label
+  StagedOutput output;
+  output.image_offset = layout.tensors[0].byte_offset;
+  output.image_row_bytes = layout.tensors[0].row_bytes;
+  output.label_offset = layout.tensors[1].byte_offset;
+  // A row the GPU could not decode: the CPU path, which applies the bad-image policy.
+  auto redo = [this, slot, &output](int row, std::byte* image, int64_t* label) -> absl::Status {
+    const size_t k = static_cast<size_t>(row);
+    const std::span<std::byte> rows[] = {
+        {image, output.image_row_bytes}, {reinterpret_cast<std::byte*>(label), sizeof(*label)}};
+    absl::StatusOr<uint64_t> used = feed_->dataset().ReadSampleAt(
+        static_cast<uint64_t>(slot->batch.ids[k]), {feed_->spec().seed, slot->batch.position.epoch},
+        rows);
+    if (!used.ok()) {
+      return Annotate(used.status(), absl::StrCat("sample ", slot->batch.ids[k], " of epoch ",
+                                                  slot->batch.position.epoch, " step ",
+                                                  slot->batch.position.step));
+    }
+    slot->batch.ids[k] = static_cast<int64_t>(*used);
+    return absl::OkStatus();
+  };
+  std::byte* host = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
+  return device_->StageIn(slot->batch.slot, host, *feed_->staged_layout(),
+                          static_cast<int>(slot->batch.ids.size()), output, reused, redo);
 }
 
 void Session::Close(absl::Status reason) {

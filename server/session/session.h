@@ -87,6 +87,9 @@ struct SessionParams {
   int32_t ring_slots = 0;
   Position start;
   int64_t stop_epoch = 0;  // exclusive; 0 = never
+  // Device delivery of image datasets: kNone finishes samples on the CPU; kCpuDecode and
+  // kNvjpeg stage them for the GPU's kernel (augment/staged.h).
+  StageMode stage = StageMode::kNone;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -160,6 +163,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void Notify();
   // Copies a filled host slot into the device ring (on the GPU's copy thread).
   void CopyOne(Slot* slot);
+  // The staged form of CopyOne: the GPU finishes the samples.
+  absl::Status StageOne(Slot* slot, bool reused);
   // Once closed and nothing is in flight: hands the rings over for freeing outside the lock.
   void TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -158,7 +158,9 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
         "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
         steps, ")"));
   }
-  const uint64_t stride = feed->layout().stride_bytes;
+  GPUFEED_ASSIGN_OR_RETURN(const StageMode stage, ResolveStage(spec, *feed));
+  const uint64_t stride = stage == StageMode::kNone ? feed->layout().stride_bytes
+                                                    : feed->staged_layout()->stride_bytes;
   const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
   // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap.
   absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
@@ -170,7 +172,10 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   std::unique_ptr<DeviceRing> device;
   if (spec.delivery == DeliveryKind::kDevice) {
     absl::StatusOr<std::unique_ptr<DeviceRing>> allocated =
-        devices_->AllocateRing(spec.gpu_uuid, slots, stride, spec.ipc);
+        devices_->AllocateRing(spec.gpu_uuid, slots, feed->layout().stride_bytes, spec.ipc,
+                               stage == StageMode::kNone
+                                   ? 0
+                                   : feed->staged_layout()->device_scratch_bytes);
     if (!allocated.ok()) return Annotate(allocated.status(), "device ring");
     device = std::move(*allocated);
   }
@@ -184,6 +189,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.ring_slots = slots;
   params.start = spec.start;
   params.stop_epoch = spec.stop_epoch;
+  params.stage = stage;
   const std::string canonical = feed->spec().Canonical();
   std::shared_ptr<Session> session;
   {
@@ -229,7 +235,49 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   out.start = spec.start;
   out.device = spec.delivery == DeliveryKind::kDevice;
   if (out.device) out.device_ring = session->device_export();
+  out.stage = stage;
+  out.image = feed->staged_layout().has_value();
   return out;
+}
+
+absl::StatusOr<StageMode> SessionManager::ResolveStage(const AttachSpec& spec,
+                                                       const Feed& feed) const {
+  const bool asked = spec.decode != DecodeChoice::kAuto || spec.augment != AugmentChoice::kAuto;
+  if (!feed.staged_layout()) {
+    if (asked) {
+      return absl::InvalidArgumentError(
+          "decode, augment: only image datasets are decoded and augmented");
+    }
+    return StageMode::kNone;
+  }
+  if (spec.delivery != DeliveryKind::kDevice) {
+    if (spec.augment == AugmentChoice::kGpu || spec.decode == DecodeChoice::kNvjpeg) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          spec.augment == AugmentChoice::kGpu ? "augment: gpu" : "decode: nvjpeg",
+          " works on the consumer's GPU and needs device delivery"));
+    }
+    return StageMode::kNone;
+  }
+  if (spec.augment == AugmentChoice::kCpu) {
+    if (spec.decode == DecodeChoice::kNvjpeg) {
+      return absl::InvalidArgumentError(
+          "decode: nvjpeg decodes on the GPU, where the augment ops then run: use augment gpu "
+          "or auto");
+    }
+    return StageMode::kNone;
+  }
+  if (!devices_->can_stage()) {
+    if (spec.augment == AugmentChoice::kGpu || spec.decode == DecodeChoice::kNvjpeg) {
+      return absl::FailedPreconditionError(
+          "augment: this gpufeedd was built without the GPU augment kernel");
+    }
+    return StageMode::kNone;
+  }
+  if (spec.decode == DecodeChoice::kCpu) return StageMode::kCpuDecode;
+  absl::Status nvjpeg = devices_->NvjpegStatus(spec.gpu_uuid);
+  if (nvjpeg.ok()) return StageMode::kNvjpeg;
+  if (spec.decode == DecodeChoice::kNvjpeg) return nvjpeg;
+  return StageMode::kCpuDecode;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,

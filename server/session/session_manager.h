@@ -34,6 +34,8 @@ struct AttachSpec {
   IpcKind ipc = IpcKind::kUnspecified;
   Position start;
   int64_t stop_epoch = 0;
+  DecodeChoice decode = DecodeChoice::kAuto;
+  AugmentChoice augment = AugmentChoice::kAuto;
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.
@@ -53,6 +55,8 @@ struct Attachment {
   Position start;
   bool device = false;
   DeviceRingExport device_ring;  // when device
+  StageMode stage = StageMode::kNone;
+  bool image = false;  // an image dataset: stage says where decode and augment run
 };
 
 struct FeedSnapshot {
@@ -88,6 +92,10 @@ class SessionManager final : public FillScheduler {
   ~SessionManager() override;
 
   absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
+  // Where a session's images are decoded and augmented, from Attach's choices, the delivery
+  // and what the device backend can do; INVALID_ARGUMENT / FAILED_PRECONDITION naming the
+  // field when the choice cannot be served.
+  absl::StatusOr<StageMode> ResolveStage(const AttachSpec& spec, const Feed& feed) const;
   // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
   // token does not match.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;

@@ -96,7 +96,8 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   std::vector<std::string> gpu_uuids() const override { return {"GPU-fake"}; }
   absl::StatusOr<std::unique_ptr<server::DeviceRing>> AllocateRing(const std::string& uuid,
                                                                    int slots, uint64_t stride,
-                                                                   server::IpcKind) override {
+                                                                   server::IpcKind,
+                                                                   uint64_t scratch_bytes) override {
     if (uuid != "GPU-fake") return absl::NotFoundError(absl::StrCat("delivery.gpu_uuid: ", uuid));
     absl::MutexLock lock(&mu_);
     const uint64_t bytes = static_cast<uint64_t>(slots) * stride;

@@ -1,0 +1,49 @@
+// nvJPEG, loaded at run time (DESIGN.md §3: the daemon runs where it is absent). The few
+// entry points the daemon uses are declared here rather than taken from nvjpeg.h: the header
+// is not part of the CUDA toolkit on our build machines (it ships in the nvidia-nvjpeg wheel),
+// and these declarations are the library's stable C ABI (same since CUDA 10).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace gpufeed::server::nvjpeg {
+
+using Handle = struct nvjpegHandle*;
+using State = struct nvjpegJpegState*;
+struct Image {  // nvjpegImage_t
+  unsigned char* channel[4];
+  size_t pitch[4];
+};
+enum Backend : int { kDefault = 0, kHybrid = 1, kGpuHybrid = 2, kHardware = 3 };
+enum OutputFormat : int { kRgbInterleaved = 5 };  // NVJPEG_OUTPUT_RGBI
+
+struct Api {
+  std::string library;  // the file that was loaded
+  int (*CreateEx)(int backend, void* dev_allocator, void* pinned_allocator, unsigned flags,
+                  Handle* handle);
+  int (*Destroy)(Handle handle);
+  int (*JpegStateCreate)(Handle handle, State* state);
+  int (*JpegStateDestroy)(State state);
+  int (*DecodeBatchedInitialize)(Handle handle, State state, int batch_size, int max_cpu_threads,
+                                 int output_format);
+  int (*DecodeBatched)(Handle handle, State state, const unsigned char* const* data,
+                       const size_t* lengths, Image* destinations, cudaStream_t stream);
+  int (*Decode)(Handle handle, State state, const unsigned char* data, size_t length,
+                int output_format, Image* destination, cudaStream_t stream);
+  int (*GetHardwareDecoderInfo)(Handle handle, unsigned* engines, unsigned* cores_per_engine);
+};
+
+// The loaded library: $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13 / .so.12 on the loader
+// path or under /usr/local/cuda/lib64. FAILED_PRECONDITION naming what was tried when absent.
+absl::StatusOr<const Api*> Load();
+
+// "NVJPEG_STATUS_BAD_JPEG (3)" and the like.
+std::string StatusName(int status);
+
+}  // namespace gpufeed::server::nvjpeg

@@ -81,6 +81,10 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.pipeline_json = value;
   } else if (k == "bad_sample") {
     o.bad_sample = value;
+  } else if (k == "decode") {
+    o.decode = value;
+  } else if (k == "augment") {
+    o.augment = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }

@@ -123,6 +123,28 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       return absl::InvalidArgumentError(
           absl::StrCat("bad_sample: want skip or fail, got '", o.bad_sample, "'"));
     }
+    static const std::pair<const char*, v1::ImageDecode> kDecode[] = {
+        {"auto", v1::IMAGE_DECODE_AUTO}, {"cpu", v1::IMAGE_DECODE_CPU},
+        {"nvjpeg", v1::IMAGE_DECODE_NVJPEG}};
+    static const std::pair<const char*, v1::ImageAugment> kAugment[] = {
+        {"auto", v1::IMAGE_AUGMENT_AUTO}, {"cpu", v1::IMAGE_AUGMENT_CPU},
+        {"gpu", v1::IMAGE_AUGMENT_GPU}};
+    bool known = false;
+    for (const auto& [name, value] : kDecode) {
+      if (o.decode == name) request.set_decode(value), known = true;
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decode: want auto, cpu or nvjpeg, got '", o.decode, "'"));
+    }
+    known = false;
+    for (const auto& [name, value] : kAugment) {
+      if (o.augment == name) request.set_augment(value), known = true;
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("augment: want auto, cpu or gpu, got '", o.augment, "'"));
+    }
     d->set_path(o.dataset);
     request.set_batch_size(o.batch_size);
     request.set_seed(o.seed);
@@ -192,6 +214,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       info.layout.push_back(std::move(tensor));
     }
     layout_ = info.layout;
+    info.decode = response.decode();
+    info.augment = response.augment();
     if (device_) {
       if (!response.has_device()) return absl::InternalError("attach: no device ring in reply");
       device_reply_ = response.device();

@@ -71,6 +71,11 @@ consume flags:
   --ipc KIND            device delivery: auto (default), vmm or legacy
   --pipeline FILE       image datasets: the pipeline as JSON (deploy/pipelines/*.json)
   --bad-sample POLICY   image datasets: skip (default: replace, count, log) or fail
+  --decode WHO          image datasets, device delivery: auto (default: nvJPEG where the
+                        daemon has it), cpu or nvjpeg
+  --augment WHERE       image datasets, device delivery: auto (default: the GPU), cpu or gpu
+  --dump PREFIX         write the first batch's tensors as PREFIX.<tensor>.npy (and its ids
+                        as PREFIX.ids.npy)
 
 The socket defaults to $GPUFEED_SOCKET, then /run/gpufeed/gpufeed.sock.
 )";
@@ -87,7 +92,8 @@ const std::vector<std::string> kValueFlags = {
     "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
     "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
-    "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample"};
+    "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample",
+    "--decode",     "--augment",     "--dump"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -312,6 +318,71 @@ uint64_t SampleChecksum(const std::byte* row, uint64_t elements, uint32_t width)
   return sum;
 }
 
+// The bytes of tensor `t` in host memory (copied back from the GPU for device delivery).
+absl::StatusOr<std::vector<std::byte>> HostBytes(const gpufeed::client::Tensor& t, void* stream) {
+  std::vector<std::byte> out(t.byte_size);
+  if (t.device < 0) {
+    std::memcpy(out.data(), t.data, t.byte_size);
+    return out;
+  }
+#ifdef GPUFEED_WITH_CUDA
+  auto* cs = static_cast<cudaStream_t>(stream);
+  if (cudaMemcpyAsync(out.data(), t.data, t.byte_size, cudaMemcpyDeviceToHost, cs) != cudaSuccess ||
+      cudaStreamSynchronize(cs) != cudaSuccess) {
+    return absl::InternalError("copying a batch back from the GPU failed");
+  }
+#endif
+  return out;
+}
+
+// Writes a version 1.0 .npy file: magic, header length, a dict header padded to 64 bytes.
+absl::Status WriteNpy(const std::string& path, const std::string& descr,
+                      const std::vector<int64_t>& shape, const void* data, uint64_t bytes) {
+  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (",
+                                    absl::StrJoin(shape, ", "), shape.size() == 1 ? ",), }" : "), }");
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("--dump: cannot write ", path));
+  const uint16_t length = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out << header;
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!out) return absl::DataLossError(absl::StrCat("--dump: short write to ", path));
+  return absl::OkStatus();
+}
+
+absl::Status DumpBatch(const gpufeed::client::Batch& batch, const std::string& prefix, void* stream) {
+  for (const auto& t : batch.tensors()) {
+    const char* descr = nullptr;
+    switch (t.dtype) {
+      case gpufeed::DType::kUInt8: descr = "|u1"; break;
+      case gpufeed::DType::kInt8: descr = "|i1"; break;
+      case gpufeed::DType::kUInt16: descr = "<u2"; break;
+      case gpufeed::DType::kInt16: descr = "<i2"; break;
+      case gpufeed::DType::kUInt32: descr = "<u4"; break;
+      case gpufeed::DType::kInt32: descr = "<i4"; break;
+      case gpufeed::DType::kInt64: descr = "<i8"; break;
+      case gpufeed::DType::kUInt64: descr = "<u8"; break;
+      case gpufeed::DType::kFloat16: descr = "<f2"; break;
+      case gpufeed::DType::kBFloat16: descr = "<u2"; break;  // numpy has no bfloat16: raw bits
+      case gpufeed::DType::kFloat32: descr = "<f4"; break;
+      case gpufeed::DType::kFloat64: descr = "<f8"; break;
+      case gpufeed::DType::kBool: descr = "|b1"; break;
+      default: descr = "|u1"; break;
+    }
+    absl::StatusOr<std::vector<std::byte>> bytes = HostBytes(t, stream);
+    if (!bytes.ok()) return bytes.status();
+    absl::Status s = WriteNpy(absl::StrCat(prefix, ".", t.name, ".npy"), descr, t.shape,
+                              bytes->data(), bytes->size());
+    if (!s.ok()) return s;
+  }
+  const std::vector<int64_t>& ids = batch.ids();
+  return WriteNpy(absl::StrCat(prefix, ".ids.npy"), "<i8", {static_cast<int64_t>(ids.size())},
+                  ids.data(), ids.size() * sizeof(int64_t));
+}
+
 int Consume(const Args& args) {
   AttachOptions o;
   o.socket = args.socket;
@@ -320,6 +391,9 @@ int Consume(const Args& args) {
   o.dataset = StringFlag(args, "--dataset", "");
   o.token_dtype = StringFlag(args, "--token-dtype", "uint16");
   o.bad_sample = StringFlag(args, "--bad-sample", "skip");
+  o.decode = StringFlag(args, "--decode", "auto");
+  o.augment = StringFlag(args, "--augment", "auto");
+  const std::string dump = StringFlag(args, "--dump", "");
   o.shuffle = !args.values.contains("--no-shuffle");
   o.drop_last = !args.values.contains("--no-drop-last");
   int64_t rank = 0, world = 1, seed = 0, epochs = 1, max_batches = -1, ring = 0, step_ms = 0,
@@ -367,7 +441,6 @@ int Consume(const Args& args) {
   // Device delivery: batches are waited for and released on one stream of ours, the way a
   // training step would; --checksum copies each batch back into this host buffer.
   void* stream = nullptr;
-  std::vector<std::byte> host_copy;
 
   const absl::Time start = absl::Now();
   auto session = Session::Attach(o);
@@ -382,6 +455,10 @@ int Consume(const Args& args) {
     stream = s;
   }
 #endif
+  if (!(*session)->info().decode.empty()) {
+    std::fprintf(stderr, "images: decode on %s, augment on %s\n",
+                 (*session)->info().decode.c_str(), (*session)->info().augment.c_str());
+  }
   int64_t batches = 0, samples = 0;
   uint64_t bytes = 0, sum = 0;
   absl::Duration first_batch = absl::ZeroDuration();
@@ -405,21 +482,14 @@ int Consume(const Args& args) {
     if (on_device) {
       if (absl::Status s = batch->WaitReady(stream); !s.ok()) return Fail(s);
     }
+    if (!dump.empty() && batches == 1) {
+      if (absl::Status s = DumpBatch(*batch, dump, stream); !s.ok()) return Fail(s);
+    }
     if (checksum) {
       const auto& t = batch->tensors()[0];
-      const void* data = t.data;
-#ifdef GPUFEED_WITH_CUDA
-      if (on_device) {
-        host_copy.resize(t.byte_size);
-        auto* cs = static_cast<cudaStream_t>(stream);
-        if (cudaMemcpyAsync(host_copy.data(), t.data, t.byte_size, cudaMemcpyDeviceToHost, cs) !=
-                cudaSuccess ||
-            cudaStreamSynchronize(cs) != cudaSuccess) {
-          return Fail(absl::InternalError("--checksum: copying a batch back from the GPU failed"));
-        }
-        data = host_copy.data();
-      }
-#endif
+      absl::StatusOr<std::vector<std::byte>> host = HostBytes(t, stream);
+      if (!host.ok()) return Fail(host.status());
+      const void* data = host->data();
       const uint32_t width = gpufeed::DTypeSize(t.dtype);
       uint64_t elements = 1;
       for (size_t d = 1; d < t.shape.size(); ++d) elements *= static_cast<uint64_t>(t.shape[d]);

@@ -292,23 +292,7 @@ class CudaRing final : public DeviceRing {
     }
     if (n > 0) {
       GPUFEED_RETURN_IF_ERROR(copy(scratch, tasks, static_cast<uint64_t>(n) * sizeof(AugmentTask)));
-      AugmentOutput out;
-      out.height = layout.out_height;
-      out.width = layout.out_width;
-      switch (layout.output.dtype) {
-        case DType::kFloat16: out.dtype = AugmentDType::kFloat16; break;
-        case DType::kBFloat16: out.dtype = AugmentDType::kBFloat16; break;
-        case DType::kFloat32: out.dtype = AugmentDType::kFloat32; break;
-        default: out.dtype = AugmentDType::kUInt8; break;
-      }
-      out.nchw = layout.output.layout == Layout::kNCHW;
-      out.normalize = layout.output.normalize;
-      for (int c = 0; c < 3; ++c) {
-        out.mean[c] = layout.output.mean[c];
-        out.std[c] = layout.output.std[c];
-      }
-      out.image_offset = output.image_offset;
-      out.row_bytes = output.image_row_bytes;
+      const AugmentOutput out = ToAugmentOutput(layout, output);
       GPUFEED_RETURN_IF_ERROR(cuda::Check(
           LaunchAugment(reinterpret_cast<const AugmentTask*>(scratch), n, out,
                         reinterpret_cast<const uint8_t*>(scratch), reinterpret_cast<uint8_t*>(dst),

@@ -15,6 +15,7 @@
 #include "common/os/fd.h"
 #include "server/augment/output.h"
 #include "server/augment/staged.h"
+#include "server/device/augment_pixel.h"
 
 namespace gpufeed::server {
 
@@ -35,6 +36,28 @@ struct StagedOutput {
   uint64_t image_row_bytes = 0;  // one image
   uint64_t label_offset = 0;     // the label tensor (int64 per row)
 };
+
+// The kernel's view of a staged batch's output.
+inline AugmentOutput ToAugmentOutput(const StagedLayout& layout, const StagedOutput& output) {
+  AugmentOutput out;
+  out.height = layout.out_height;
+  out.width = layout.out_width;
+  switch (layout.output.dtype) {
+    case DType::kFloat16: out.dtype = AugmentDType::kFloat16; break;
+    case DType::kBFloat16: out.dtype = AugmentDType::kBFloat16; break;
+    case DType::kFloat32: out.dtype = AugmentDType::kFloat32; break;
+    default: out.dtype = AugmentDType::kUInt8; break;
+  }
+  out.nchw = layout.output.layout == Layout::kNCHW;
+  out.normalize = layout.output.normalize;
+  for (int c = 0; c < 3; ++c) {
+    out.mean[c] = layout.output.mean[c];
+    out.std[c] = layout.output.std[c];
+  }
+  out.image_offset = output.image_offset;
+  out.row_bytes = output.image_row_bytes;
+  return out;
+}
 
 // Rewrites the finished image row `row` into `image` (image_row_bytes) and its `label` when
 // the GPU could not decode its file: the CPU path, with the feed's bad-image policy (a

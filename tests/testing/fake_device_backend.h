@@ -2,7 +2,9 @@
 // memory" is host memory, the copy thread is a real thread, and every call is recorded.
 #pragma once
 
+#include <atomic>
 #include <cstring>
+#include <span>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bounded_queue.h"
+#include "server/decode/image_decoder.h"
 #include "server/device/device_backend.h"
 
 namespace gpufeed::testing {
@@ -38,8 +41,12 @@ struct FakeDeviceLog {
 
 class FakeDeviceRing final : public server::DeviceRing {
  public:
-  FakeDeviceRing(std::shared_ptr<FakeDeviceLog> log, int slots, uint64_t stride)
-      : log_(std::move(log)), memory_(static_cast<size_t>(slots) * stride), stride_(stride) {
+  FakeDeviceRing(std::shared_ptr<FakeDeviceLog> log, int slots, uint64_t stride,
+                 uint64_t scratch_bytes = 0)
+      : log_(std::move(log)),
+        memory_(static_cast<size_t>(slots) * stride),
+        stride_(stride),
+        scratch_(scratch_bytes) {
     exported_.ipc = server::IpcKind::kLegacy;
     exported_.gpu_uuid = "GPU-fake";
     exported_.alloc_bytes = memory_.size();
@@ -65,6 +72,79 @@ class FakeDeviceRing final : public server::DeviceRing {
     log_->Add(absl::StrCat("copy ", slot, reused ? " reused" : " first"));
     return absl::OkStatus();
   }
+  // The CPU emulation of the CUDA ring's StageIn: the kernel's own per-pixel arithmetic
+  // (augment_pixel.h), JPEG records decoded by libjpeg-turbo in nvJPEG's place. With
+  // `refuse_jpeg` set, "nvJPEG" refuses every batch that has JPEG records, as it does a batch
+  // with a corrupt file, so the rows go through `redo`.
+  absl::Status StageIn(int slot, std::byte* host, const server::StagedLayout& layout, int count,
+                       const server::StagedOutput& output, bool reused,
+                       const server::RedoRow& redo) override {
+    log_->Add(absl::StrCat("stage ", slot, reused ? " reused" : " first"));
+    std::byte* dst = memory_.data() + static_cast<uint64_t>(slot) * stride_;
+    std::memcpy(dst + output.label_offset, host + layout.labels_offset,
+                static_cast<size_t>(count) * sizeof(int64_t));
+    const auto* records = reinterpret_cast<const server::StagedRecord*>(host + layout.records_offset);
+    const std::byte* arena = host + layout.arena_offset;
+    std::vector<server::AugmentTask> tasks;
+    std::vector<int> jpeg_rows;
+    bool jpeg_ok = !refuse_jpeg;
+    for (int i = 0; i < count; ++i) {
+      const server::StagedRecord& r = records[i];
+      if (r.kind == server::StagedKind::kFinal) {
+        std::memcpy(dst + output.image_offset + i * output.image_row_bytes, arena + r.host_offset,
+                    output.image_row_bytes);
+        ++finals;
+        continue;
+      }
+      if (r.device_offset + r.device_bytes > scratch_.size()) {
+        return absl::InternalError(absl::StrCat("row ", i, " lies outside the scratch"));
+      }
+      if (r.kind == server::StagedKind::kRaw) {
+        std::memcpy(scratch_.data() + r.device_offset, arena + r.host_offset, r.host_bytes);
+        ++raws;
+      } else {
+        jpeg_rows.push_back(i);
+        ++jpegs;
+        const auto* bytes = reinterpret_cast<const uint8_t*>(arena + r.host_offset);
+        absl::StatusOr<server::Image> image =
+            server::DecodeImage(std::span<const uint8_t>(bytes, r.host_bytes));
+        if (!image.ok() || image->rgb.size() != r.device_bytes) {
+          jpeg_ok = false;
+        } else {
+          std::memcpy(scratch_.data() + r.device_offset, image->rgb.data(), image->rgb.size());
+        }
+      }
+      server::AugmentTask t;
+      t.src_offset = r.device_offset;
+      t.src_pitch = r.geometry.src_width * 3;
+      t.row = i;
+      t.geometry = r.geometry;
+      tasks.push_back(t);
+    }
+    const server::AugmentOutput out = server::ToAugmentOutput(layout, output);
+    for (const server::AugmentTask& t : tasks) {
+      for (int y = 0; y < out.height; ++y) {
+        for (int x = 0; x < out.width; ++x) {
+          server::AugmentPixel(t, out, reinterpret_cast<const uint8_t*>(scratch_.data()),
+                               reinterpret_cast<uint8_t*>(dst), y, x);
+        }
+      }
+    }
+    if (!jpeg_ok) {
+      for (int row : jpeg_rows) {
+        int64_t label = 0;
+        absl::Status s = redo(row, dst + output.image_offset + row * output.image_row_bytes, &label);
+        if (!s.ok()) return s;
+        std::memcpy(dst + output.label_offset + row * sizeof(int64_t), &label, sizeof(label));
+        ++redone;
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Rows staged so far, by kind, and rows redone on the CPU.
+  std::atomic<int> finals{0}, raws{0}, jpegs{0}, redone{0};
+  bool refuse_jpeg = false;  // set before the session starts
+
   absl::Status WaitCopied(int slot) override {
     log_->Add(absl::StrCat("wait-copied ", slot));
     return absl::OkStatus();
@@ -76,6 +156,7 @@ class FakeDeviceRing final : public server::DeviceRing {
   server::DeviceRingExport exported_;
   std::vector<std::byte> memory_;
   uint64_t stride_;
+  std::vector<std::byte> scratch_;
 };
 
 class FakeDeviceBackend final : public server::DeviceBackend {
@@ -105,10 +186,20 @@ class FakeDeviceBackend final : public server::DeviceBackend {
       return absl::ResourceExhaustedError(absl::StrCat("--device_bytes: ", bytes, " asked"));
     }
     used_ += bytes;
-    auto ring = std::make_unique<FakeDeviceRing>(log, slots, stride);
+    auto ring = std::make_unique<FakeDeviceRing>(log, slots, stride, scratch_bytes);
+    ring->refuse_jpeg = refuse_jpeg;
     last = ring.get();
     return std::unique_ptr<server::DeviceRing>(std::move(ring));
   }
+  absl::Status NvjpegStatus(const std::string&) override {
+    if (nvjpeg) return absl::OkStatus();
+    return absl::FailedPreconditionError("decode: nvJPEG is not available to gpufeedd (fake)");
+  }
+  bool can_stage() const override { return stage; }
+  bool stage = true;          // StageIn works
+  bool nvjpeg = true;         // NvjpegStatus is OK
+  bool refuse_jpeg = false;   // given to new rings
+
   void Post(const std::string&, std::function<void()> work) override {
     if (!work_.Push(work).ok()) work();
   }

@@ -100,7 +100,8 @@ const char* gpufeed_last_error(void);
 
 /* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery ("host" or
  * "device"), gpu ("" = current device, "cuda:N" or a "GPU-..." UUID), ipc ("auto", "vmm",
- * "legacy"), pipeline_json and bad_sample ("skip", "fail") for image datasets (strings);
+ * "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto", "cpu", "nvjpeg") and
+ * augment ("auto", "cpu", "gpu") for image datasets (strings);
  * rank, world_size, seq_len, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
  * start_step, stop_epoch, rpc_timeout_ms (integers). An unknown key is INVALID_ARGUMENT. */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);

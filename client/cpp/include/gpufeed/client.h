@@ -59,6 +59,11 @@ struct AttachOptions {
   // ...]} (deploy/pipelines/ has ImageNet's). Empty: none.
   std::string pipeline_json;
   std::string bad_sample = "skip";  // image datasets: skip (replace) or fail
+  // Image datasets, device delivery: who decodes ("auto": nvJPEG where the daemon has it,
+  // "cpu", "nvjpeg") and where the crop/resize/flip/normalize ops run ("auto": the GPU,
+  // "cpu", "gpu"). Host delivery decodes and augments on the CPU.
+  std::string decode = "auto";
+  std::string augment = "auto";
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 
@@ -131,6 +136,8 @@ struct SessionInfo {
   std::string gpu_uuid;        // device delivery
   int gpu_ordinal = -1;        // device delivery: the CUDA device in this process
   std::string ipc;             // device delivery: "vmm" or "legacy"
+  std::string decode;          // image datasets: "cpu" or "nvjpeg", as the daemon resolved it
+  std::string augment;         // image datasets: "cpu" or "gpu"
 };
 
 class Session {

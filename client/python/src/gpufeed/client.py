@@ -1,0 +1,580 @@
+"""The framework-free client: :class:`Client`, :class:`Session`, :class:`Batch`, :class:`Tensor`.
+
+Needs only numpy. Batches arrive in place, in the session's ring of shared slots (host
+delivery) or in the GPU (device delivery); nothing is copied::
+
+    client = gpufeed.Client()                       # $GPUFEED_SOCKET or /run/gpufeed/gpufeed.sock
+    with client.attach("/data/train.bin", kind="tokens", token_dtype="uint16", seq_len=1024,
+                       batch_size=16, rank=rank, world_size=world, job="gpt") as session:
+        for batch in session:                       # ends at stop_epoch (never, by default)
+            tokens = batch.numpy()["tokens"]        # read-only [16, 1025] uint16, zero copy
+            ...
+            del batch, tokens                       # the slot goes back to the daemon
+
+Lifetime: a batch holds one slot of the ring. The slot returns to the daemon when the
+:class:`Batch`, its :class:`Tensor` objects and every array made from them are all garbage,
+or at once on :meth:`Batch.release` (after which those arrays must not be read: the daemon
+refills the slot). The daemon never writes a slot the consumer still holds, so a session
+holding every slot of its ring gets no further batch until it lets one go.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import operator
+import os
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from gpufeed import _capi
+from gpufeed.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange
+from gpufeed.errors import error_for
+
+DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
+"""gpufeedd's socket when neither the argument nor ``GPUFEED_SOCKET`` names one."""
+
+_LEAK = []
+_OK = 0
+_DEADLINE_EXCEEDED = 4
+# gpufeed_next waits in slices this long, so that Ctrl-C (handled by Python between calls)
+# interrupts a consumer waiting for a batch.
+_WAIT_SLICE_MS = 200
+
+# gpufeed_dtype -> (name, numpy typestr). numpy has no bfloat16: its bits are shown as uint16.
+DTYPES: Dict[int, Tuple[str, str]] = {
+    1: ("bool", "|b1"),
+    2: ("int8", "|i1"),
+    3: ("uint8", "|u1"),
+    4: ("int16", "<i2"),
+    5: ("uint16", "<u2"),
+    6: ("int32", "<i4"),
+    7: ("uint32", "<u4"),
+    8: ("int64", "<i8"),
+    9: ("uint64", "<u8"),
+    10: ("float16", "<f2"),
+    11: ("bfloat16", "<u2"),
+    12: ("float32", "<f4"),
+    13: ("float64", "<f8"),
+    14: ("complex64", "<c8"),
+    15: ("complex128", "<c16"),
+}
+"""Element types of the C ABI (``gpufeed_dtype``): number -> (name, numpy typestr)."""
+
+
+def default_socket() -> str:
+    """The socket used when none is given: ``$GPUFEED_SOCKET``, else :data:`DEFAULT_SOCKET`."""
+    return os.environ.get("GPUFEED_SOCKET") or DEFAULT_SOCKET
+
+
+def _check(lib: ctypes.CDLL, status: int) -> None:
+    if status != _OK:
+        raise error_for(status, _capi.last_error(lib))
+
+
+class Position(NamedTuple):
+    """A place in the stream of batches: ``epoch`` and ``step`` (the rank's batch index within
+    the epoch). What a checkpoint stores; attaching with ``start=`` a position resumes there."""
+
+    epoch: int
+    step: int
+
+
+class SessionInfo(NamedTuple):
+    """What the daemon answered at attach."""
+
+    session_id: int
+    """The daemon's id of this session (as ``gpufeedctl sessions`` shows it)."""
+    num_samples: int
+    """Samples in the dataset."""
+    steps_per_epoch: int
+    """Batches per epoch for each rank."""
+    ring_slots: int
+    """Slots in this session's ring: the most batches it can hold at once."""
+    num_tensors: int
+    """Tensors in every batch."""
+
+
+class _SessionHandle:
+    """Owns a ``gpufeed_session*``. Held by the :class:`Session` and by every batch lease, so
+    the ring stays mapped (reading a released batch gives stale bytes, never a crash) until
+    the session is closed and the last batch is garbage."""
+
+    def __init__(self, lib: ctypes.CDLL, ptr: int) -> None:
+        self.lib = lib
+        self.ptr = ptr
+        self._destroy = lib.gpufeed_session_destroy
+
+    def __del__(self) -> None:
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            self._destroy(ptr)
+
+
+class _Lease:
+    """One batch's slot (a ``gpufeed_batch*``): released once, explicitly or when garbage.
+
+    Every :class:`Tensor` and every array made from a batch refers to its lease, so the slot
+    is returned only when nothing can read it any more.
+    """
+
+    def __init__(self, session: _SessionHandle, ptr: int) -> None:
+        self._session = session
+        _LEAK.append(self)
+        self._ptr: Optional[int] = ptr
+        self._lock = threading.Lock()
+        self._release = session.lib.gpufeed_batch_release
+        self._release_after = session.lib.gpufeed_batch_release_after
+        self.stream: Optional[int] = None
+        """Device delivery: the release is ordered after the work queued on this CUDA stream
+        (``None``: the legacy default stream) when no other stream is given."""
+
+    @property
+    def released(self) -> bool:
+        return self._ptr is None
+
+    @property
+    def ptr(self) -> int:
+        if self._ptr is None:
+            raise FailedPrecondition("the batch was released")
+        return self._ptr
+
+    def release(self, stream: Optional[int] = None) -> None:
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+        if ptr is None:
+            return
+        if stream is None:
+            stream = self.stream
+        if stream is None:
+            self._release(ptr)
+        else:
+            self._release_after(ptr, stream)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: nothing left to tell
+            pass
+
+
+class Tensor:
+    """One tensor of a batch, in place: host memory (``device == "cpu"``) or a GPU's
+    (``device == "cuda"``).
+
+    A host tensor exposes ``__array_interface__`` (``numpy.asarray(t)`` views it, read-only);
+    a device tensor exposes ``__cuda_array_interface__`` (``torch.as_tensor(t, device=...)``,
+    ``cupy.asarray(t)``). Either way the view keeps the batch's slot leased while it lives.
+    bfloat16 has no numpy type and is shown as ``uint16`` bits.
+    """
+
+    def __init__(self, lease: _Lease, info: _capi.TensorInfo) -> None:
+        if info.dtype not in DTYPES:
+            raise error_for(13, f"tensor {info.name!r}: unknown dtype {info.dtype}")
+        self._lease = lease
+        self.name: str = info.name.decode("utf-8")
+        """The tensor's name: ``tokens``, ``data``, ``image``, ``label``."""
+        self.dtype: str = DTYPES[info.dtype][0]
+        """Element type name, e.g. ``"uint16"``, ``"bfloat16"``."""
+        self.typestr: str = DTYPES[info.dtype][1]
+        """numpy typestr of the elements (bfloat16: ``"<u2"``)."""
+        self.shape: Tuple[int, ...] = tuple(info.shape[i] for i in range(info.ndim))
+        """Shape; the first dimension is the batch size."""
+        self.data_ptr: int = info.data or 0
+        """Address of the first element (host: in the mapped ring; device: a device pointer)."""
+        self.nbytes: int = info.byte_size
+        """Size in bytes."""
+        self.device: str = "cuda" if info.device_type == _capi.DEVICE_CUDA else "cpu"
+        """``"cpu"`` or ``"cuda"``."""
+        self.device_id: int = info.device_id
+        """CUDA device ordinal in this process (device tensors), else 0."""
+        expected = math.prod(self.shape) * np.dtype(self.typestr).itemsize
+        if expected != self.nbytes:
+            raise error_for(13, f"tensor {self.name!r}: {self.nbytes} bytes for shape "
+                                f"{self.shape} of {self.dtype}")
+
+    def interface(self, typestr: Optional[str] = None) -> Dict[str, Any]:
+        """The array interface dict (v3) of this tensor, optionally reinterpreting its
+        elements as ``typestr`` (same item size), e.g. ``"<i2"`` for uint16 bits."""
+        typestr = typestr or self.typestr
+        if np.dtype(typestr).itemsize != np.dtype(self.typestr).itemsize:
+            raise InvalidArgument(f"typestr: {typestr} has another item size than {self.dtype}")
+        return {"shape": self.shape, "typestr": typestr, "data": (self.data_ptr, False),
+                "strides": None, "version": 3}
+
+    def view(self, typestr: Optional[str] = None) -> "_View":
+        """An object exposing this tensor's array interface (``__array_interface__`` on the
+        host, ``__cuda_array_interface__`` on a GPU) as ``typestr``, holding the lease."""
+        return _View(self._lease, self.interface(typestr), self.device == "cuda")
+
+    def numpy(self) -> np.ndarray:
+        """A read-only numpy array over the tensor, no copy (host tensors only)."""
+        if self.device != "cpu":
+            raise FailedPrecondition(f"tensor {self.name!r} is in GPU memory; use "
+                                     "__cuda_array_interface__ (torch.as_tensor, cupy)")
+        array = np.asarray(self)
+        array.flags.writeable = False
+        return array
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]:  # noqa: D105 (numpy protocol)
+        if self.device != "cpu":
+            raise AttributeError("__array_interface__: a device tensor (use "
+                                 "__cuda_array_interface__)")
+        interface = self.interface()
+        interface["data"] = (self.data_ptr, True)
+        return interface
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:  # noqa: D105 (CUDA array protocol)
+        if self.device != "cuda":
+            raise AttributeError("__cuda_array_interface__: a host tensor (use "
+                                 "__array_interface__)")
+        return self.interface()
+
+    def __repr__(self) -> str:
+        return (f"gpufeed.Tensor({self.name!r}, {self.dtype}, shape={self.shape}, "
+                f"device={self.device}:{self.device_id})")
+
+
+class _View:
+    """A bare array-interface carrier that keeps a lease alive (see :meth:`Tensor.view`)."""
+
+    def __init__(self, lease: _Lease, interface: Dict[str, Any], cuda: bool) -> None:
+        self._lease = lease
+        if cuda:
+            self.__cuda_array_interface__ = interface
+        else:
+            self.__array_interface__ = interface
+
+
+class Batch:
+    """One batch: the rank's slice of a global batch, in place in the session's ring.
+
+    Attributes describe it (:attr:`epoch`, :attr:`step`, :attr:`ids`, :attr:`valid_count`);
+    :attr:`tensors` map names to :class:`Tensor`. The slot is returned when the batch and all
+    views of its tensors are garbage, or at :meth:`release` (also on leaving a ``with``).
+    """
+
+    def __init__(self, session: _SessionHandle, ptr: int) -> None:
+        lib = session.lib
+        self._lease = _Lease(session, ptr)  # from here on the slot is released if we fail
+        info = _capi.BatchInfo()
+        _check(lib, lib.gpufeed_batch_get_info(ptr, ctypes.byref(info)))
+        self.epoch: int = info.epoch
+        """Epoch of this batch."""
+        self.step: int = info.step
+        """Step of this batch within the epoch (the rank's batch index)."""
+        self.batch_size: int = info.batch_size
+        """Rows in the batch."""
+        self.valid_count: int = info.valid_count
+        """Rows ``[0, valid_count)`` are real samples; the rest pad the epoch's last batch."""
+        self.slot: int = info.slot
+        """The ring slot holding the batch."""
+        self.generation: int = info.generation
+        """The slot's generation (the daemon rejects releases of an old one)."""
+        ids = np.ctypeslib.as_array(info.ids, shape=(info.batch_size,)).copy()
+        ids.flags.writeable = False
+        self.ids: np.ndarray = ids
+        """Sample ids of the rows (int64, an owned copy)."""
+        tensors: Dict[str, Tensor] = {}
+        for i in range(info.num_tensors):
+            t = _capi.TensorInfo()
+            _check(lib, lib.gpufeed_batch_get_tensor(ptr, i, ctypes.byref(t)))
+            tensor = Tensor(self._lease, t)
+            tensors[tensor.name] = tensor
+        self.tensors: Dict[str, Tensor] = tensors
+        """The batch's tensors by name (``tokens``; ``data``; ``image`` and ``label``)."""
+
+    @property
+    def position(self) -> Position:
+        """This batch's position (epoch, step)."""
+        return Position(self.epoch, self.step)
+
+    @property
+    def released(self) -> bool:
+        """Whether the slot was returned (explicitly); its tensors must not be read then."""
+        return self._lease.released
+
+    def valid_mask(self) -> np.ndarray:
+        """A bool array, True for the real rows (``[0, valid_count)``)."""
+        return np.arange(self.batch_size) < self.valid_count
+
+    def numpy(self) -> Dict[str, np.ndarray]:
+        """Read-only numpy arrays over the tensors, by name, no copy (host delivery)."""
+        return {name: t.numpy() for name, t in self.tensors.items()}
+
+    def wait_ready(self, stream: Optional[int] = None) -> None:
+        """Device delivery: makes CUDA ``stream`` (a ``cudaStream_t`` as an int; ``None``:
+        the legacy default stream) wait until the batch is in device memory, without
+        blocking the host. Call it before queueing work that reads the batch. No-op on host
+        batches."""
+        lib = self._lease._session.lib
+        _check(lib, lib.gpufeed_batch_wait_ready(self._lease.ptr, stream))
+
+    def release(self, stream: Optional[int] = None) -> None:
+        """Returns the slot to the daemon now (idempotent). Device delivery: the daemon does
+        not write the slot again before the work queued on ``stream`` (a ``cudaStream_t``;
+        ``None``: the legacy default stream) has completed. Arrays over this batch must not
+        be read afterwards."""
+        self._lease.release(stream)
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return (f"gpufeed.Batch(epoch={self.epoch}, step={self.step}, "
+                f"valid={self.valid_count}/{self.batch_size}, tensors={list(self.tensors)})")
+
+
+class Session:
+    """One attached consumer (rank ``rank`` of ``world_size``): a stream of :class:`Batch`.
+
+    Made by :meth:`Client.attach`. Iterating yields batches until ``stop_epoch`` (forever by
+    default). :meth:`close` (or leaving a ``with``) detaches; batches still held stay
+    readable. Use a session from one thread at a time (batches may be released from any).
+    """
+
+    def __init__(self, handle: _SessionHandle, socket: str) -> None:
+        self._handle: Optional[_SessionHandle] = handle
+        self.socket = socket
+        """The daemon's socket."""
+        info = _capi.SessionInfo()
+        _check(handle.lib, handle.lib.gpufeed_session_get_info(handle.ptr, ctypes.byref(info)))
+        self.info = SessionInfo(info.session_id, info.num_samples, info.steps_per_epoch,
+                                info.ring_slots, info.num_tensors)
+        """What the daemon answered at attach."""
+
+    def _live(self) -> _SessionHandle:
+        if self._handle is None:
+            raise FailedPrecondition("the session is closed")
+        return self._handle
+
+    def next(self, timeout: Optional[float] = None) -> Batch:
+        """The next batch, waiting up to ``timeout`` seconds (``None``: forever; Ctrl-C still
+        interrupts). :class:`~gpufeed.DeadlineExceeded` after the timeout,
+        :class:`~gpufeed.OutOfRange` after the last batch before ``stop_epoch``, the daemon's
+        error when the session ended (:class:`~gpufeed.Unavailable` on shutdown,
+        :class:`~gpufeed.DataLoss` on an unreadable dataset, ...)."""
+        handle = self._live()
+        lib = handle.lib
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = ctypes.c_void_p()
+        while True:
+            if deadline is None:
+                wait_ms = _WAIT_SLICE_MS
+            else:
+                wait_ms = max(0, min(_WAIT_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
+            status = lib.gpufeed_next(handle.ptr, wait_ms, ctypes.byref(out))
+            if status == _OK:
+                return Batch(handle, out.value)
+            if status != _DEADLINE_EXCEEDED:
+                raise error_for(status, _capi.last_error(lib))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"no batch within {timeout:g} s from gpufeedd at "
+                                       f"{self.socket}")
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches until the end of the data (``stop_epoch``)."""
+        while True:
+            try:
+                batch = self.next()
+            except OutOfRange:
+                return
+            yield batch
+
+    def position(self) -> Position:
+        """The position after the last batch :meth:`next` returned: what to checkpoint."""
+        handle = self._live()
+        epoch, step = ctypes.c_int64(), ctypes.c_int64()
+        _check(handle.lib, handle.lib.gpufeed_position(handle.ptr, ctypes.byref(epoch),
+                                                       ctypes.byref(step)))
+        return Position(epoch.value, step.value)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._handle is None
+
+    def close(self) -> None:
+        """Detaches from the daemon (idempotent). Batches still held stay readable; the
+        mapping goes away with the last of them."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _check(handle.lib, handle.lib.gpufeed_detach(handle.ptr))
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"session {self.info.session_id}"
+        return f"gpufeed.Session({state}, socket={self.socket!r})"
+
+
+PipelineSpec = Union[Sequence[Mapping[str, Any]], Mapping[str, Any], str, "os.PathLike[str]"]
+"""A pipeline: a list of op dicts (``[{"center_crop": {"size": 224}}, ...]``), a dict with
+``"ops"``, or the path of a JSON file holding one (``deploy/pipelines/*.json``)."""
+
+
+def pipeline_json(pipeline: PipelineSpec) -> str:
+    """The ``pipeline_json`` C option for ``pipeline`` (see :data:`PipelineSpec`)."""
+    import json
+
+    if isinstance(pipeline, (str, os.PathLike)):
+        path = os.fspath(pipeline)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.dumps(json.load(f))
+        except (OSError, ValueError) as e:
+            raise InvalidArgument(f"pipeline: cannot read {path}: {e}") from e
+    if isinstance(pipeline, Mapping):
+        if "ops" not in pipeline:
+            raise InvalidArgument("pipeline: a dict must hold the op list under 'ops'")
+        return json.dumps(dict(pipeline))
+    if isinstance(pipeline, Sequence):
+        ops: List[Any] = list(pipeline)
+        for i, op in enumerate(ops):
+            if not isinstance(op, Mapping) or len(op) != 1:
+                raise InvalidArgument(f"pipeline: op {i} must be a dict with one key, the op's "
+                                      f"name, e.g. {{'center_crop': {{'size': 224}}}}; got {op!r}")
+        return json.dumps({"ops": [dict(op) for op in ops]})
+    raise InvalidArgument(f"pipeline: want a list of ops, a dict or a JSON file path, got "
+                          f"{type(pipeline).__name__}")
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{key}: want an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{key}: want an integer, got {value!r}") from None
+
+
+class Client:
+    """A handle on one gpufeedd, by its Unix socket.
+
+    ``socket`` defaults to ``$GPUFEED_SOCKET``, then ``/run/gpufeed/gpufeed.sock``. Making a
+    client contacts nothing; :meth:`attach` does (a daemon that is not running gives
+    :class:`~gpufeed.Unavailable` naming the socket).
+    """
+
+    def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
+        self.socket: str = os.fspath(socket) if socket else default_socket()
+        """Path of gpufeedd's gRPC socket."""
+
+    def attach(
+        self,
+        dataset: Union[str, "os.PathLike[str]"],
+        *,
+        kind: str,
+        batch_size: int,
+        seq_len: Optional[int] = None,
+        token_dtype: Optional[str] = None,
+        pipeline: Optional[PipelineSpec] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        job: Optional[str] = None,
+        ring_slots: Optional[int] = None,
+        delivery: str = "host",
+        gpu: Optional[str] = None,
+        ipc: Optional[str] = None,
+        start: Optional[Tuple[int, int]] = None,
+        stop_epoch: Optional[int] = None,
+        bad_sample: Optional[str] = None,
+        decode: str = "auto",
+        augment: str = "auto",
+        rpc_timeout: Optional[float] = None,
+    ) -> Session:
+        """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
+
+        ``dataset`` is the dataset's path (made absolute here; the daemon must see the same
+        path). ``kind``: ``tokens`` (give ``seq_len`` and ``token_dtype`` ``uint16`` or
+        ``uint32``), ``records`` (a ``.npy``) or ``image_folder`` (give ``pipeline``, see
+        :data:`PipelineSpec`; ``bad_sample`` ``skip`` or ``fail``). ``batch_size`` is per
+        rank. ``job`` names the training job (default ``"default"``): every rank of a job
+        must ask for the same feed, and a job's rank attaches once. ``ring_slots``: the
+        ring's depth (``None``: the daemon's default). ``delivery``: ``host`` or ``device``
+        (then ``gpu``: ``None`` for this process's current CUDA device, ``"cuda:N"`` or a
+        ``"GPU-..."`` UUID; ``ipc``: ``auto``, ``vmm`` or ``legacy``). ``start``: the
+        position to resume at; ``stop_epoch``: the exclusive last epoch (``None``: never
+        end). ``decode`` (``"auto"``, ``"cpu"``, ``"nvjpeg"``) and ``augment`` (``"auto"``,
+        ``"cpu"``, ``"gpu"``): who decodes and augments images under device delivery; passed
+        to the C library only when not ``"auto"`` (its default), so a library without these
+        options still serves every other case.
+        ``rpc_timeout``: seconds for each call to the daemon (default 10).
+
+        Errors: the daemon's, as :class:`~gpufeed.Error` subclasses (InvalidArgument naming
+        the field, NotFound naming the path, Unavailable naming the socket, ...).
+        """
+        if not isinstance(kind, str):
+            raise InvalidArgument(f"kind: want tokens, records or image_folder, got {kind!r}")
+        strings: Dict[str, Optional[str]] = {
+            "socket": self.socket,
+            "kind": kind,
+            "dataset": os.path.abspath(os.fspath(dataset)),
+            "job": job,
+            "token_dtype": token_dtype,
+            "delivery": delivery,
+            "gpu": gpu,
+            "ipc": ipc,
+            "bad_sample": bad_sample,
+            "pipeline_json": None if pipeline is None else pipeline_json(pipeline),
+            "decode": None if decode == "auto" else decode,
+            "augment": None if augment == "auto" else augment,
+        }
+        seed = _int("seed", seed)
+        if not 0 <= seed < 1 << 64:
+            raise InvalidArgument(f"seed: want 0 <= seed < 2**64, got {seed}")
+        ints: Dict[str, Optional[int]] = {
+            "rank": rank,
+            "world_size": world_size,
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,  # the C ABI's int64 bits
+            "shuffle": int(bool(shuffle)),
+            "drop_last": int(bool(drop_last)),
+            "ring_slots": ring_slots,
+            "start_epoch": None if start is None else start[0],
+            "start_step": None if start is None else start[1],
+            "stop_epoch": stop_epoch,
+            "rpc_timeout_ms": None if rpc_timeout is None else int(rpc_timeout * 1000),
+        }
+        lib = _capi.lib()
+        options = ctypes.c_void_p()
+        _check(lib, lib.gpufeed_options_create(ctypes.byref(options)))
+        try:
+            for key, value in strings.items():
+                if value is not None:
+                    if not isinstance(value, str):
+                        raise InvalidArgument(f"{key}: want a string, got {value!r}")
+                    _check(lib, lib.gpufeed_options_set_string(options, key.encode(),
+                                                               value.encode("utf-8")))
+            for key, value in ints.items():
+                if value is not None:
+                    _check(lib, lib.gpufeed_options_set_int(options, key.encode(),
+                                                            _int(key, value)))
+            session = ctypes.c_void_p()
+            _check(lib, lib.gpufeed_attach(options, ctypes.byref(session)))
+        finally:
+            lib.gpufeed_options_destroy(options)
+        return Session(_SessionHandle(lib, session.value), self.socket)
+
+    def __repr__(self) -> str:
+        return f"gpufeed.Client(socket={self.socket!r})"
+
+
+__all__ = ["Batch", "Client", "DEFAULT_SOCKET", "DTYPES", "PipelineSpec", "Position",
+           "Session", "SessionInfo", "Tensor", "default_socket", "pipeline_json"]

@@ -1,0 +1,391 @@
+"""PyTorch: :class:`Loader`, an iterable of batches as torch tensors, with no copy.
+
+::
+
+    import gpufeed.torch
+
+    loader = gpufeed.torch.Loader("/data/imagenet/train", kind="image_folder", batch_size=256,
+                                  pipeline="deploy/pipelines/imagenet_train.json")
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:                 # {"image": [256, 3, 224, 224], "label": [256]}
+            loss = model(batch["image"]).loss(batch["label"])
+            ...
+    torch.save({"model": ..., "loader": loader.state_dict()}, path)   # exact resume
+
+Rank and world size come from torchrun's ``RANK`` / ``WORLD_SIZE``, the job name from
+``TORCHELASTIC_RUN_ID``; ``device=None`` means the current CUDA device when there is one
+(device delivery: the batch lands in that GPU), else host memory.
+
+**Lifetime of a batch's tensors.** The tensors are views of one slot of the session's ring
+(``ring_slots`` deep). The slot goes back to the daemon
+
+- when every tensor of the batch (and every view of them) has been garbage collected, or
+- at the latest when the iterator has yielded ``ring_slots - 1`` further batches (so the
+  daemon always has a slot to fill ahead of the consumer).
+
+From then on the daemon refills the slot: **old tensors must not be read** after that; keep
+``.clone()`` of what you need, or pass ``copy=True`` to get owned tensors (the slot then
+goes back at once). A slot whose tensors are still referenced is never refilled before that
+point. Closing the loader (or :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to
+another position, which attaches anew) ends the old session: its batches stay readable
+memory but are no longer protected. Host tensors are views of memory the consumer maps
+read-only: in-place operations on them (``x.add_(1)``) crash the process; use out-of-place
+operations or ``copy=True``.
+
+Device delivery: before yielding a batch the loader makes the current CUDA stream wait for
+it (no host synchronisation); its slot is released after the work queued on that stream, so
+read a batch on the stream that was current when it was yielded (or synchronise).
+
+Element types torch lacks (``uint16`` and ``uint32`` before torch 2.3, e.g. ``uint16``
+tokens) are widened to the next signed type (``int32``, ``int64``): that is a copy, made once
+per batch, and the slot goes back at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+import weakref
+from typing import Any, Deque, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+
+from gpufeed.client import Batch as _CoreBatch
+from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
+from gpufeed.client import Tensor as _CoreTensor
+from gpufeed.errors import InvalidArgument
+
+__all__ = ["Batch", "Loader"]
+
+# gpufeed dtype name -> (numpy typestr of the carrier view, torch dtype) for types torch
+# cannot take directly from numpy or __cuda_array_interface__: their bits are viewed as the
+# signed type of the same width, then reinterpreted. The name of the unsigned type is
+# resolved at run time (torch >= 2.3 has it); without it the values are widened.
+_REINTERPRETED: Dict[str, Tuple[str, str]] = {
+    "uint16": ("<i2", "uint16"),
+    "uint32": ("<i4", "uint32"),
+    "uint64": ("<i8", "uint64"),
+    "bfloat16": ("<i2", "bfloat16"),
+}
+# Unsigned types torch may lack -> (wider signed dtype, mask of the original bits).
+_WIDENED = {"uint16": (torch.int32, 0xFFFF), "uint32": (torch.int64, 0xFFFFFFFF)}
+
+
+class Batch(dict):
+    """What the :class:`Loader` yields: a ``dict`` of torch tensors by name (``image`` and
+    ``label``; ``tokens``; ``data``; plus ``valid``, a bool mask of the real rows, when
+    ``drop_last=False``), with the batch's position and sample ids as attributes."""
+
+    epoch: int
+    """Epoch of this batch."""
+    step: int
+    """Step of this batch within the epoch."""
+    ids: np.ndarray
+    """Sample ids of the rows (int64 numpy array)."""
+    valid_count: int
+    """Rows ``[0, valid_count)`` are real samples; the rest pad the epoch's last batch."""
+
+
+def _leased(ref: "weakref.ref[_Lease]") -> bool:
+    lease = ref()
+    return lease is not None and not lease.released
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(f"{name}: want an integer in the environment, got {value!r}") from None
+
+
+def _resolve_device(device: Union[None, str, int, "torch.device"]) -> "torch.device":
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise InvalidArgument(f"device: {e}") from None
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    if resolved.type not in ("cpu", "cuda"):
+        raise InvalidArgument(f"device: want cpu or cuda[:N], got {device!r}")
+    return resolved
+
+
+class Loader:
+    """Batches of one rank from gpufeedd, as torch tensors in place (see the module's notes
+    on lifetime).
+
+    Args:
+        dataset: path of the dataset (a tokens file, a ``.npy``, an image folder's root).
+        kind: ``"tokens"``, ``"records"`` or ``"image_folder"``.
+        batch_size: rows per batch of this rank.
+        seq_len: tokens: the window; each row holds ``seq_len + 1`` tokens (inputs and
+            shifted targets).
+        token_dtype: tokens: ``"uint16"`` (the default) or ``"uint32"``.
+        pipeline: image_folder: the ops, as the daemon takes them (a list of op dicts, a dict
+            with ``"ops"`` or a JSON file's path).
+        shuffle: visit each epoch in the shuffled order of ``(seed, epoch)``.
+        seed: the shuffle's and the augmentations' seed.
+        drop_last: drop the incomplete last global batch; when False the batch is padded
+            by wrapping around and ``valid`` marks the real rows.
+        device: ``None`` (the current CUDA device if there is one, else host), ``"cpu"``
+            (host delivery) or ``"cuda[:N]"``.
+        rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
+        job: the job's name, shared by its ranks; defaults to ``$TORCHELASTIC_RUN_ID``, else
+            the daemon's ``"default"``. Two loaders of one process (train and eval) need
+            different job names.
+        ring_slots: slots in the ring (1-64); ``None``: the daemon's default. Bounds how many
+            batches stay valid at once (``ring_slots - 1``).
+        decode: image_folder, device delivery: ``"auto"`` (nvJPEG where the daemon has it),
+            ``"cpu"`` or ``"nvjpeg"``. Passed to the C library only when not ``"auto"``.
+        augment: image_folder, device delivery: where the crop/resize/flip/normalize ops
+            run: ``"auto"`` (the GPU), ``"cpu"`` or ``"gpu"``. Passed only when not
+            ``"auto"``.
+        bad_sample: image_folder: ``"skip"`` a bad image (replaced by the next good one) or
+            ``"fail"`` (:class:`~gpufeed.DataLoss` naming the file).
+        socket: gpufeedd's socket; default ``$GPUFEED_SOCKET``, then
+            ``/run/gpufeed/gpufeed.sock``.
+        copy: yield owned copies (valid forever) and return each slot at once.
+        timeout: seconds to wait for a batch before :class:`~gpufeed.DeadlineExceeded`;
+            ``None`` waits as long as it takes.
+
+    The loader attaches when made (so a bad option fails here, with the field named), and
+    iterating it yields the rest of the current epoch; the next ``iter()`` goes on with the
+    following epoch. ``len()`` is the number of batches in an epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: Union[str, "os.PathLike[str]"],
+        *,
+        kind: str,
+        batch_size: int,
+        seq_len: Optional[int] = None,
+        token_dtype: Optional[str] = None,
+        pipeline: Optional[PipelineSpec] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        device: Union[None, str, int, "torch.device"] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        job: Optional[str] = None,
+        ring_slots: Optional[int] = None,
+        decode: str = "auto",
+        augment: str = "auto",
+        bad_sample: str = "skip",
+        socket: Optional[Union[str, "os.PathLike[str]"]] = None,
+        copy: bool = False,
+        timeout: Optional[float] = None,
+    ) -> None:
+        self.device: torch.device = _resolve_device(device)
+        """Where batches land: ``cpu`` (host delivery) or ``cuda:N`` (device delivery)."""
+        self.rank: int = _env_int("RANK", 0) if rank is None else rank
+        """This process's rank."""
+        self.world_size: int = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        """The number of ranks."""
+        self.job: Optional[str] = os.environ.get("TORCHELASTIC_RUN_ID") if job is None else job
+        """The job's name (``None``: the daemon's default)."""
+        self.copy: bool = copy
+        """Whether batches are owned copies."""
+        self.drop_last: bool = drop_last
+        """Whether the incomplete last global batch is dropped (else ``valid`` is yielded)."""
+        self.timeout: Optional[float] = timeout
+        """Seconds to wait for a batch (``None``: forever)."""
+        self._client = Client(socket)
+        self._options: Dict[str, Any] = dict(
+            kind=kind, batch_size=batch_size, seq_len=seq_len, token_dtype=token_dtype,
+            pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
+            decode=decode, augment=augment, bad_sample=bad_sample)
+        if self.device.type == "cuda":
+            self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
+        self._dataset = dataset
+        self._position = Position(0, 0)
+        self._session: Optional[Session] = None
+        self._held: Deque["weakref.ref[_Lease]"] = collections.deque()
+        self._generation = 0
+        self._widen_warned = False
+        self._attach(self._position)
+        assert self._session is not None
+        self.info: SessionInfo = self._session.info
+        """What the daemon answered at attach (samples, steps per epoch, ring slots)."""
+
+    # ---- position ----
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return self.info.steps_per_epoch
+
+    @property
+    def position(self) -> Position:
+        """The position of the next batch the loader will yield (epoch, step)."""
+        return self._position
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` yields epoch ``epoch`` from its first step (as
+        ``DistributedSampler.set_epoch``). Free when the loader is already there (e.g. after
+        the previous epoch ran to its end)."""
+        self._position = Position(int(epoch), 0)
+
+    def state_dict(self) -> Dict[str, int]:
+        """The resume state (torchdata ``StatefulDataLoader`` convention): the position after
+        the last batch yielded, and the feed's shape it is valid for."""
+        return {"epoch": self._position.epoch, "step": self._position.step,
+                "world_size": self.world_size, "batch_size": int(self._options["batch_size"]),
+                "seed": int(self._options["seed"])}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resumes at the position of :meth:`state_dict`: the next ``iter()`` yields exactly
+        the batches the saved loader would have yielded next. The state must come from a
+        loader with the same world size, batch size and seed (:class:`~gpufeed.InvalidArgument`
+        otherwise: a position means nothing for another feed)."""
+        for key in ("epoch", "step"):
+            if key not in state:
+                raise InvalidArgument(f"state_dict: no '{key}' in {dict(state)!r}")
+        for key, mine in (("world_size", self.world_size),
+                          ("batch_size", self._options["batch_size"]),
+                          ("seed", self._options["seed"])):
+            if key in state and int(state[key]) != int(mine):
+                raise InvalidArgument(f"state_dict: {key} {state[key]} differs from this "
+                                      f"loader's {mine}; a position only resumes the same feed")
+        self._position = Position(int(state["epoch"]), int(state["step"]))
+
+    # ---- iteration ----
+
+    def __iter__(self):
+        """Yields :class:`Batch` dicts for the rest of the current epoch. One iterator at a
+        time: a new ``iter()`` ends the previous one."""
+        self._generation += 1
+        generation = self._generation
+        epoch = self._position.epoch
+        session = self._attach(self._position)
+        while self._position.epoch == epoch and generation == self._generation:
+            yield self._next(session)
+
+    def _attach(self, position: Position) -> Session:
+        """The session, attached anew when it is not at ``position``."""
+        if self._session is not None and not self._session.closed:
+            if self._session.position() == position:
+                return self._session
+            self.close()
+        self._session = self._client.attach(self._dataset, start=tuple(position), **self._options)
+        return self._session
+
+    def _next(self, session: Session) -> Batch:
+        ring = session.info.ring_slots
+        # The slot for this batch is free once at most ring - 1 are held (ring 1: none).
+        self._prune()
+        while len(self._held) >= ring:
+            self._release_oldest()
+        core = session.next(timeout=self.timeout)
+        step = core.step + 1
+        self._position = (Position(core.epoch, step) if step < session.info.steps_per_epoch
+                          else Position(core.epoch + 1, 0))
+        batch, zero_copy = self._to_torch(core)
+        if zero_copy:
+            self._held.append(weakref.ref(core._lease))
+            while len(self._held) > max(1, ring - 1):
+                self._release_oldest()
+        return batch
+
+    def _prune(self) -> None:
+        """Forgets batches already returned (garbage collected or released)."""
+        self._held = collections.deque(r for r in self._held if _leased(r))
+
+    def _release_oldest(self) -> None:
+        lease = self._held.popleft()()
+        if lease is not None:
+            lease.release()
+
+    # ---- conversion ----
+
+    def _to_torch(self, core: _CoreBatch) -> Tuple[Batch, bool]:
+        """The batch as torch tensors; whether any of them still views the slot."""
+        cuda = self.device.type == "cuda"
+        stream = None
+        if cuda:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            core.wait_ready(stream)
+            core._lease.stream = stream  # a release by garbage collection follows this stream
+        out = Batch()
+        zero_copy = False
+        for name, tensor in core.tensors.items():
+            x, viewing = self._tensor(tensor, cuda)
+            if viewing and self.copy:
+                x, viewing = x.clone(), False
+            out[name] = x
+            zero_copy = zero_copy or viewing
+        if not self.drop_last:
+            if cuda:
+                out["valid"] = torch.arange(core.batch_size, device=self.device) < core.valid_count
+            else:
+                out["valid"] = torch.from_numpy(core.valid_mask())
+        out.epoch, out.step, out.ids, out.valid_count = (core.epoch, core.step, core.ids,
+                                                         core.valid_count)
+        if not zero_copy:
+            core.release(stream)  # every tensor is a copy: the slot can go back now
+        return out, zero_copy
+
+    def _tensor(self, tensor: _CoreTensor, cuda: bool) -> Tuple["torch.Tensor", bool]:
+        """One tensor in place, or widened (a copy); whether it views the slot."""
+        carrier, target = _REINTERPRETED.get(tensor.dtype, (tensor.typestr, ""))
+        view = tensor.view(carrier)
+        if cuda:
+            x = torch.as_tensor(view, device=self.device)
+        else:
+            x = torch.from_numpy(np.asarray(view))
+        if not target:
+            return x, True
+        dtype = getattr(torch, target, None)
+        if dtype is not None:
+            try:
+                return x.view(dtype), True
+            except RuntimeError:
+                pass
+        if tensor.dtype not in _WIDENED:
+            raise InvalidArgument(f"{tensor.name}: torch {torch.__version__} has no "
+                                  f"{tensor.dtype}; read this dataset with gpufeed.Client")
+        wide, mask = _WIDENED[tensor.dtype]
+        if not self._widen_warned:
+            self._widen_warned = True
+            warnings.warn(f"gpufeed: torch {torch.__version__} has no {tensor.dtype}; "
+                          f"'{tensor.name}' is widened to {wide} (a copy per batch)",
+                          stacklevel=5)
+        return x.to(wide).bitwise_and_(mask), False
+
+    # ---- lifetime ----
+
+    def close(self) -> None:
+        """Detaches from the daemon (idempotent). Batches still held stay readable memory,
+        but their slots are no longer protected from reuse."""
+        session, self._session = self._session, None
+        self._held.clear()
+        if session is not None:
+            session.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"gpufeed.torch.Loader(rank={self.rank}/{self.world_size}, "
+                f"device={self.device}, position={tuple(self._position)}, "
+                f"steps_per_epoch={self.info.steps_per_epoch}, ring_slots={self.info.ring_slots})")

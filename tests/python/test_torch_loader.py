@@ -1,0 +1,326 @@
+"""gpufeed.torch.Loader against a real gpufeedd, host delivery: exact ids across ranks, exact
+resume, byte-exact tensors, slot lifetime, images through a pipeline, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gpufeed  # noqa: E402
+import gpufeed.torch  # noqa: E402
+import reference  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:gpufeed. torch .* has no uint")
+
+
+def _loader(daemon, dataset, **kw):
+    kw.setdefault("device", "cpu")
+    kw.setdefault("timeout", 20)
+    return gpufeed.torch.Loader(dataset, socket=daemon.socket, **kw)
+
+
+def _expected_rows(datasets, kind, token_dtype, ids):
+    if kind == "tokens":
+        return datasets.token_rows(token_dtype, ids).astype(np.int64)
+    return reference.records_rows(datasets.records, ids)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("drop_last", [True, False], ids=["drop_last", "pad"])
+@pytest.mark.parametrize("kind, token_dtype", [("records", None), ("tokens", "uint16"),
+                                               ("tokens", "uint32")])
+def test_exactly_once_across_ranks(daemon, job, datasets, world, drop_last, kind, token_dtype):
+    batch, seed = 7, 1234
+    if kind == "tokens":
+        dataset, n = datasets.tokens(token_dtype)[0], 203
+        extra = dict(seq_len=datasets.seq_len, token_dtype=token_dtype)
+        name = "tokens"
+    else:
+        dataset, n, extra, name = datasets.records, 157, {}, "data"
+    loaders = [_loader(daemon, dataset, kind=kind, batch_size=batch, seed=seed, rank=r,
+                       world_size=world, job=job, drop_last=drop_last, **extra)
+               for r in range(world)]
+    expected = reference.expected_epoch(n, seed, 0, world, batch, drop_last)
+    steps = reference.steps_per_epoch(n, batch, world, drop_last)
+    seen = []
+    try:
+        for rank, loader in enumerate(loaders):
+            assert len(loader) == steps
+            got = 0
+            for step, b in enumerate(loader):
+                ids, valid = expected[rank][step]
+                assert (b.epoch, b.step, b.valid_count) == (0, step, valid)
+                assert b.ids.tolist() == ids
+                want = sorted([name] if drop_last else [name, "valid"])
+                assert sorted(b.keys()) == want
+                x = b[name]
+                assert x.shape[0] == batch and x.device.type == "cpu"
+                # Byte-exact against numpy on the same file (tokens: the unsigned values).
+                assert np.array_equal(x.numpy().astype(np.int64),
+                                      _expected_rows(datasets, kind, token_dtype, ids))
+                if not drop_last:
+                    assert b["valid"].dtype == torch.bool
+                    assert b["valid"].tolist() == [i < valid for i in range(batch)]
+                seen.extend(ids[:valid])
+                got += 1
+            assert got == steps
+            assert loader.position == (1, 0)
+    finally:
+        for loader in loaders:
+            loader.close()
+    # Every sample at most once; with padding every sample exactly once.
+    assert len(seen) == len(set(seen))
+    perm = reference.permutation(n, seed, 0)
+    if drop_last:
+        assert seen and sorted(seen) == sorted(perm[:steps * world * batch])
+    else:
+        assert sorted(seen) == list(range(n))
+
+
+def test_rank_and_world_from_torchrun_environment(daemon, datasets, tmp_path):
+    """Two processes as torchrun starts them: RANK, WORLD_SIZE, TORCHELASTIC_RUN_ID."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import json, sys\n"
+        "import gpufeed.torch\n"
+        f"loader = gpufeed.torch.Loader({str(datasets.records)!r}, kind='records', "
+        f"batch_size=5, seed=9, socket={daemon.socket!r}, timeout=20)\n"
+        "ids = [b.ids.tolist() for b in loader]\n"
+        "print(json.dumps({'rank': loader.rank, 'world': loader.world_size, "
+        "'job': loader.job, 'device': str(loader.device), 'ids': ids}))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), WORLD_SIZE="2",
+               TORCHELASTIC_RUN_ID="py-torchrun-env")
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    expected = reference.expected_epoch(157, 9, 0, 2, 5, True)
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world"], result["job"]) == (rank, 2, "py-torchrun-env")
+        assert result["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+        assert result["ids"] == [ids for ids, _ in expected[rank]]
+
+
+def test_state_dict_resumes_exactly(daemon, job, datasets):
+    opts = dict(kind="tokens", seq_len=datasets.seq_len, token_dtype="uint16", batch_size=6,
+                seed=77, rank=1, world_size=2, job=job)
+
+    def run(loader, epochs, stop_after=None):
+        out = []
+        for epoch in epochs:
+            loader.set_epoch(epoch)
+            for b in loader:
+                out.append((b.epoch, b.step, b.ids.tolist(), b["tokens"].clone()))
+                if stop_after is not None and len(out) == stop_after:
+                    return out
+        return out
+
+    with _loader(daemon, datasets.tokens_u16, **opts) as loader:
+        assert len(loader) == 16  # 203 // (6 * 2)
+        full = run(loader, [0, 1, 2])
+    assert len(full) == 48
+    for cut in (5, 16, 21):  # mid-epoch, at an epoch's end, mid second epoch
+        with _loader(daemon, datasets.tokens_u16, **opts) as first:
+            head = run(first, [0, 1, 2], stop_after=cut)
+            state = first.state_dict()
+        assert state == {"epoch": cut // 16, "step": cut % 16, "world_size": 2,
+                         "batch_size": 6, "seed": 77}
+        state = json.loads(json.dumps(state))  # as a checkpoint stores it
+        with _loader(daemon, datasets.tokens_u16, **opts) as second:
+            second.load_state_dict(state)
+            tail = []
+            while len(head) + len(tail) < 48:  # the rest of this epoch, then the next ones
+                tail.extend((b.epoch, b.step, b.ids.tolist(), b["tokens"].clone())
+                            for b in second)
+        resumed = head + tail
+        assert [r[:3] for r in resumed] == [f[:3] for f in full]
+        assert all(torch.equal(r[3], f[3]) for r, f in zip(resumed, full))
+
+
+def test_epochs_follow_each_other_and_set_epoch_jumps(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, seed=5, job=job,
+                 ring_slots=3) as loader:
+        assert len(loader) == 15
+        first = [b.ids.tolist() for b in loader]
+        second = [b.ids.tolist() for b in loader]  # no set_epoch: the next epoch follows
+        assert first == [ids for ids, _ in reference.expected_epoch(157, 5, 0, 1, 10, True)[0]]
+        assert second == [ids for ids, _ in reference.expected_epoch(157, 5, 1, 1, 10, True)[0]]
+        loader.set_epoch(7)
+        it = iter(loader)
+        b = next(it)
+        assert (b.epoch, b.step) == (7, 0)
+        assert b.ids.tolist() == reference.rank_slice(157, 5, 7, 0, 0, 1, 10)[0]
+        assert loader.state_dict()["step"] == 1
+        # A new iterator continues where the last one stopped.
+        assert [x.step for x in loader] == list(range(1, 15))
+
+
+def test_load_state_dict_refuses_another_feed(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, job=job) as loader:
+        with pytest.raises(gpufeed.InvalidArgument) as e:
+            loader.load_state_dict({"epoch": 1, "step": 2, "world_size": 4, "batch_size": 10})
+        assert str(e.value) == ("state_dict: world_size 4 differs from this loader's 1; a "
+                                "position only resumes the same feed")
+        with pytest.raises(gpufeed.InvalidArgument, match=r"state_dict: no 'step' in"):
+            loader.load_state_dict({"epoch": 1})
+        assert loader.position == (0, 0)
+
+
+# ---- lifetime ----
+
+
+def test_referenced_batch_stays_valid_while_others_are_collected(daemon, job, datasets):
+    expected = np.load(datasets.records)
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
+                 ring_slots=4) as loader:
+        it = iter(loader)
+        b0 = next(it)
+        ids0 = b0.ids.copy()
+        keep = b0["data"][1:]  # a view: keeps the whole batch's slot
+        del b0
+        for _ in range(30):  # far past the ring; each batch is garbage once replaced
+            b = next(it)
+            assert np.array_equal(b["data"].numpy(), expected[b.ids])
+        # Had the other batches not gone back when collected, the loader would have had to
+        # release b0's slot (the oldest) to go on, and the daemon would have refilled it.
+        assert np.array_equal(keep.numpy(), expected[ids0[1:]])
+
+
+def test_slot_goes_back_ring_slots_minus_one_batches_later(daemon, job, datasets):
+    """Holding every batch: batch j stays exact while the iterator yields j+1 and j+2 (ring
+    of 4); at j+3 its slot goes back, and the daemon fills it with j+4."""
+    expected = np.load(datasets.records)
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
+                 ring_slots=4, shuffle=False) as loader:
+        held = []
+        for b in loader:
+            held.append(b)
+            j = len(held) - 1
+            for k in range(max(0, j - 2), j + 1):  # the last three: untouched
+                assert np.array_equal(held[k]["data"].numpy(), expected[held[k].ids])
+            if j >= 4:  # j-4 went back when j-1 was yielded; its memory now holds batch j
+                assert np.array_equal(held[j - 4]["data"].numpy(), expected[held[j].ids])
+            if j == 12:
+                break
+
+
+def test_copy_true_yields_owned_tensors(daemon, job, datasets):
+    expected = np.load(datasets.records)
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
+                 ring_slots=2, copy=True) as loader:
+        held = [b for _, b in zip(range(20), loader)]
+    for b in held:  # all 20 exact after a 2-slot ring went round ten times and closed
+        assert np.array_equal(b["data"].numpy(), expected[b.ids])
+
+
+def test_holding_nothing_never_stalls_a_two_slot_ring(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=16, job=job,
+                 ring_slots=2, timeout=10) as loader:
+        steps = [(b.epoch, b.step) for epoch in range(3) for b in loader]
+    assert steps == [(e, s) for e in range(3) for s in range(9)]
+
+
+# ---- images ----
+
+CROP_UINT8 = [{"center_crop": {"size": 4}}, {"cast": {"dtype": "DTYPE_UINT8"}},
+              {"layout": {"layout": "IMAGE_LAYOUT_NCHW"}}]
+
+
+def test_image_folder_uint8_nchw(daemon, job, datasets):
+    with _loader(daemon, datasets.images, kind="image_folder", batch_size=3, seed=2, job=job,
+                 pipeline=CROP_UINT8, drop_last=False) as loader:
+        assert len(loader) == 3
+        seen = []
+        for b in loader:
+            assert sorted(b.keys()) == ["image", "label", "valid"]
+            assert b["image"].dtype == torch.uint8 and b["image"].shape == (3, 3, 4, 4)
+            assert b["label"].dtype == torch.int64
+            for row, i in enumerate(b.ids.tolist()):
+                want = reference.center_crop(datasets.image_pixels[i], 4).transpose(2, 0, 1)
+                assert np.array_equal(b["image"][row].numpy(), want)
+                assert b["label"][row].item() == datasets.image_labels[i]
+            seen.extend(b.ids[:b.valid_count].tolist())
+        assert sorted(seen) == list(range(7))
+
+
+def test_image_folder_bfloat16_nhwc_pipeline_file(daemon, job, datasets, tmp_path):
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps({"ops": [{"center_crop": {"size": 4}},
+                                        {"cast": {"dtype": "DTYPE_BFLOAT16"}},
+                                        {"layout": {"layout": "IMAGE_LAYOUT_NHWC"}}]}))
+    with _loader(daemon, datasets.images, kind="image_folder", batch_size=2, job=job,
+                 pipeline=path) as loader:
+        for b in loader:
+            assert b["image"].dtype == torch.bfloat16 and b["image"].shape == (2, 4, 4, 3)
+            for row, i in enumerate(b.ids.tolist()):
+                crop = torch.from_numpy(reference.center_crop(datasets.image_pixels[i], 4).copy())
+                want = (crop.float() / 255).to(torch.bfloat16)  # round to nearest even
+                assert torch.equal(b["image"][row].view(torch.int16), want.view(torch.int16))
+
+
+def test_bad_image_fails_with_data_loss_naming_the_file(daemon, job, datasets):
+    with _loader(daemon, datasets.bad_images, kind="image_folder", batch_size=8, job=job,
+                 pipeline=CROP_UINT8, shuffle=False, bad_sample="fail") as loader:
+        with pytest.raises(gpufeed.DataLoss, match=re.escape(str(datasets.bad_image_path))):
+            list(loader)
+
+
+def test_bad_image_is_skipped(daemon, job, datasets):
+    with _loader(daemon, datasets.bad_images, kind="image_folder", batch_size=8, job=job,
+                 pipeline=CROP_UINT8, shuffle=False) as loader:
+        (b,) = list(loader)
+    # Ids 0-6 are the good images, 7 the bad one, replaced by the next good sample (0).
+    assert b.ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 0]
+    assert b["label"].tolist() == [0, 0, 0, 1, 1, 1, 1, 0]
+
+
+# ---- errors ----
+
+
+def test_errors(daemon, job, datasets, tmp_path):
+    with pytest.raises(gpufeed.InvalidArgument) as e:
+        _loader(daemon, datasets.records, kind="records", batch_size=0, job=job)
+    assert type(e.value) is gpufeed.InvalidArgument
+    assert str(e.value) == "attach: batch_size: must be >= 1, got 0"
+    with pytest.raises(gpufeed.InvalidArgument) as e:
+        _loader(daemon, datasets.tokens_u16, kind="tokens", batch_size=1, seq_len=10 ** 9,
+                job=job)
+    assert str(e.value).startswith("attach: dataset.seq_len: ")
+    with pytest.raises(gpufeed.NotFound) as e:
+        _loader(daemon, tmp_path / "missing.bin", kind="tokens", seq_len=8, batch_size=1,
+                job=job)
+    assert str(e.value) == f"attach: dataset.path: {tmp_path / 'missing.bin'}: No such file or directory"
+    with pytest.raises(gpufeed.InvalidArgument, match="device: want cpu or cuda"):
+        _loader(daemon, datasets.records, kind="records", batch_size=1, device="meta")
+    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " +
+                       re.escape(str(tmp_path / "none.sock"))):
+        gpufeed.torch.Loader(datasets.records, kind="records", batch_size=1, device="cpu",
+                             socket=tmp_path / "none.sock")
+
+
+def test_rank_env_must_be_an_integer(daemon, datasets, monkeypatch):
+    monkeypatch.setenv("RANK", "zero")
+    with pytest.raises(gpufeed.InvalidArgument,
+                       match="RANK: want an integer in the environment, got 'zero'"):
+        _loader(daemon, datasets.records, kind="records", batch_size=1)
+
+
+def test_context_manager_detaches(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job) as loader:
+        next(iter(loader))
+        with pytest.raises(gpufeed.AlreadyExists):
+            _loader(daemon, datasets.records, kind="records", batch_size=4, job=job)
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job) as again:
+        assert next(iter(again)).step == 0

@@ -1,0 +1,295 @@
+// The GPU image paths without a GPU: sessions stage batches (raw crop pixels, JPEG bytes or
+// finished rows) and the fake backend runs the kernel's own per-pixel arithmetic on the CPU,
+// decoding JPEG records with libjpeg-turbo in nvJPEG's place. Every staged batch must equal
+// the CPU path's batch for the same (seed, epoch, id), byte for byte.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/session/session_manager.h"
+#include "server/staging/staging_pool.h"
+#include "tests/testing/fake_device_backend.h"
+#include "tests/testing/image_files.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::EncodeJpeg;
+using ::gpufeed::testing::EncodePng;
+using ::gpufeed::testing::Picture;
+using ::testing::HasSubstr;
+
+void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+std::vector<PipelineStep> TrainPipeline(DType dtype, Layout layout) {
+  std::vector<PipelineStep> p = {RandomResizedCropStep{24, {}}, FlipStep{0.5}};
+  if (dtype != DType::kUInt8) {
+    p.push_back(NormalizeStep{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}});
+  }
+  p.push_back(CastStep{dtype});
+  p.push_back(LayoutStep{layout});
+  return p;
+}
+
+class StagedSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = dir_.path() + "/images";
+    // JPEGs nvJPEG takes (4:2:0 and 4:4:4 baseline), and files it does not: grayscale and
+    // PNG, decoded on the CPU and staged raw.
+    Write(root_ + "/a/0.jpg", EncodeJpeg(Picture(48, 64, 3, 1), 48, 64, TJPF_RGB, TJSAMP_420, 90));
+    Write(root_ + "/a/1.jpg", EncodeJpeg(Picture(80, 50, 3, 2), 80, 50, TJPF_RGB, TJSAMP_444, 95));
+    Write(root_ + "/a/2.png", EncodePng(Picture(30, 20, 3, 3), 30, 20));
+    Write(root_ + "/b/3.jpg", EncodeJpeg(Picture(40, 40, 1, 4), 40, 40, TJPF_GRAY, TJSAMP_GRAY));
+    Write(root_ + "/b/4.jpg", EncodeJpeg(Picture(90, 120, 3, 5), 90, 120, TJPF_RGB, TJSAMP_420, 85));
+    Write(root_ + "/b/5.jpg", EncodeJpeg(Picture(33, 77, 3, 6), 33, 77, TJPF_RGB, TJSAMP_422, 90));
+    auto pool = StagingPool::Create(64 << 20, 64 << 20);
+    ASSERT_TRUE(pool.ok());
+    pool_ = std::move(*pool);
+    SessionManagerOptions options;
+    options.threads = 2;
+    manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
+  }
+
+  AttachSpec Spec(std::vector<PipelineStep> pipeline) {
+    AttachSpec spec;
+    spec.job = "img";
+    spec.feed.dataset.kind = DatasetKind::kImageFolder;
+    spec.feed.dataset.path = root_;
+    spec.feed.dataset.pipeline = std::move(pipeline);
+    spec.feed.batch_size = 3;
+    spec.feed.world_size = 1;
+    spec.feed.seed = 7;
+    spec.ring_slots = 2;
+    spec.stop_epoch = 2;
+    spec.delivery = DeliveryKind::kDevice;
+    spec.gpu_uuid = "GPU-fake";
+    return spec;
+  }
+
+  StreamEvent Next(Session& s) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      StreamEvent e = s.NextEvent();
+      if (e.kind != StreamEvent::kNothing) return e;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return {};
+  }
+
+  // Consumes the whole stream of `spec` and checks every row of every batch against the CPU
+  // path (ReadSampleAt) of the same sample and epoch; returns the batches seen.
+  int ConsumeAndCompare(const AttachSpec& spec, const Attachment& a) {
+    absl::StatusOr<std::unique_ptr<Dataset>> cpu = OpenDataset(spec.feed.dataset, PosixFileSystem());
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    auto session = manager_->Find(a.session_id, a.token);
+    EXPECT_TRUE(session.ok());
+    EXPECT_TRUE((*session)->BindStream([] {}).ok());
+    const TensorLayout& image = a.layout.tensors[0];
+    const TensorLayout& label = a.layout.tensors[1];
+    int batches = 0;
+    while (true) {
+      StreamEvent e = Next(**session);
+      if (e.kind != StreamEvent::kBatch) {
+        EXPECT_EQ(e.kind, StreamEvent::kEnd) << e.status;
+        break;
+      }
+      ++batches;
+      const std::byte* slot = devices_.last->slot_data(e.batch.slot);
+      for (size_t i = 0; i < e.batch.ids.size(); ++i) {
+        std::vector<std::byte> want(image.row_bytes);
+        int64_t want_label = -1;
+        const std::span<std::byte> rows[] = {
+            want, {reinterpret_cast<std::byte*>(&want_label), sizeof(want_label)}};
+        absl::StatusOr<uint64_t> used = (*cpu)->ReadSampleAt(
+            static_cast<uint64_t>(e.batch.ids[i]), {spec.feed.seed, e.batch.position.epoch}, rows);
+        EXPECT_TRUE(used.ok()) << used.status();
+        EXPECT_EQ(static_cast<int64_t>(*used), e.batch.ids[i]);
+        EXPECT_EQ(std::memcmp(slot + image.byte_offset + i * image.row_bytes, want.data(),
+                              want.size()),
+                  0)
+            << "epoch " << e.batch.position.epoch << " step " << e.batch.position.step
+            << " row " << i << " (sample " << e.batch.ids[i] << ")";
+        int64_t got_label;
+        std::memcpy(&got_label, slot + label.byte_offset + i * 8, 8);
+        EXPECT_EQ(got_label, want_label) << "sample " << e.batch.ids[i];
+      }
+      EXPECT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
+    }
+    return batches;
+  }
+
+  testing::TempDir dir_;
+  std::string root_;
+  testing::FakeDeviceBackend devices_{uint64_t{1} << 30};
+  std::unique_ptr<StagingPool> pool_;
+  std::unique_ptr<SessionManager> manager_;
+};
+
+TEST_F(StagedSessionTest, CpuDecodeGpuAugmentEqualsTheCpuPathByteForByte) {
+  for (const auto& [dtype, layout] : std::vector<std::pair<DType, Layout>>{
+           {DType::kUInt8, Layout::kNHWC}, {DType::kFloat16, Layout::kNCHW},
+           {DType::kBFloat16, Layout::kNHWC}, {DType::kFloat32, Layout::kNCHW}}) {
+    AttachSpec spec = Spec(TrainPipeline(dtype, layout));
+    spec.job = absl::StrCat("cpu-decode-", static_cast<int>(dtype));
+    spec.decode = DecodeChoice::kCpu;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->stage, StageMode::kCpuDecode);
+    EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);  // 6 images, batch 3, 2 epochs
+    EXPECT_EQ(devices_.last->raws.load(), 12);
+    EXPECT_EQ(devices_.last->jpegs.load(), 0);
+  }
+}
+
+TEST_F(StagedSessionTest, NvjpegPathStagesFilesItTakesAndDecodesTheRestOnTheCpu) {
+  AttachSpec spec = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);  // decode auto: nvJPEG is "there"
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->stage, StageMode::kNvjpeg);
+  EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
+  // Per epoch: 4 colour baseline JPEGs go to "nvJPEG"; the grayscale JPEG and the PNG do not.
+  EXPECT_EQ(devices_.last->jpegs.load(), 8);
+  EXPECT_EQ(devices_.last->raws.load(), 4);
+  EXPECT_EQ(devices_.last->redone.load(), 0);
+}
+
+TEST_F(StagedSessionTest, ResizeThenCentreCropAndPaddedCentreCropOnTheGpuPath) {
+  AttachSpec spec = Spec({ResizeStep{20}, CenterCropStep{18}, FlipStep{0.5},
+                          CastStep{DType::kUInt8}, LayoutStep{Layout::kNCHW}});
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
+  // A centre crop of 36 without a resize: the 30x20 and 33x77 images are zero-padded.
+  AttachSpec pad = Spec({CenterCropStep{36}, FlipStep{0.5}, CastStep{DType::kFloat32}});
+  pad.job = "pad";
+  a = manager_->Attach(pad);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(ConsumeAndCompare(pad, *a), 4);
+}
+
+TEST_F(StagedSessionTest, ImagesBeyondTheArenaAreFinishedOnTheCpu) {
+  // Two 600x600 images: staged whole (resize then crop), each 1.08 MB raw, beyond the arena
+  // of 2 x 640 KiB for both: the first fits, the second is finished on the CPU.
+  std::filesystem::remove_all(root_);
+  Write(root_ + "/a/0.png", EncodePng(Picture(600, 600, 3, 1), 600, 600));
+  Write(root_ + "/a/1.png", EncodePng(Picture(600, 600, 3, 2), 600, 600));
+  AttachSpec spec = Spec({ResizeStep{40}, CenterCropStep{32}, CastStep{DType::kUInt8}});
+  spec.feed.batch_size = 2;
+  spec.stop_epoch = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(ConsumeAndCompare(spec, *a), 1);
+  EXPECT_EQ(devices_.last->raws.load(), 1);
+  EXPECT_EQ(devices_.last->finals.load(), 1);
+}
+
+TEST_F(StagedSessionTest, RowsNvjpegRefusesAreRedoneOnTheCpu) {
+  devices_.refuse_jpeg = true;
+  AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
+  EXPECT_EQ(devices_.last->redone.load(), 8);
+}
+
+TEST_F(StagedSessionTest, ACorruptJpegFoundOnTheGpuFollowsTheBadSamplePolicy) {
+  // A colour baseline JPEG whose header is fine and which ends in EOI, but whose scan is
+  // garbage: only decoding finds out, on the "GPU"; the CPU redo then applies the policy.
+  std::vector<uint8_t> bad = EncodeJpeg(Picture(64, 64, 3, 9), 64, 64, TJPF_RGB, TJSAMP_420, 90);
+  for (size_t i = bad.size() / 2; i < bad.size() - 2; ++i) bad[i] = 0xFF;
+  Write(root_ + "/a/0.jpg", bad);
+
+  AttachSpec fail = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  fail.job = "fail";
+  fail.feed.shuffle = false;
+  fail.feed.dataset.bad_sample = BadSamplePolicy::kFail;
+  absl::StatusOr<Attachment> a = manager_->Attach(fail);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto session = manager_->Find(a->session_id, a->token);
+  (void)(*session)->BindStream([] {});  // the session may have ended already
+  StreamEvent e = Next(**session);
+  ASSERT_EQ(e.kind, StreamEvent::kClosed);
+  EXPECT_EQ(e.status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(e.status.message(), HasSubstr(root_ + "/a/0.jpg"));
+
+  AttachSpec skip = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  skip.job = "skip";
+  skip.feed.shuffle = false;
+  skip.stop_epoch = 1;
+  absl::StatusOr<Attachment> b = manager_->Attach(skip);
+  ASSERT_TRUE(b.ok()) << b.status();
+  session = manager_->Find(b->session_id, b->token);
+  ASSERT_TRUE((*session)->BindStream([] {}).ok());
+  e = Next(**session);
+  ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+  EXPECT_EQ(e.batch.ids, (std::vector<int64_t>{1, 1, 2}));  // sample 0 replaced by sample 1
+  int64_t labels[3];
+  std::memcpy(labels, devices_.last->slot_data(e.batch.slot) + b->layout.tensors[1].byte_offset, 24);
+  EXPECT_EQ(labels[0], 0);  // sample 1's label (class a)
+}
+
+TEST_F(StagedSessionTest, DecodeAndAugmentChoicesAreCheckedAtAttach) {
+  AttachSpec host = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  host.delivery = DeliveryKind::kHost;
+  host.augment = AugmentChoice::kGpu;
+  absl::StatusOr<Attachment> a = manager_->Attach(host);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("augment: gpu"));
+  host.augment = AugmentChoice::kAuto;
+  host.decode = DecodeChoice::kNvjpeg;
+  a = manager_->Attach(host);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("decode: nvjpeg"));
+  host.decode = DecodeChoice::kAuto;
+  a = manager_->Attach(host);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->stage, StageMode::kNone);
+
+  AttachSpec mixed = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  mixed.job = "mixed";
+  mixed.augment = AugmentChoice::kCpu;
+  mixed.decode = DecodeChoice::kNvjpeg;
+  a = manager_->Attach(mixed);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("augment gpu"));
+  mixed.decode = DecodeChoice::kAuto;
+  a = manager_->Attach(mixed);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->stage, StageMode::kNone);  // augment cpu: finished rows, copied
+
+  devices_.nvjpeg = false;
+  AttachSpec nv = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  nv.job = "nv";
+  nv.decode = DecodeChoice::kNvjpeg;
+  a = manager_->Attach(nv);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(a.status().message(), HasSubstr("nvJPEG is not available"));
+  nv.decode = DecodeChoice::kAuto;
+  a = manager_->Attach(nv);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->stage, StageMode::kCpuDecode);  // auto falls back to the CPU decoder
+
+  AttachSpec tokens = Spec({});
+  tokens.job = "tokens";
+  tokens.feed.dataset = {};
+  tokens.feed.dataset.kind = DatasetKind::kTokens;
+  tokens.feed.dataset.path = dir_.WriteFile("t.bin", std::string(200, 'x'));
+  tokens.feed.dataset.token_dtype = DType::kUInt16;
+  tokens.feed.dataset.seq_len = 4;
+  tokens.decode = DecodeChoice::kCpu;
+  a = manager_->Attach(tokens);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("only image datasets"));
+}
+
+}  // namespace
+}  // namespace gpufeed::server

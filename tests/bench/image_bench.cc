@@ -1,0 +1,317 @@
+// Image benchmark and comparison tool (tests/bench/image/README.md tells the whole run).
+//
+//   image_bench feed   --socket S --data DIR --pipeline FILE [--decode auto|cpu|nvjpeg]
+//                      [--augment auto|cpu|gpu] [--device cuda:0|host] [--batch 256]
+//                      [--ring-slots 4] [--warmup 5] [--seconds 20] [--label NAME]
+//       images/s into the consumer's memory through a running gpufeedd, and the machine's
+//       busy CPU cores meanwhile (all processes: the daemon's pool, nvJPEG's threads, us).
+//   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
+//       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
+//       nvJPEG path (no augmentation, no daemon).
+//   image_bench crop   --image FILE --crop TOP,LEFT,H,W --size S --out OUT.npy [--decoded D.npy]
+//       the CPU path for a fixed crop (libjpeg-turbo decode, antialiased bilinear resize,
+//       uint8 HWC), for tests/bench/image/compare_torchvision.py; --decoded writes the
+//       decoded image too.
+// Each measurement prints one JSON line on stdout; progress goes to stderr.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "server/augment/output.h"
+#include "server/augment/resize.h"
+#include "server/decode/image_decoder.h"
+#include "server/reader/image_folder.h"
+
+#ifdef GPUFEED_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gpufeed/client.h"
+#include "server/device/nvjpeg.h"
+#endif
+
+namespace gpufeed {
+namespace {
+
+using Flags = std::map<std::string, std::string>;
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 2; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
+  return flags;
+}
+
+std::string Get(const Flags& f, const std::string& key, const std::string& fallback = "") {
+  auto it = f.find(key);
+  return it == f.end() ? fallback : it->second;
+}
+
+int64_t GetInt(const Flags& f, const std::string& key, int64_t fallback) {
+  int64_t v = fallback;
+  auto it = f.find(key);
+  if (it != f.end() && !absl::SimpleAtoi(it->second, &v)) {
+    std::fprintf(stderr, "%s: want an integer, got '%s'\n", key.c_str(), it->second.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "image_bench: %s\n", message.c_str());
+  std::exit(1);
+}
+
+// Busy CPU time of the whole machine, in core-seconds, from /proc/stat.
+double BusyCoreSeconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  uint64_t user, nice, system, idle, iowait, irq, softirq, steal;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return static_cast<double>(user + nice + system + irq + softirq + steal) /
+         static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Die(absl::StrCat("cannot read ", path));
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteNpyU8(const std::string& path, const std::vector<int64_t>& shape, const uint8_t* data,
+                size_t bytes) {
+  std::string header = absl::StrCat("{'descr': '|u1', 'fortran_order': False, 'shape': (",
+                                    absl::StrJoin(shape, ", "), "), }");
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header.push_back('\n');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint16_t length = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out << header;
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!out) Die(absl::StrCat("cannot write ", path));
+}
+
+int Crop(const Flags& f) {
+  const std::vector<uint8_t> bytes = ReadAll(Get(f, "--image"));
+  absl::StatusOr<server::Image> image = server::DecodeImage(bytes);
+  if (!image.ok()) Die(image.status().ToString());
+  std::vector<std::string> parts = absl::StrSplit(Get(f, "--crop"), ',');
+  if (parts.size() != 4) Die("--crop: want TOP,LEFT,H,W");
+  int v[4];
+  for (int i = 0; i < 4; ++i) {
+    if (!absl::SimpleAtoi(parts[i], &v[i])) Die("--crop: want integers");
+  }
+  const server::CropBox box{v[0], v[1], v[2], v[3]};
+  if (box.top < 0 || box.left < 0 || box.height <= 0 || box.width <= 0 ||
+      box.top + box.height > image->height || box.left + box.width > image->width) {
+    Die(absl::StrCat("--crop: outside the ", image->height, "x", image->width, " image"));
+  }
+  const int size = static_cast<int>(GetInt(f, "--size", 224));
+  std::vector<float> pixels(static_cast<size_t>(size) * size * 3);
+  server::ResizedCrop(*image, box, size, size, false, pixels.data());
+  server::OutputSpec spec;
+  spec.dtype = DType::kUInt8;
+  spec.layout = server::Layout::kNHWC;
+  std::vector<uint8_t> out(pixels.size());
+  server::WriteImage(pixels.data(), size, size, spec, reinterpret_cast<std::byte*>(out.data()));
+  WriteNpyU8(Get(f, "--out"), {size, size, 3}, out.data(), out.size());
+  if (const std::string decoded = Get(f, "--decoded"); !decoded.empty()) {
+    WriteNpyU8(decoded, {image->height, image->width, 3}, image->rgb.data(), image->rgb.size());
+  }
+  std::printf("{\"tool\":\"crop\",\"image\":\"%s\",\"height\":%d,\"width\":%d}\n",
+              Get(f, "--image").c_str(), image->height, image->width);
+  return 0;
+}
+
+#ifdef GPUFEED_WITH_CUDA
+
+int Feed(const Flags& f) {
+  client::AttachOptions o;
+  o.socket = Get(f, "--socket");
+  o.job = absl::StrCat("image_bench-", ::getpid());
+  o.kind = "image_folder";
+  o.dataset = Get(f, "--data");
+  o.batch_size = GetInt(f, "--batch", 256);
+  o.seed = 1;
+  o.decode = Get(f, "--decode", "auto");
+  o.augment = Get(f, "--augment", "auto");
+  const std::string device = Get(f, "--device", "cuda:0");
+  if (device != "host") {
+    o.delivery = "device";
+    o.gpu = device;
+  }
+  std::stringstream pipeline;
+  pipeline << std::ifstream(Get(f, "--pipeline")).rdbuf();
+  o.pipeline_json = pipeline.str();
+  o.ring_slots = static_cast<int32_t>(GetInt(f, "--ring-slots", 4));
+  const int64_t warmup = GetInt(f, "--warmup", 5);
+  const double seconds = static_cast<double>(GetInt(f, "--seconds", 20));
+  auto session = client::Session::Attach(o);
+  if (!session.ok()) Die(session.status().ToString());
+  cudaStream_t stream = nullptr;
+  if (o.delivery == "device") {
+    cudaSetDevice((*session)->info().gpu_ordinal);
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  }
+  const std::string label =
+      Get(f, "--label", absl::StrCat("gpufeed ", (*session)->info().decode, " decode + ",
+                                     (*session)->info().augment, " augment"));
+  std::fprintf(stderr, "%s: attached (%s decode, %s augment, %s delivery)\n", label.c_str(),
+               (*session)->info().decode.c_str(), (*session)->info().augment.c_str(),
+               o.delivery.c_str());
+  int64_t batches = 0, images = 0;
+  absl::Time start, last = absl::Now();
+  double busy0 = 0;
+  while (true) {
+    absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(120));
+    if (!batch.ok()) Die(batch.status().ToString());
+    if (absl::Status s = batch->WaitReady(stream); !s.ok()) Die(s.ToString());
+    batch->Release(stream);
+    ++batches;
+    if (batches == warmup) {
+      if (stream != nullptr) cudaStreamSynchronize(stream);
+      start = absl::Now();
+      busy0 = BusyCoreSeconds();
+      continue;
+    }
+    if (batches < warmup) continue;
+    images += batch->valid_count();
+    const absl::Time now = absl::Now();
+    if (now - last > absl::Seconds(2)) {
+      last = now;
+      std::fprintf(stderr, "%s: %ld images, %.0f images/s\n", label.c_str(), images,
+                   images / absl::ToDoubleSeconds(now - start));
+    }
+    if (absl::ToDoubleSeconds(now - start) >= seconds) break;
+  }
+  if (stream != nullptr) cudaStreamSynchronize(stream);
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  const double cores = (BusyCoreSeconds() - busy0) / wall;
+  std::printf("{\"tool\":\"feed\",\"label\":\"%s\",\"decode\":\"%s\",\"augment\":\"%s\","
+              "\"delivery\":\"%s\",\"batch\":%ld,\"images\":%ld,\"seconds\":%.3f,"
+              "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
+              label.c_str(), (*session)->info().decode.c_str(),
+              (*session)->info().augment.c_str(), o.delivery.c_str(), o.batch_size, images, wall,
+              images / wall, cores);
+  (void)(*session)->Detach();
+  return 0;
+}
+
+int Nvjpeg(const Flags& f) {
+  absl::StatusOr<server::ImageFolderIndex> index = server::IndexImageFolder(Get(f, "--data"));
+  if (!index.ok()) Die(index.status().ToString());
+  absl::StatusOr<const server::nvjpeg::Api*> api = server::nvjpeg::Load();
+  if (!api.ok()) Die(api.status().ToString());
+  const int batch = static_cast<int>(GetInt(f, "--batch", 256));
+  const double seconds = static_cast<double>(GetInt(f, "--seconds", 10));
+  const std::string backend_name = Get(f, "--backend", "hardware");
+  const int backend =
+      backend_name == "hardware" ? server::nvjpeg::kHardware : server::nvjpeg::kGpuHybrid;
+  // Files into one pinned buffer, as the daemon's staging slots are.
+  const size_t files = std::min<size_t>(index->paths.size(), 20000);
+  std::vector<std::vector<uint8_t>> bytes(files);
+  std::vector<server::JpegHeader> headers(files);
+  size_t total = 0;
+  for (size_t i = 0; i < files; ++i) {
+    bytes[i] = ReadAll(index->paths[i]);
+    absl::StatusOr<server::JpegHeader> h = server::InspectJpeg(bytes[i]);
+    if (!h.ok() || !h->gpu_decodable) Die(absl::StrCat(index->paths[i], ": not for nvJPEG"));
+    headers[i] = *h;
+    total += bytes[i].size();
+  }
+  unsigned char* pinned = nullptr;
+  cudaHostAlloc(reinterpret_cast<void**>(&pinned), total, cudaHostAllocDefault);
+  std::vector<const unsigned char*> data(files);
+  std::vector<size_t> lengths(files);
+  size_t max_decoded = 0;
+  for (size_t i = 0, at = 0; i < files; ++i) {
+    std::memcpy(pinned + at, bytes[i].data(), bytes[i].size());
+    data[i] = pinned + at;
+    lengths[i] = bytes[i].size();
+    at += bytes[i].size();
+    max_decoded = std::max<size_t>(max_decoded, static_cast<size_t>(headers[i].height) * headers[i].width * 3);
+  }
+  server::nvjpeg::Handle handle = nullptr;
+  server::nvjpeg::State state = nullptr;
+  if (int rc = (*api)->CreateEx(backend, nullptr, nullptr, 0, &handle); rc != 0) {
+    Die(absl::StrCat("nvjpegCreateEx(", backend_name, "): ", server::nvjpeg::StatusName(rc)));
+  }
+  (*api)->JpegStateCreate(handle, &state);
+  unsigned engines = 0, cores = 0;
+  (*api)->GetHardwareDecoderInfo(handle, &engines, &cores);
+  if ((*api)->DecodeBatchedInitialize(handle, state, batch, 1, server::nvjpeg::kRgbInterleaved) != 0) {
+    Die("nvjpegDecodeBatchedInitialize failed");
+  }
+  unsigned char* out = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&out), max_decoded * static_cast<size_t>(batch));
+  std::vector<server::nvjpeg::Image> images(static_cast<size_t>(batch));
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  int64_t decoded = 0, calls = 0;
+  size_t next = 0;
+  absl::Time start = absl::Now();
+  double busy0 = BusyCoreSeconds();
+  for (int round = 0;; ++round) {
+    std::vector<const unsigned char*> d(static_cast<size_t>(batch));
+    std::vector<size_t> l(static_cast<size_t>(batch));
+    for (int i = 0; i < batch; ++i, next = (next + 1) % files) {
+      d[i] = data[next];
+      l[i] = lengths[next];
+      images[i] = {};
+      images[i].channel[0] = out + static_cast<size_t>(i) * max_decoded;
+      images[i].pitch[0] = static_cast<size_t>(headers[next].width) * 3;
+    }
+    if (int rc = (*api)->DecodeBatched(handle, state, d.data(), l.data(), images.data(), stream); rc != 0) {
+      Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
+    }
+    ++calls;
+    if (round == 2) {  // warm-up done
+      cudaStreamSynchronize(stream);
+      start = absl::Now();
+      busy0 = BusyCoreSeconds();
+      decoded = 0;
+      continue;
+    }
+    decoded += batch;
+    if (round > 2 && absl::ToDoubleSeconds(absl::Now() - start) >= seconds) break;
+  }
+  cudaStreamSynchronize(stream);
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  const double busy = (BusyCoreSeconds() - busy0) / wall;
+  std::printf("{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone\",\"backend\":\"%s\","
+              "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
+              "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
+              backend_name.c_str(), backend_name.c_str(), engines, batch, files, decoded, wall,
+              decoded / wall, busy);
+  return 0;
+}
+
+#endif  // GPUFEED_WITH_CUDA
+
+}  // namespace
+}  // namespace gpufeed
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  const gpufeed::Flags flags = gpufeed::ParseFlags(argc, argv);
+  if (command == "crop") return gpufeed::Crop(flags);
+#ifdef GPUFEED_WITH_CUDA
+  if (command == "feed") return gpufeed::Feed(flags);
+  if (command == "nvjpeg") return gpufeed::Nvjpeg(flags);
+#endif
+  std::fprintf(stderr, "usage: image_bench feed|nvjpeg|crop --flag value ... (see the source's "
+                       "first comment)\n");
+  return 2;
+}

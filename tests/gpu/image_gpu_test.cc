@@ -1,0 +1,280 @@
+// GPU tests of the image paths (ctest label `gpu`; each skips, saying so, without a CUDA
+// device): the daemon's fused kernel and nvJPEG against the CPU path computed here, batch by
+// batch, for the same (seed, epoch, sample). Prints the differences it measured.
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/os/file.h"
+#include "gmock/gmock.h"
+#include "gpufeed/client.h"
+#include "gtest/gtest.h"
+#include "server/augment/output.h"
+#include "server/reader/dataset.h"
+#include "tests/integration/harness.h"
+#include "tests/testing/image_files.h"
+
+namespace gpufeed::testing {
+namespace {
+
+using server::CastStep;
+using server::CenterCropStep;
+using server::FlipStep;
+using server::LayoutStep;
+using server::NormalizeStep;
+using server::PipelineStep;
+using server::RandomResizedCropStep;
+using ::testing::HasSubstr;
+
+bool HaveGpu() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
+
+// A picture with texture: the smooth test picture plus deterministic noise, so decoders and
+// filters have edges to disagree on.
+std::vector<uint8_t> Textured(int h, int w, int seed) {
+  std::vector<uint8_t> p = Picture(h, w, 3, seed);
+  uint32_t state = static_cast<uint32_t>(seed) * 2654435761u + 1;
+  for (uint8_t& v : p) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<uint8_t>(std::clamp(static_cast<int>(v) + static_cast<int>(state >> 27) - 16, 0, 255));
+  }
+  return p;
+}
+
+struct Diff {
+  double sum = 0;
+  int64_t count = 0;
+  double max = 0;
+  void Add(double a, double b) {
+    sum += std::abs(a - b);
+    max = std::max(max, std::abs(a - b));
+    ++count;
+  }
+  double mean() const { return count == 0 ? 0 : sum / static_cast<double>(count); }
+};
+
+double Element(const std::byte* p, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kUInt8: return static_cast<double>(reinterpret_cast<const uint8_t*>(p)[i]);
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      // binary16 to double
+      const int e = (h >> 10) & 31, m = h & 1023;
+      const double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+      return (h & 0x8000) ? -v : v;
+    }
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      return f;
+    }
+    default: return 0;
+  }
+}
+
+class ImageGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
+    root_ = dir_.File("images");
+    // 4:2:0 baseline JPEGs of a few sizes (nvJPEG's hardware takes them), a 4:4:4 one, and a
+    // grayscale JPEG and a PNG that the CPU decodes on every path.
+    const int sizes[][2] = {{150, 200}, {200, 150}, {120, 160}, {333, 500}, {97, 131}};
+    for (int i = 0; i < 30; ++i) {
+      const int h = sizes[i % 5][0], w = sizes[i % 5][1];
+      Write(absl::StrCat(root_, "/c", i % 3, "/", i, ".jpg"),
+            EncodeJpeg(Textured(h, w, i), h, w, TJPF_RGB, i == 7 ? TJSAMP_444 : TJSAMP_420, 90));
+    }
+    Write(root_ + "/c0/gray.jpg", EncodeJpeg(Picture(90, 90, 1, 3), 90, 90, TJPF_GRAY, TJSAMP_GRAY, 90));
+    Write(root_ + "/c1/png.png", EncodePng(Textured(80, 100, 4), 80, 100));
+    daemon_ = std::make_unique<Daemon>(dir_);
+    ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
+    cudaSetDevice(0);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Consumes one epoch with device delivery and compares each image with the CPU path of the
+  // same sample and epoch; returns the differences (in output units).
+  Diff CompareWithCpu(const std::string& decode, const std::string& pipeline_json,
+                      std::vector<PipelineStep> steps, const std::string& dataset = "") {
+    client::AttachOptions o;
+    o.socket = daemon_->socket();
+    o.job = absl::StrCat("cmp-", decode, "-", ++jobs_);
+    o.kind = "image_folder";
+    o.dataset = dataset.empty() ? root_ : dataset;
+    o.batch_size = 8;
+    o.seed = 11;
+    o.stop_epoch = 2;
+    o.delivery = "device";
+    o.gpu = "cuda:0";
+    o.decode = decode;
+    o.augment = "gpu";
+    o.pipeline_json = pipeline_json;
+    server::DatasetSpec spec;
+    spec.kind = server::DatasetKind::kImageFolder;
+    spec.path = o.dataset;
+    spec.pipeline = std::move(steps);
+    auto cpu = server::OpenDataset(spec, PosixFileSystem());
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    auto session = client::Session::Attach(o);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok() || !cpu.ok()) return {};
+    EXPECT_EQ((*session)->info().decode, decode);
+    EXPECT_EQ((*session)->info().augment, "gpu");
+    Diff diff;
+    const server::SampleTensor& image = (*cpu)->tensors()[0];
+    while (true) {
+      absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(60));
+      if (absl::IsOutOfRange(batch.status())) break;
+      EXPECT_TRUE(batch.ok()) << batch.status();
+      if (!batch.ok()) break;
+      EXPECT_TRUE(batch->WaitReady(stream_).ok());
+      const client::Tensor* t = batch->tensor("image");
+      const client::Tensor* l = batch->tensor("label");
+      std::vector<std::byte> got(t->byte_size);
+      std::vector<int64_t> labels(static_cast<size_t>(o.batch_size));
+      EXPECT_EQ(cudaMemcpyAsync(got.data(), t->data, t->byte_size, cudaMemcpyDeviceToHost, stream_),
+                cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(labels.data(), l->data, l->byte_size, cudaMemcpyDeviceToHost, stream_),
+                cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      for (size_t r = 0; r < batch->ids().size(); ++r) {
+        std::vector<std::byte> want(image.byte_size);
+        int64_t label = -1;
+        const std::span<std::byte> rows[] = {want, {reinterpret_cast<std::byte*>(&label), 8}};
+        auto used = (*cpu)->ReadSampleAt(static_cast<uint64_t>(batch->ids()[r]),
+                                         {o.seed, batch->epoch()}, rows);
+        EXPECT_TRUE(used.ok()) << used.status();
+        EXPECT_EQ(labels[r], label) << "sample " << batch->ids()[r];
+        const size_t n = image.byte_size / DTypeSize(image.dtype);
+        for (size_t i = 0; i < n; ++i) {
+          diff.Add(Element(got.data() + r * image.byte_size, image.dtype, i),
+                   Element(want.data(), image.dtype, i));
+        }
+      }
+      batch->Release(stream_);
+    }
+    return diff;
+  }
+
+  TempDir dir_;
+  std::string root_;
+  std::unique_ptr<Daemon> daemon_;
+  cudaStream_t stream_ = nullptr;
+  int jobs_ = 0;
+};
+
+constexpr char kCropUint8[] = R"({"ops": [{"random_resized_crop": {"size": 64}}, {"flip": {"p": 0.5}},
+  {"cast": {"dtype": "DTYPE_UINT8"}}, {"layout": {"layout": "IMAGE_LAYOUT_NHWC"}}]})";
+std::vector<PipelineStep> CropUint8() {
+  return {RandomResizedCropStep{64, {}}, FlipStep{0.5}, CastStep{DType::kUInt8},
+          LayoutStep{server::Layout::kNHWC}};
+}
+
+// Acceptance: GPU-path outputs equal CPU-path outputs within 2/255 before normalisation.
+TEST_F(ImageGpuTest, FusedKernelEqualsTheCpuPathWithinTwoOf255) {
+  const Diff d = CompareWithCpu("cpu", kCropUint8, CropUint8());
+  std::printf("[ measure ] kernel vs CPU path, uint8 (of 255): mean %.4f, max %.0f over %ld values\n",
+              d.mean(), d.max, d.count);
+  EXPECT_GT(d.count, 0);
+  EXPECT_LE(d.max, 2.0);
+}
+
+TEST_F(ImageGpuTest, FusedKernelFloat16NormalisedNchwMatchesTheCpuPath) {
+  const char* json = R"({"ops": [{"random_resized_crop": {"size": 64}}, {"flip": {"p": 0.5}},
+    {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}},
+    {"cast": {"dtype": "DTYPE_FLOAT16"}}, {"layout": {"layout": "IMAGE_LAYOUT_NCHW"}}]})";
+  const Diff d = CompareWithCpu(
+      "cpu", json,
+      {RandomResizedCropStep{64, {}}, FlipStep{0.5},
+       NormalizeStep{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}},
+       CastStep{DType::kFloat16}, LayoutStep{server::Layout::kNCHW}});
+  std::printf("[ measure ] kernel vs CPU path, float16 normalised: mean %.6f, max %.6f\n", d.mean(),
+              d.max);
+  EXPECT_GT(d.count, 0);
+  // 2/255 before normalisation is at most 2/255/0.224 after, plus float16 rounding.
+  EXPECT_LE(d.max, 2.0 / 255 / 0.224 + 0.004);
+}
+
+// nvJPEG + kernel against libjpeg-turbo + CPU augment, through the same crops.
+TEST_F(ImageGpuTest, NvjpegPathMatchesTheCpuPath) {
+  const Diff d = CompareWithCpu("nvjpeg", kCropUint8, CropUint8());
+  std::printf("[ measure ] nvJPEG + kernel vs CPU path, uint8: mean %.4f, max %.0f\n", d.mean(), d.max);
+  EXPECT_GT(d.count, 0);
+  EXPECT_LE(d.mean(), 1.0);
+}
+
+// Acceptance: nvJPEG-decoded images equal libjpeg-turbo's within a mean absolute difference
+// of 1.0. A centre crop of the whole (square) image is the decoded image itself.
+TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
+  const std::string square = dir_.File("square");
+  for (int i = 0; i < 16; ++i) {
+    Write(absl::StrCat(square, "/c", i % 2, "/", i, ".jpg"),
+          EncodeJpeg(Textured(160, 160, 100 + i), 160, 160, TJPF_RGB,
+                     i % 2 ? TJSAMP_444 : TJSAMP_420, 75 + i));
+  }
+  const char* json = R"({"ops": [{"center_crop": {"size": 160}}, {"cast": {"dtype": "DTYPE_UINT8"}},
+    {"layout": {"layout": "IMAGE_LAYOUT_NHWC"}}]})";
+  const Diff d = CompareWithCpu("nvjpeg", json,
+                                {CenterCropStep{160}, CastStep{DType::kUInt8},
+                                 LayoutStep{server::Layout::kNHWC}},
+                                square);
+  std::printf("[ measure ] nvJPEG vs libjpeg-turbo decode: mean %.4f, max %.0f over %ld values\n",
+              d.mean(), d.max, d.count);
+  EXPECT_GT(d.count, 0);
+  EXPECT_LE(d.mean(), 1.0);
+}
+
+// Without nvJPEG: decode nvjpeg is FAILED_PRECONDITION, auto falls back to the CPU decoder.
+TEST(ImageGpuNoNvjpegTest, NvjpegAbsentIsFailedPreconditionAndAutoUsesTheCpu) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
+  TempDir dir;
+  Write(dir.File("images/a/0.jpg"), EncodeJpeg(Textured(64, 64, 1), 64, 64, TJPF_RGB, TJSAMP_420, 90));
+  ::setenv("GPUFEED_NVJPEG_LIBRARY", "/nonexistent/libnvjpeg.so", 1);
+  Daemon daemon(dir);
+  ::unsetenv("GPUFEED_NVJPEG_LIBRARY");
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  client::AttachOptions o;
+  o.socket = daemon.socket();
+  o.kind = "image_folder";
+  o.dataset = dir.File("images");
+  o.batch_size = 1;
+  o.delivery = "device";
+  o.gpu = "cuda:0";
+  o.pipeline_json = kCropUint8;
+  o.decode = "nvjpeg";
+  auto refused = client::Session::Attach(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("nvJPEG is not available"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("/nonexistent/libnvjpeg.so"));
+  o.decode = "auto";
+  auto fallback = client::Session::Attach(o);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ((*fallback)->info().decode, "cpu");
+  EXPECT_EQ((*fallback)->info().augment, "gpu");
+}
+
+}  // namespace
+}  // namespace gpufeed::testing

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -41,6 +42,7 @@ struct Gpu {
   nvjpeg::Handle nvjpeg_handle = nullptr;
   nvjpeg::State nvjpeg_state = nullptr;
   int nvjpeg_batch = 0;  // the batch size nvjpegDecodeBatchedInitialize was last given
+  unsigned nvjpeg_flags = 0;
 
   // Creates the nvJPEG handle and state: the hardware backend where the GPU has JPEG
   // engines, else the GPU-hybrid one.
@@ -51,11 +53,32 @@ struct Gpu {
     absl::StatusOr<const nvjpeg::Api*> api = nvjpeg::Load();
     if (!api.ok()) return nvjpeg_status = api.status();
     cuda::DeviceGuard guard(ordinal);
-    const char* backend = "hardware";
-    int rc = (*api)->CreateEx(nvjpeg::kHardware, nullptr, nullptr, 0, &nvjpeg_handle);
-    if (rc != 0) {
-      backend = "GPU-hybrid";
-      rc = (*api)->CreateEx(nvjpeg::kGpuHybrid, nullptr, nullptr, 0, &nvjpeg_handle);
+    // Chroma upsampling by interpolation, as libjpeg-turbo's default ("fancy") upsampling
+    // does, where the library takes the flag; the hardware backend where the GPU has JPEG
+    // engines, else the GPU-hybrid one.
+    struct Choice {
+      nvjpeg::Backend backend;
+      unsigned flags;
+      const char* name;
+    };
+    const Choice choices[] = {
+        {nvjpeg::kHardware, nvjpeg::kFlagUpsamplingWithInterpolation, "hardware"},
+        {nvjpeg::kHardware, 0, "hardware"},
+        {nvjpeg::kGpuHybrid, nvjpeg::kFlagUpsamplingWithInterpolation, "GPU-hybrid"},
+        {nvjpeg::kGpuHybrid, 0, "GPU-hybrid"}};
+    // GPUFEED_NVJPEG_INTERPOLATION=0: nvJPEG's own (faster, less libjpeg-like) upsampling.
+    const char* interpolation = std::getenv("GPUFEED_NVJPEG_INTERPOLATION");
+    const bool interpolate = interpolation == nullptr || std::string(interpolation) != "0";
+    const char* backend = "";
+    int rc = -1;
+    for (const Choice& c : choices) {
+      if (!interpolate && c.flags != 0) continue;
+      rc = (*api)->CreateEx(c.backend, nullptr, nullptr, c.flags, &nvjpeg_handle);
+      if (rc == 0) {
+        backend = c.name;
+        nvjpeg_flags = c.flags;
+        break;
+      }
     }
     if (rc == 0) rc = (*api)->JpegStateCreate(nvjpeg_handle, &nvjpeg_state);
     if (rc != 0) {
@@ -65,7 +88,8 @@ struct Gpu {
           "decode: nvJPEG (", (*api)->library, ") on ", uuid, ": ", nvjpeg::StatusName(rc)));
     }
     nvjpeg = *api;
-    spdlog::info("GPU {} {}: nvJPEG {} backend from {}", ordinal, uuid, backend, nvjpeg->library);
+    spdlog::info("GPU {} {}: nvJPEG {} backend from {}{}", ordinal, uuid, backend, nvjpeg->library,
+                 nvjpeg_flags != 0 ? ", chroma upsampling by interpolation" : "");
     return nvjpeg_status = absl::OkStatus();
   }
 };

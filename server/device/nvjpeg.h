@@ -22,6 +22,7 @@ struct Image {  // nvjpegImage_t
 };
 enum Backend : int { kDefault = 0, kHybrid = 1, kGpuHybrid = 2, kHardware = 3 };
 enum OutputFormat : int { kRgbInterleaved = 5 };  // NVJPEG_OUTPUT_RGBI
+inline constexpr unsigned kFlagUpsamplingWithInterpolation = 1u << 5;  // nvjpegCreateEx flags
 
 struct Api {
   std::string library;  // the file that was loaded

@@ -6,12 +6,15 @@
 //       images/s into the consumer's memory through a running gpufeedd, and the machine's
 //       busy CPU cores meanwhile (all processes: the daemon's pool, nvJPEG's threads, us).
 //   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
+//                      [--flags N]  (nvjpegCreateEx flags; 32: chroma upsampling by interpolation)
 //       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
 //       nvJPEG path (no augmentation, no daemon).
 //   image_bench crop   --image FILE --crop TOP,LEFT,H,W --size S --out OUT.npy [--decoded D.npy]
 //       the CPU path for a fixed crop (libjpeg-turbo decode, antialiased bilinear resize,
 //       uint8 HWC), for tests/bench/image/compare_torchvision.py; --decoded writes the
 //       decoded image too.
+//   image_bench decode --data DIR [--files 2000]
+//       libjpeg-turbo's decode rate on one core (the unit of the CPU path's goal).
 // Each measurement prints one JSON line on stdout; progress goes to stderr.
 #include <unistd.h>
 
@@ -135,6 +138,24 @@ int Crop(const Flags& f) {
   return 0;
 }
 
+int Decode(const Flags& f) {
+  absl::StatusOr<server::ImageFolderIndex> index = server::IndexImageFolder(Get(f, "--data"));
+  if (!index.ok()) Die(index.status().ToString());
+  const size_t files = std::min<size_t>(index->paths.size(), static_cast<size_t>(GetInt(f, "--files", 2000)));
+  std::vector<std::vector<uint8_t>> bytes;
+  for (size_t i = 0; i < files; ++i) bytes.push_back(ReadAll(index->paths[i * index->paths.size() / files]));
+  const absl::Time start = absl::Now();
+  for (const auto& b : bytes) {
+    absl::StatusOr<server::Image> image = server::DecodeImage(b);
+    if (!image.ok()) Die(image.status().ToString());
+  }
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("{\"tool\":\"decode\",\"label\":\"libjpeg-turbo decode, one core\",\"images\":%zu,"
+              "\"seconds\":%.3f,\"images_per_s\":%.1f,\"busy_cores\":1.0}\n",
+              files, wall, files / wall);
+  return 0;
+}
+
 #ifdef GPUFEED_WITH_CUDA
 
 int Feed(const Flags& f) {
@@ -245,7 +266,8 @@ int Nvjpeg(const Flags& f) {
   }
   server::nvjpeg::Handle handle = nullptr;
   server::nvjpeg::State state = nullptr;
-  if (int rc = (*api)->CreateEx(backend, nullptr, nullptr, 0, &handle); rc != 0) {
+  const unsigned flags = static_cast<unsigned>(GetInt(f, "--flags", 0));
+  if (int rc = (*api)->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
     Die(absl::StrCat("nvjpegCreateEx(", backend_name, "): ", server::nvjpeg::StatusName(rc)));
   }
   (*api)->JpegStateCreate(handle, &state);
@@ -290,10 +312,11 @@ int Nvjpeg(const Flags& f) {
   cudaStreamSynchronize(stream);
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   const double busy = (BusyCoreSeconds() - busy0) / wall;
-  std::printf("{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone\",\"backend\":\"%s\","
+  std::printf("{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
               "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
               "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
-              backend_name.c_str(), backend_name.c_str(), engines, batch, files, decoded, wall,
+              backend_name.c_str(), (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
+              backend_name.c_str(), engines, batch, files, decoded, wall,
               decoded / wall, busy);
   return 0;
 }
@@ -307,11 +330,12 @@ int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   const gpufeed::Flags flags = gpufeed::ParseFlags(argc, argv);
   if (command == "crop") return gpufeed::Crop(flags);
+  if (command == "decode") return gpufeed::Decode(flags);
 #ifdef GPUFEED_WITH_CUDA
   if (command == "feed") return gpufeed::Feed(flags);
   if (command == "nvjpeg") return gpufeed::Nvjpeg(flags);
 #endif
-  std::fprintf(stderr, "usage: image_bench feed|nvjpeg|crop --flag value ... (see the source's "
+  std::fprintf(stderr, "usage: image_bench feed|nvjpeg|crop|decode --flag value ... (see the source's "
                        "first comment)\n");
   return 2;
 }

@@ -47,14 +47,17 @@ void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
                                               static_cast<std::streamsize>(bytes.size()));
 }
 
-// A picture with texture: the smooth test picture plus deterministic noise, so decoders and
-// filters have edges to disagree on.
+// A picture with texture: the smooth test picture plus deterministic brightness noise (as a
+// camera sensor's is, mostly), so decoders and filters have edges to disagree on.
 std::vector<uint8_t> Textured(int h, int w, int seed) {
   std::vector<uint8_t> p = Picture(h, w, 3, seed);
   uint32_t state = static_cast<uint32_t>(seed) * 2654435761u + 1;
-  for (uint8_t& v : p) {
+  for (size_t i = 0; i < p.size(); i += 3) {
     state = state * 1664525u + 1013904223u;
-    v = static_cast<uint8_t>(std::clamp(static_cast<int>(v) + static_cast<int>(state >> 27) - 16, 0, 255));
+    const int noise = static_cast<int>(state >> 27) - 16;
+    for (size_t c = 0; c < 3; ++c) {
+      p[i + c] = static_cast<uint8_t>(std::clamp(static_cast<int>(p[i + c]) + noise, 0, 255));
+    }
   }
   return p;
 }
@@ -223,6 +226,7 @@ TEST_F(ImageGpuTest, NvjpegPathMatchesTheCpuPath) {
   const Diff d = CompareWithCpu("nvjpeg", kCropUint8, CropUint8());
   std::printf("[ measure ] nvJPEG + kernel vs CPU path, uint8: mean %.4f, max %.0f\n", d.mean(), d.max);
   EXPECT_GT(d.count, 0);
+  EXPECT_THAT(daemon_->process().Stderr(), ::testing::Not(HasSubstr("decoding those on the CPU")));
   EXPECT_LE(d.mean(), 1.0);
 }
 
@@ -245,6 +249,8 @@ TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
               d.mean(), d.max, d.count);
   EXPECT_GT(d.count, 0);
   EXPECT_LE(d.mean(), 1.0);
+  // And nvJPEG did decode them: no batch fell back to the CPU.
+  EXPECT_THAT(daemon_->process().Stderr(), ::testing::Not(HasSubstr("decoding those on the CPU")));
 }
 
 // Without nvJPEG: decode nvjpeg is FAILED_PRECONDITION, auto falls back to the CPU decoder.

@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ NOISE_POOL_SIDE = 1024   # unit noise drawn once per worker; each image takes a 
 MAX_ENCODES = 8          # encodes per view while searching the noise strength
 MAX_VIEWS = 4            # views of the sources tried per image before keeping the closest
 SIGMA_RANGE = (0.0, 64.0)  # noise standard deviation, in 8-bit levels
+START_SIGMA = 30.0       # the search's first try (the median answer at quality 90 is ~40)
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,8 @@ class Config:
 
 @dataclass(frozen=True)
 class Result:
-    index: int
-    byte_size: int
-    sigma: float
-    encodes: int
+    sigma: float   # the noise strength of the file written
+    encodes: int   # JPEG encodes it took
 
 
 def parse_args() -> argparse.Namespace:
@@ -271,56 +271,48 @@ def encode(rgb: np.ndarray, quality: int) -> bytes:
     return buffer.getvalue()
 
 
-class SigmaSearch:
-    """Finds the noise strength that puts a file in the size window: secant steps in
-    log(1 + sigma), bracketed, starting from the last image's answer. Gives up early when the
+def next_sigma(tried: list[tuple[float, int]], target: int, lo: float, hi: float) -> float:
+    """A secant step in log(1 + sigma) through the last two tries, kept inside (lo, hi)."""
+    x = [math.log1p(sigma) for sigma, _ in tried[-2:]]
+    y = [size for _, size in tried[-2:]]
+    if len(tried) >= 2 and y[1] != y[0] and x[1] != x[0]:
+        guess = x[1] + (target - y[1]) * (x[1] - x[0]) / (y[1] - y[0])
+    else:  # one point: size grows about 25 % per unit of log(1 + sigma) near the target
+        guess = x[-1] + math.log(target / y[-1]) / 0.25
+    sigma = math.expm1(guess)
+    return sigma if lo < sigma < hi else (lo + hi) / 2
+
+
+def search_sigma(base: np.ndarray, noise: np.ndarray, quality: int, target: int, low: int,
+                 high: int) -> tuple[bytes, float, int]:
+    """Encodes base + sigma * noise for sigmas converging on a file of about `target` bytes;
+    returns the file closest to it, its sigma and the number of encodes. Starts from the same
+    sigma for every image (so the file depends on the image alone) and gives up early when the
     size stops growing (strong noise saturates at 0 and 255)."""
-
-    def __init__(self) -> None:
-        self.last = 20.0
-
-    def run(self, base: np.ndarray, noise: np.ndarray, quality: int, target: int,
-            low: int, high: int) -> tuple[bytes, float, int]:
-        """The encoded file closest to target, its sigma and the number of encodes."""
-        lo, hi = SIGMA_RANGE
-        tried: list[tuple[float, int]] = []
-        best, best_sigma = b"", 0.0
-        sigma = self.last
-        for encodes in range(1, MAX_ENCODES + 1):
-            data = encode(np.clip(base + sigma * noise, 0, 255).astype(np.uint8), quality)
-            tried.append((sigma, len(data)))
-            if not best or abs(len(data) - target) < abs(len(best) - target):
-                best, best_sigma = data, sigma
-            near = abs(len(data) - target) <= (high - low) // 8 or encodes >= 3
-            if low <= len(data) <= high and near:
-                self.last = sigma
-                return data, sigma, encodes
-            if len(data) < target:
-                lo = sigma
-            else:
-                hi = sigma
-            saturated = len(tried) >= 2 and len(data) < low and len(data) < 1.01 * tried[-2][1]
-            if saturated or hi - lo < 0.05:
-                return best, best_sigma, encodes
-            sigma = self.next_sigma(tried, target, lo, hi)
-        return best, best_sigma, MAX_ENCODES
-
-    @staticmethod
-    def next_sigma(tried: list[tuple[float, int]], target: int, lo: float, hi: float) -> float:
-        x = [math.log1p(s) for s, _ in tried[-2:]]
-        y = [size for _, size in tried[-2:]]
-        if len(tried) >= 2 and y[1] != y[0] and x[1] != x[0]:
-            guess = x[1] + (target - y[1]) * (x[1] - x[0]) / (y[1] - y[0])
-        else:  # one point: size grows about 25 % per unit of log(1 + sigma) near the target
-            guess = x[-1] + math.log(target / y[-1]) / 0.25
-        sigma = math.expm1(guess)
-        if not lo < sigma < hi:
-            sigma = (lo + hi) / 2
-        return sigma
+    lo, hi = SIGMA_RANGE
+    tried: list[tuple[float, int]] = []
+    best, best_sigma = b"", 0.0
+    sigma = START_SIGMA
+    for encodes in range(1, MAX_ENCODES + 1):
+        data = encode(np.clip(base + sigma * noise, 0, 255).astype(np.uint8), quality)
+        tried.append((sigma, len(data)))
+        if not best or abs(len(data) - target) < abs(len(best) - target):
+            best, best_sigma = data, sigma
+        near = abs(len(data) - target) <= (high - low) // 8 or encodes >= 3
+        if low <= len(data) <= high and near:
+            return data, sigma, encodes
+        if len(data) < target:
+            lo = sigma
+        else:
+            hi = sigma
+        saturated = len(tried) >= 2 and len(data) < low and len(data) < 1.01 * tried[-2][1]
+        if saturated or hi - lo < 0.05:
+            break
+        sigma = next_sigma(tried, target, lo, hi)
+    return best, best_sigma, len(tried)
 
 
 _sources: Sources | None = None
-_search = SigmaSearch()
 
 
 def init_worker(seed: int) -> None:
@@ -339,8 +331,8 @@ def make_image(config: Config, index: int) -> Result:
     for _ in range(MAX_VIEWS):
         base = base_image(_sources, size, rng)
         noise = sensor_noise(_sources, base, rng)
-        data, sigma, encodes = _search.run(base, noise, config.quality, target,
-                                           config.min_bytes, config.max_bytes)
+        data, sigma, encodes = search_sigma(base, noise, config.quality, target,
+                                            config.min_bytes, config.max_bytes)
         total_encodes += encodes
         if config.min_bytes <= len(data) <= config.max_bytes:
             break
@@ -348,11 +340,7 @@ def make_image(config: Config, index: int) -> Result:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)
-    return Result(index, len(data), sigma, total_encodes)
-
-
-def make_image_star(job: tuple[Config, int]) -> Result:
-    return make_image(*job)
+    return Result(sigma, total_encodes)
 
 
 # ---- the tree ------------------------------------------------------------------------------
@@ -378,9 +366,8 @@ def generate(config: Config, indices: list[int], workers: int) -> None:
     start = last_print = time.monotonic()
     done = encodes = 0
     sigmas = []
-    jobs = [(config, i) for i in indices]
     with mp.get_context("fork").Pool(workers, init_worker, (config.seed,)) as pool:
-        for result in pool.imap_unordered(make_image_star, jobs, chunksize=8):
+        for result in pool.imap_unordered(partial(make_image, config), indices, chunksize=8):
             done += 1
             encodes += result.encodes
             sigmas.append(result.sigma)
@@ -403,10 +390,10 @@ def print_stats(config: Config) -> None:
         with Image.open(path) as image:
             dims[i] = image.size
     kb = sizes / 1024
-    inside = np.mean((sizes >= config.min_bytes) & (sizes <= config.max_bytes))
+    inside = int(np.count_nonzero((sizes >= config.min_bytes) & (sizes <= config.max_bytes)))
     print(f"dataset {config.out}: {config.images} JPEGs in {config.classes} classes, "
           f"{kb.mean():.1f} KiB mean (min {kb.min():.1f}, max {kb.max():.1f}, "
-          f"{100 * inside:.1f} % in [{config.min_bytes / 1024:.0f}, "
+          f"{inside} in [{config.min_bytes / 1024:.0f}, "
           f"{config.max_bytes / 1024:.0f}] KiB), mean size {dims[:, 0].mean():.0f}x"
           f"{dims[:, 1].mean():.0f}, {sizes.sum() / 2**30:.2f} GiB", flush=True)
 

@@ -230,7 +230,7 @@ def run_nvjpeg(args: argparse.Namespace, data: list[torch.Tensor]) -> dict:
     return {"images": count, "seconds": wall, "images_per_s": count / wall, "busy_cores": cores}
 
 
-DESCRIPTIONS = {
+LABELS = {  # as the "label" of image_bench's JSON lines
     "float": "torchvision DataLoader, float32 normalise in workers, .cuda() then .half()",
     "uint8": "torchvision DataLoader, uint8 batches, cast + normalise on the GPU",
     "nvjpeg": "torchvision.io.decode_jpeg(device='cuda'), batched, decode only",
@@ -253,10 +253,10 @@ def markdown_table(results: list[dict]) -> str:
              "| --- | ---: | ---: | ---: |"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['description']} | failed: {r['error']} | | |")
+            lines.append(f"| {r['label']} | failed: {r['error']} | | |")
             continue
         per_core = r["images_per_s"] / r["busy_cores"] if r["busy_cores"] > 0 else float("nan")
-        lines.append(f"| {r['description']} | {r['images_per_s']:,.0f} | "
+        lines.append(f"| {r['label']} | {r['images_per_s']:,.0f} | "
                      f"{r['busy_cores']:.1f} | {per_core:,.0f} |")
     return "\n".join(lines)
 
@@ -279,7 +279,7 @@ def main() -> int:
     files = read_dataset(args.data)
     results = []
     for name in args.contenders:
-        result: dict = {"name": name, "description": DESCRIPTIONS[name]}
+        result: dict = {"name": name, "label": LABELS[name]}
         try:
             result |= run_contender(args, name, files)
             log(f"{name}: {result['images_per_s']:,.0f} images/s, "

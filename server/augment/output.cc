@@ -43,28 +43,63 @@ uint64_t OutputBytes(const OutputSpec& spec, int height, int width) {
   return static_cast<uint64_t>(height) * width * 3 * DTypeSize(spec.dtype);
 }
 
+ChannelAffine OutputAffine(const OutputSpec& spec) {
+  ChannelAffine a;
+  for (int c = 0; c < 3; ++c) {
+    const double std = spec.normalize ? spec.std[c] : 1.0;
+    const double mean = spec.normalize ? spec.mean[c] : 0.0;
+    a.scale[c] = static_cast<float>(1.0 / (255.0 * std));
+    a.bias[c] = static_cast<float>(-mean / std);
+  }
+  return a;
+}
+
+namespace {
+
+// One channel-major or pixel-major pass per output type: the inner loops carry no branches,
+// so the compiler vectorises the float ones.
+template <typename T, typename Convert>
+void WriteAs(const float* hwc, size_t plane, Layout layout, const ChannelAffine& a, Convert convert,
+             std::byte* dst) {
+  T* out = reinterpret_cast<T*>(dst);
+  for (int c = 0; c < 3; ++c) {
+    const float scale = a.scale[c], bias = a.bias[c];
+    if (layout == Layout::kNCHW) {
+      T* plane_out = out + c * plane;
+      for (size_t p = 0; p < plane; ++p) plane_out[p] = convert(hwc[3 * p + c] * scale + bias);
+    } else {
+      for (size_t p = 0; p < plane; ++p) out[3 * p + c] = convert(hwc[3 * p + c] * scale + bias);
+    }
+  }
+}
+
+}  // namespace
+
 void WriteImage(const float* hwc, int height, int width, const OutputSpec& spec, std::byte* dst) {
   const size_t plane = static_cast<size_t>(height) * width;
-  const uint32_t size = DTypeSize(spec.dtype);
-  for (size_t p = 0; p < plane; ++p) {
-    for (int c = 0; c < 3; ++c) {
-      float v = hwc[3 * p + c];
-      const size_t index = spec.layout == Layout::kNCHW ? c * plane + p : 3 * p + c;
-      std::byte* out = dst + index * size;
-      if (spec.dtype == DType::kUInt8) {
-        const float r = std::floor(v + 0.5f);
-        *reinterpret_cast<uint8_t*>(out) = static_cast<uint8_t>(std::clamp(r, 0.0f, 255.0f));
-        continue;
+  const ChannelAffine a = OutputAffine(spec);
+  switch (spec.dtype) {
+    case DType::kUInt8: {
+      // Round half up and clamp, as torch's uint8 resize does.
+      auto* out = reinterpret_cast<uint8_t*>(dst);
+      for (int c = 0; c < 3; ++c) {
+        for (size_t p = 0; p < plane; ++p) {
+          const float r = std::floor(hwc[3 * p + c] + 0.5f);
+          out[spec.layout == Layout::kNCHW ? c * plane + p : 3 * p + c] =
+              static_cast<uint8_t>(std::clamp(r, 0.0f, 255.0f));
+        }
       }
-      v /= 255.0f;
-      if (spec.normalize) v = (v - spec.mean[c]) / spec.std[c];
-      if (spec.dtype == DType::kFloat32) {
-        std::memcpy(out, &v, 4);
-      } else {
-        const uint16_t h = spec.dtype == DType::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
-        std::memcpy(out, &h, 2);
-      }
+      return;
     }
+    case DType::kFloat32:
+      WriteAs<float>(hwc, plane, spec.layout, a, [](float v) { return v; }, dst);
+      return;
+    case DType::kFloat16:
+      WriteAs<uint16_t>(hwc, plane, spec.layout, a, FloatToHalf, dst);
+      return;
+    default:
+      WriteAs<uint16_t>(hwc, plane, spec.layout, a, FloatToBFloat16, dst);
+      return;
   }
 }
 

@@ -19,6 +19,15 @@ struct OutputSpec {
   Layout layout = Layout::kNCHW;
 };
 
+// The float outputs' per-channel map from [0, 255]: v * scale + bias, that is v / 255, then
+// (v - mean) / std when normalising (as ToDtype(scale=True) then Normalize). One expression
+// on the CPU and in the GPU kernel, so both paths round alike.
+struct ChannelAffine {
+  float scale[3] = {1, 1, 1};
+  float bias[3] = {0, 0, 0};
+};
+ChannelAffine OutputAffine(const OutputSpec& spec);
+
 // Bytes one image takes in `spec` for height x width.
 uint64_t OutputBytes(const OutputSpec& spec, int height, int width);
 

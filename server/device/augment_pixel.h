@@ -26,9 +26,8 @@ struct AugmentOutput {
   int32_t height = 0, width = 0;
   AugmentDType dtype = AugmentDType::kUInt8;
   int32_t nchw = 1;
-  int32_t normalize = 0;
-  float mean[3] = {0, 0, 0};
-  float std[3] = {1, 1, 1};
+  float scale[3] = {1, 1, 1};  // float outputs: v * scale + bias (OutputAffine)
+  float bias[3] = {0, 0, 0};
   uint64_t image_offset = 0;  // the image tensor, from the slot's start
   uint64_t row_bytes = 0;     // one image
 };
@@ -67,8 +66,7 @@ GPUFEED_HD inline void AugmentStore(float v, int c, const AugmentOutput& out, ui
     image[index] = static_cast<uint8_t>(r < 0.0f ? 0.0f : (r > 255.0f ? 255.0f : r));
     return;
   }
-  v /= 255.0f;
-  if (out.normalize) v = (v - out.mean[c]) / out.std[c];
+  v = v * out.scale[c] + out.bias[c];
   if (out.dtype == AugmentDType::kFloat32) {
     reinterpret_cast<float*>(image)[index] = v;
     return;

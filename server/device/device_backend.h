@@ -49,10 +49,10 @@ inline AugmentOutput ToAugmentOutput(const StagedLayout& layout, const StagedOut
     default: out.dtype = AugmentDType::kUInt8; break;
   }
   out.nchw = layout.output.layout == Layout::kNCHW;
-  out.normalize = layout.output.normalize;
+  const ChannelAffine affine = OutputAffine(layout.output);
   for (int c = 0; c < 3; ++c) {
-    out.mean[c] = layout.output.mean[c];
-    out.std[c] = layout.output.std[c];
+    out.scale[c] = affine.scale[c];
+    out.bias[c] = affine.bias[c];
   }
   out.image_offset = output.image_offset;
   out.row_bytes = output.image_row_bytes;

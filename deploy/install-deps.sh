@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
   libturbojpeg0-dev libpng-dev
-  python3
+  python3 python3-numpy python3-pytest python3-torch
 )
 
 missing=()

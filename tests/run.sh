@@ -24,3 +24,10 @@ if [ "$sanitize" = "thread" ]; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 fi
 ctest --output-on-failure -j2 --timeout 300
+
+# The Python package: pytest against this build's daemon and C library, with Debian's
+# python3 and python3-torch. Not under sanitizers (python would need their runtime preloaded).
+if [ -z "$sanitize" ]; then
+  GPUFEEDD="$build/server/gpufeedd" GPUFEED_LIBRARY="$build/client/c/libgpufeed_c.so" \
+    /usr/bin/python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider
+fi

@@ -267,8 +267,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     if (response.map_bytes() < stride_ * static_cast<uint64_t>(ring_slots_)) {
       return absl::InternalError("memory socket: ring smaller than its slots");
     }
+    // Writable and shared: a consumer may transform a batch it holds in place (torch's `x.add_`
+    // on a host batch); the daemon never reads a slot back nor writes one that is leased.
     GPUFEED_ASSIGN_OR_RETURN(
-        mapping_, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), false));
+        mapping_, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), true));
     return absl::OkStatus();
   }
 

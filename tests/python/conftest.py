@@ -1,7 +1,8 @@
 """Fixtures for the gpufeed Python tests: a real gpufeedd on a temp socket, and datasets.
 
-The package is imported from the source tree (client/python/src). Binaries come from the
-build unless the environment names others:
+The package is imported from the source tree (client/python/src; GPUFEED_PYTHON_SRC names
+another, "" an installed one). Binaries come from the build unless the environment names
+others:
   GPUFEEDD          gpufeedd binary     (default build/server/gpufeedd)
   GPUFEED_LIBRARY   libgpufeed_c.so     (default build/client/c/libgpufeed_c.so)
 """
@@ -22,7 +23,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "client" / "python" / "src"))
+# GPUFEED_PYTHON_SRC: where to import gpufeed from ("" = wherever it is installed).
+_SRC = os.environ.get("GPUFEED_PYTHON_SRC", str(ROOT / "client" / "python" / "src"))
+if _SRC:
+    sys.path.insert(0, _SRC)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("GPUFEED_LIBRARY", str(ROOT / "build" / "client" / "c" / "libgpufeed_c.so"))
 GPUFEEDD = os.environ.get("GPUFEEDD") or str(ROOT / "build" / "server" / "gpufeedd")
@@ -76,6 +80,24 @@ class Daemon:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+TEST_DEADLINE_S = 120
+
+
+@pytest.fixture(autouse=True)
+def _deadline():
+    """Fails a test that hangs (e.g. a slot never returned) instead of stalling the suite:
+    SIGALRM raises in the main thread, which gpufeed's waits leave every 200 ms."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"test ran over {TEST_DEADLINE_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(TEST_DEADLINE_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="session")

@@ -209,6 +209,19 @@ def test_one_epoch_in_place_byte_exact(daemon, job, datasets):
             s.next()
 
 
+@pytest.mark.parametrize("seed, shuffle", [(2**64 - 1, True), (2**63 + 12345, True), (5, False)])
+def test_seed_and_shuffle(daemon, job, datasets, seed, shuffle):
+    with gpufeed.Client(daemon.socket).attach(datasets.records, kind="records", batch_size=50,
+                                              seed=seed, shuffle=shuffle, stop_epoch=2,
+                                              job=job) as s:
+        got = [batch.ids.tolist() for batch in s]
+    want = [reference.rank_slice(157, seed, e, step, 0, 1, 50, shuffle)[0]
+            for e in range(2) for step in range(3)]
+    assert got == want
+    if not shuffle:
+        assert got[0] == list(range(50))
+
+
 def test_float16_records_byte_exact(daemon, job, datasets):
     expected = np.load(datasets.records_f16)
     with gpufeed.Client(daemon.socket).attach(datasets.records_f16, kind="records",
@@ -267,6 +280,7 @@ def test_explicit_release(daemon, job, datasets):
             # Released although `arrays` still views the slot (it must not be read now): in a
             # 1-slot ring only that release makes room for the next batch.
             assert batch.released
+            assert arrays["data"].shape == (4, 3, 5)  # metadata only: the bytes are gone
         batch = s.next(timeout=10)
         batch.release()
         batch.release()  # idempotent

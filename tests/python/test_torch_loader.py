@@ -199,8 +199,8 @@ def test_referenced_batch_stays_valid_while_others_are_collected(daemon, job, da
 
 
 def test_slot_goes_back_ring_slots_minus_one_batches_later(daemon, job, datasets):
-    """Holding every batch: batch j stays exact while the iterator yields j+1 and j+2 (ring
-    of 4); at j+3 its slot goes back, and the daemon fills it with j+4."""
+    """Holding every batch (ring of 4): batch j stays exact while the iterator yields j+1 and
+    j+2; yielding j+3 returns its slot, and the daemon fills that slot with j+4."""
     expected = np.load(datasets.records)
     with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
                  ring_slots=4, shuffle=False) as loader:
@@ -208,12 +208,52 @@ def test_slot_goes_back_ring_slots_minus_one_batches_later(daemon, job, datasets
         for b in loader:
             held.append(b)
             j = len(held) - 1
-            for k in range(max(0, j - 2), j + 1):  # the last three: untouched
+            for k in range(max(0, j - 2), j + 1):  # the last three: leased and untouched
+                assert not held[k].released
                 assert np.array_equal(held[k]["data"].numpy(), expected[held[k].ids])
+            assert all(h.released for h in held[:max(0, j - 2)])
             if j >= 4:  # j-4 went back when j-1 was yielded; its memory now holds batch j
                 assert np.array_equal(held[j - 4]["data"].numpy(), expected[held[j].ids])
             if j == 12:
                 break
+
+
+def test_explicit_release_returns_the_slot(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
+                 ring_slots=2) as loader:
+        it = iter(loader)
+        b0 = next(it)
+        keep = b0["data"]
+        b1 = next(it)  # a 2-slot ring: yielding b1 returned b0's slot
+        assert b0.released and not b1.released
+        b1.release()
+        b1.release()  # idempotent
+        assert b1.released
+        del keep, b0
+
+
+def test_released_tensors_never_crash_after_close(daemon, datasets, tmp_path):
+    """A tensor read after its slot went back and the loader closed gives stale bytes, not a
+    segfault: the ring stays mapped while any tensor refers to it (own process: a crash
+    must not take pytest down)."""
+    script = tmp_path / "stale.py"
+    script.write_text(
+        "import gc\n"
+        "import gpufeed.torch\n"
+        f"loader = gpufeed.torch.Loader({str(datasets.records)!r}, kind='records', "
+        f"batch_size=4, ring_slots=2, device='cpu', socket={daemon.socket!r}, job='py-stale')\n"
+        "it = iter(loader)\n"
+        "keep = next(it)['data']\n"
+        "next(it)\n"  # returns the first batch's slot
+        "del it\n"
+        "loader.close()\n"
+        "del loader\n"
+        "gc.collect()\n"
+        "print(keep.shape[0], int(keep.sum()) >= 0)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert (out.returncode, out.stdout) == (0, "4 True\n"), out.stderr
 
 
 def test_copy_true_yields_owned_tensors(daemon, job, datasets):
@@ -301,13 +341,36 @@ def test_errors(daemon, job, datasets, tmp_path):
     with pytest.raises(gpufeed.NotFound) as e:
         _loader(daemon, tmp_path / "missing.bin", kind="tokens", seq_len=8, batch_size=1,
                 job=job)
-    assert str(e.value) == f"attach: dataset.path: {tmp_path / 'missing.bin'}: No such file or directory"
+    missing = tmp_path / "missing.bin"
+    assert str(e.value) == f"attach: dataset.path: {missing}: No such file or directory"
     with pytest.raises(gpufeed.InvalidArgument, match="device: want cpu or cuda"):
         _loader(daemon, datasets.records, kind="records", batch_size=1, device="meta")
     with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " +
                        re.escape(str(tmp_path / "none.sock"))):
         gpufeed.torch.Loader(datasets.records, kind="records", batch_size=1, device="cpu",
                              socket=tmp_path / "none.sock")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
+def test_cuda_without_a_gpu_is_failed_precondition(daemon, datasets):
+    with pytest.raises(gpufeed.FailedPrecondition) as e:
+        _loader(daemon, datasets.records, kind="records", batch_size=1, device="cuda")
+    assert str(e.value) == ("device: 'cuda' asked for, but torch sees no CUDA device "
+                            "(device='cpu' delivers to host memory)")
+
+
+def test_batches_pickle_as_owned_tensors(daemon, job, datasets, tmp_path):
+    expected = np.load(datasets.records)
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job,
+                 drop_last=False) as loader:
+        b = next(iter(loader))
+        torch.save(b, tmp_path / "batch.pt")
+    del b
+    again = torch.load(tmp_path / "batch.pt")
+    assert type(again) is gpufeed.torch.Batch and not again.released
+    assert (again.epoch, again.step, again.valid_count) == (0, 0, 4)
+    assert sorted(again) == ["data", "valid"]
+    assert np.array_equal(again["data"].numpy(), expected[again.ids])
 
 
 def test_rank_env_must_be_an_integer(daemon, datasets, monkeypatch):

@@ -37,7 +37,6 @@ from gpufeed.errors import error_for
 DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
 """gpufeedd's socket when neither the argument nor ``GPUFEED_SOCKET`` names one."""
 
-_LEAK = []
 _OK = 0
 _DEADLINE_EXCEEDED = 4
 # gpufeed_next waits in slices this long, so that Ctrl-C (handled by Python between calls)
@@ -105,7 +104,7 @@ class _SessionHandle:
 
     def __init__(self, lib: ctypes.CDLL, ptr: int) -> None:
         self.lib = lib
-        self.ptr = ptr
+        self.ptr: Optional[int] = ptr
         self._destroy = lib.gpufeed_session_destroy
 
     def __del__(self) -> None:
@@ -122,8 +121,7 @@ class _Lease:
     """
 
     def __init__(self, session: _SessionHandle, ptr: int) -> None:
-        self._session = session
-        _LEAK.append(self)
+        self._session = session  # keeps the mapping alive, also after release
         self._ptr: Optional[int] = ptr
         self._lock = threading.Lock()
         self._release = session.lib.gpufeed_batch_release
@@ -196,19 +194,21 @@ class Tensor:
             raise error_for(13, f"tensor {self.name!r}: {self.nbytes} bytes for shape "
                                 f"{self.shape} of {self.dtype}")
 
-    def interface(self, typestr: Optional[str] = None) -> Dict[str, Any]:
+    def interface(self, typestr: Optional[str] = None, readonly: bool = True) -> Dict[str, Any]:
         """The array interface dict (v3) of this tensor, optionally reinterpreting its
-        elements as ``typestr`` (same item size), e.g. ``"<i2"`` for uint16 bits."""
+        elements as ``typestr`` (same item size), e.g. ``"<i2"`` for uint16 bits. Host
+        memory is mapped read-only whatever ``readonly`` says: writing to it crashes."""
         typestr = typestr or self.typestr
         if np.dtype(typestr).itemsize != np.dtype(self.typestr).itemsize:
             raise InvalidArgument(f"typestr: {typestr} has another item size than {self.dtype}")
-        return {"shape": self.shape, "typestr": typestr, "data": (self.data_ptr, False),
+        return {"shape": self.shape, "typestr": typestr, "data": (self.data_ptr, readonly),
                 "strides": None, "version": 3}
 
-    def view(self, typestr: Optional[str] = None) -> "_View":
+    def view(self, typestr: Optional[str] = None, readonly: bool = True) -> "_View":
         """An object exposing this tensor's array interface (``__array_interface__`` on the
-        host, ``__cuda_array_interface__`` on a GPU) as ``typestr``, holding the lease."""
-        return _View(self._lease, self.interface(typestr), self.device == "cuda")
+        host, ``__cuda_array_interface__`` on a GPU) as ``typestr``, holding the lease (see
+        :meth:`interface`)."""
+        return _View(self._lease, self.interface(typestr, readonly), self.device == "cuda")
 
     def numpy(self) -> np.ndarray:
         """A read-only numpy array over the tensor, no copy (host tensors only)."""
@@ -224,16 +224,14 @@ class Tensor:
         if self.device != "cpu":
             raise AttributeError("__array_interface__: a device tensor (use "
                                  "__cuda_array_interface__)")
-        interface = self.interface()
-        interface["data"] = (self.data_ptr, True)
-        return interface
+        return self.interface()
 
     @property
     def __cuda_array_interface__(self) -> Dict[str, Any]:  # noqa: D105 (CUDA array protocol)
         if self.device != "cuda":
             raise AttributeError("__cuda_array_interface__: a host tensor (use "
                                  "__array_interface__)")
-        return self.interface()
+        return self.interface(readonly=False)
 
     def __repr__(self) -> str:
         return (f"gpufeed.Tensor({self.name!r}, {self.dtype}, shape={self.shape}, "
@@ -372,7 +370,7 @@ class Session:
             else:
                 wait_ms = max(0, min(_WAIT_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
             status = lib.gpufeed_next(handle.ptr, wait_ms, ctypes.byref(out))
-            if status == _OK:
+            if status == _OK and out.value:
                 return Batch(handle, out.value)
             if status != _DEADLINE_EXCEEDED:
                 raise error_for(status, _capi.last_error(lib))
@@ -556,20 +554,21 @@ class Client:
         options = ctypes.c_void_p()
         _check(lib, lib.gpufeed_options_create(ctypes.byref(options)))
         try:
-            for key, value in strings.items():
-                if value is not None:
-                    if not isinstance(value, str):
-                        raise InvalidArgument(f"{key}: want a string, got {value!r}")
+            for key, text in strings.items():
+                if text is not None:
+                    if not isinstance(text, str):
+                        raise InvalidArgument(f"{key}: want a string, got {text!r}")
                     _check(lib, lib.gpufeed_options_set_string(options, key.encode(),
-                                                               value.encode("utf-8")))
-            for key, value in ints.items():
-                if value is not None:
+                                                               text.encode("utf-8")))
+            for key, number in ints.items():
+                if number is not None:
                     _check(lib, lib.gpufeed_options_set_int(options, key.encode(),
-                                                            _int(key, value)))
+                                                            _int(key, number)))
             session = ctypes.c_void_p()
             _check(lib, lib.gpufeed_attach(options, ctypes.byref(session)))
         finally:
             lib.gpufeed_options_destroy(options)
+        assert session.value, "gpufeed_attach returned OK without a session"
         return Session(_SessionHandle(lib, session.value), self.socket)
 
     def __repr__(self) -> str:

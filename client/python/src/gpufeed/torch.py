@@ -56,7 +56,7 @@ import torch
 from gpufeed.client import Batch as _CoreBatch
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
-from gpufeed.errors import InvalidArgument
+from gpufeed.errors import FailedPrecondition, InvalidArgument
 
 __all__ = ["Batch", "Loader"]
 
@@ -87,6 +87,33 @@ class Batch(dict):
     """Sample ids of the rows (int64 numpy array)."""
     valid_count: int
     """Rows ``[0, valid_count)`` are real samples; the rest pad the epoch's last batch."""
+    _lease: Optional[_Lease] = None  # the slot its tensors view; None for owned copies
+
+    @property
+    def released(self) -> bool:
+        """True once the slot these tensors view went back to the daemon (the loader moved
+        ``ring_slots - 1`` batches on, or :meth:`release`): they must not be read then.
+        Always False for owned tensors (``copy=True``, widened types)."""
+        return self._lease is not None and self._lease.released
+
+    def __reduce__(self):
+        # Pickles (torch.save, multiprocessing) as owned tensors, without the slot's lease.
+        return (_restore_batch, (dict(self), self.epoch, self.step, self.ids, self.valid_count))
+
+    def release(self) -> None:
+        """Returns the slot now, before garbage collection would (e.g. once the batch was
+        copied to the GPU); the tensors must not be read afterwards. Device delivery: the
+        daemon refills the slot only after the work queued so far on the stream that was
+        current when the batch was yielded."""
+        if self._lease is not None:
+            self._lease.release()
+
+
+def _restore_batch(tensors: Dict[str, Any], epoch: int, step: int, ids: np.ndarray,
+                   valid_count: int) -> Batch:
+    batch = Batch(tensors)
+    batch.epoch, batch.step, batch.ids, batch.valid_count = epoch, step, ids, valid_count
+    return batch
 
 
 def _leased(ref: "weakref.ref[_Lease]") -> bool:
@@ -101,7 +128,8 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise InvalidArgument(f"{name}: want an integer in the environment, got {value!r}") from None
+        raise InvalidArgument(
+            f"{name}: want an integer in the environment, got {value!r}") from None
 
 
 def _resolve_device(device: Union[None, str, int, "torch.device"]) -> "torch.device":
@@ -113,10 +141,14 @@ def _resolve_device(device: Union[None, str, int, "torch.device"]) -> "torch.dev
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise InvalidArgument(f"device: {e}") from None
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", torch.cuda.current_device())
     if resolved.type not in ("cpu", "cuda"):
         raise InvalidArgument(f"device: want cpu or cuda[:N], got {device!r}")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FailedPrecondition(f"device: {device!r} asked for, but torch sees no CUDA "
+                                     "device (device='cpu' delivers to host memory)")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
     return resolved
 
 
@@ -215,10 +247,10 @@ class Loader:
         self._held: Deque["weakref.ref[_Lease]"] = collections.deque()
         self._generation = 0
         self._widen_warned = False
+        self.info: SessionInfo
+        """What the daemon answered at the last attach (samples, steps per epoch, ring
+        slots)."""
         self._attach(self._position)
-        assert self._session is not None
-        self.info: SessionInfo = self._session.info
-        """What the daemon answered at attach (samples, steps per epoch, ring slots)."""
 
     # ---- position ----
 
@@ -278,7 +310,9 @@ class Loader:
             if self._session.position() == position:
                 return self._session
             self.close()
-        self._session = self._client.attach(self._dataset, start=tuple(position), **self._options)
+        start = (position.epoch, position.step)
+        self._session = self._client.attach(self._dataset, start=start, **self._options)
+        self.info = self._session.info
         return self._session
 
     def _next(self, session: Session) -> Batch:
@@ -332,14 +366,18 @@ class Loader:
                 out["valid"] = torch.from_numpy(core.valid_mask())
         out.epoch, out.step, out.ids, out.valid_count = (core.epoch, core.step, core.ids,
                                                          core.valid_count)
-        if not zero_copy:
+        if zero_copy:
+            out._lease = core._lease
+        else:
             core.release(stream)  # every tensor is a copy: the slot can go back now
         return out, zero_copy
 
     def _tensor(self, tensor: _CoreTensor, cuda: bool) -> Tuple["torch.Tensor", bool]:
         """One tensor in place, or widened (a copy); whether it views the slot."""
         carrier, target = _REINTERPRETED.get(tensor.dtype, (tensor.typestr, ""))
-        view = tensor.view(carrier)
+        # torch tensors are writable whatever numpy says (a read-only array only earns a
+        # warning), so the view is not flagged read-only; the module docs warn about writes.
+        view = tensor.view(carrier, readonly=False)
         if cuda:
             x = torch.as_tensor(view, device=self.device)
         else:
@@ -367,7 +405,7 @@ class Loader:
 
     def close(self) -> None:
         """Detaches from the daemon (idempotent). Batches still held stay readable memory,
-        but their slots are no longer protected from reuse."""
+        but their slots are no longer protected from reuse. Iterating again attaches anew."""
         session, self._session = self._session, None
         self._held.clear()
         if session is not None:

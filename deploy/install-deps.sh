@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
-  libturbojpeg0-dev libpng-dev
+  libturbojpeg0-dev libpng-dev prometheus-cpp-dev libsystemd-dev prometheus
   python3 python3-numpy python3-pytest python3-torch
 )
 

@@ -1,18 +1,31 @@
 #include "server/daemon.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/os/file.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "gpufeed/v1/config.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/notify.h"
 #include "server/service/feed_service.h"
+#include "server/service/health_service.h"
 #include "server/service/mem_server.h"
+#include "server/service/metrics.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "spdlog/spdlog.h"
@@ -37,6 +50,68 @@ absl::StatusOr<std::string> UnixPathOf(const std::string& listen) {
         absl::StrCat("listen: '", listen, "' must name an absolute socket path"));
   }
   return path;
+}
+
+namespace {
+
+// Collects protobuf's text-format errors with their line and column.
+class ParseErrors final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first.empty()) first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  std::string first;
+};
+
+absl::Status CheckHostPort(const std::string& field, const std::string& value) {
+  const size_t colon = value.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": want HOST:PORT (e.g. 0.0.0.0:9090), got '", value, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* c) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string body = text.str();
+  v1::DaemonConfig file;
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && body[first] == '{') {
+    const auto parsed = google::protobuf::util::JsonStringToMessage(body, &file);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", path, ": ", std::string(parsed.message())));
+    }
+  } else {
+    google::protobuf::TextFormat::Parser parser;
+    ParseErrors errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(body, &file)) {
+      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", errors.first));
+    }
+  }
+  if (file.has_listen()) c->listen = file.listen();
+  if (file.has_mem_socket()) c->mem_socket = file.mem_socket();
+  if (file.has_staging_bytes()) c->staging_bytes = file.staging_bytes();
+  if (file.has_device_bytes()) c->device_bytes = file.device_bytes();
+  if (file.has_threads()) c->threads = file.threads();
+  if (file.has_max_sessions()) c->max_sessions = file.max_sessions();
+  if (file.has_ring_slots()) c->default_ring_slots = file.ring_slots();
+  if (file.has_attach_timeout_ms()) c->attach_timeout = absl::Milliseconds(file.attach_timeout_ms());
+  if (file.has_read_mode()) c->read_mode = file.read_mode();
+  if (file.has_log_level()) c->log_level = file.log_level();
+  if (file.has_log_format()) c->log_format = file.log_format();
+  if (file.has_metrics_listen()) c->metrics_listen = file.metrics_listen();
+  if (file.has_health_listen()) c->health_listen = file.health_listen();
+  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(DaemonConfig& c) {
@@ -79,6 +154,12 @@ absl::Status ValidateConfig(DaemonConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("read_mode: want mmap or pread, got '", c.read_mode, "'"));
   }
+  if (c.attach_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("attach_timeout: must be > 0");
+  }
+  if (!c.metrics_listen.empty()) GPUFEED_RETURN_IF_ERROR(CheckHostPort("metrics_listen", c.metrics_listen));
+  if (!c.health_listen.empty()) GPUFEED_RETURN_IF_ERROR(CheckHostPort("health_listen", c.health_listen));
+  GPUFEED_RETURN_IF_ERROR(SetLogFormat(c.log_format));
   return SetLogLevel(c.log_level);
 }
 
@@ -120,9 +201,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
 
   d->feed_service_ = std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket);
   Daemon* raw = d.get();
-  d->admin_service_ = std::make_unique<AdminService>(
-      d->sessions_.get(),
-      DaemonInfo{kVersion, absl::Now(), d->pool_.get(), [raw] { return raw->serving_.load(); }});
+  DaemonInfo info;
+  info.version = kVersion;
+  info.started = absl::Now();
+  info.pool = d->pool_.get();
+  info.serving = [raw] { return raw->serving_.load(); };
+  info.draining = [raw] { return raw->draining_.load(); };
+  // A drain requested over gRPC ends the process as SIGTERM does: the main thread's sigwait
+  // takes it and shuts down in order.
+  info.drain = [raw](absl::Duration timeout) {
+    return raw->Drain(timeout, [] { ::kill(::getpid(), SIGTERM); });
+  };
+  d->admin_service_ = std::make_unique<AdminService>(d->sessions_.get(), std::move(info));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -135,14 +225,82 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
     return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen,
                                                " (is its directory there and writable?)"));
   }
-  grpc::HealthCheckServiceInterface* health = d->server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus("gpufeed.v1.Feed", true);
-  d->serving_ = true;
+  if (!c.health_listen.empty()) {
+    // A server of its own, with the health service alone: the TCP port must not expose Feed
+    // or Admin (no authentication there; the Unix socket's permissions are the access control).
+    d->tcp_health_ = std::make_unique<TcpHealthService>(
+        [raw] { return raw->serving_.load(); },
+        [raw] { return raw->serving_.load() && !raw->draining_.load(); });
+    grpc::ServerBuilder health;
+    health.AddListeningPort(c.health_listen, grpc::InsecureServerCredentials(), &d->health_port_);
+    health.RegisterService(d->tcp_health_.get());
+    // This server has its own health service; gRPC's default one would clash with it.
+    grpc::EnableDefaultHealthCheckService(false);
+    d->health_server_ = health.BuildAndStart();
+    grpc::EnableDefaultHealthCheckService(true);
+    if (d->health_server_ == nullptr || d->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("health_listen: cannot serve on ", c.health_listen));
+    }
+  }
+  if (!c.metrics_listen.empty()) {
+    MetricsSources sources{kVersion, d->devices_ != nullptr, d->sessions_.get(), d->pool_.get(),
+                           d->devices_.get()};
+    GPUFEED_ASSIGN_OR_RETURN(d->metrics_, MetricsServer::Start(c.metrics_listen, sources));
+  }
+  // Liveness ("") and readiness ("gpufeed.v1.Feed") go SERVING once both sockets are bound and
+  // the GPUs initialised, on the Unix socket and the TCP health port alike.
+  d->SetServing(true);
+  const std::string status = absl::StrCat("serving on ", c.listen, ", staging ",
+                                          c.staging_bytes >> 20, " MiB, ", c.threads, " threads");
   spdlog::info("gpufeedd {} serving on {} (memory socket {}), staging {} MiB, {} threads, "
-               "{} reads",
-               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads, c.read_mode);
+               "{} reads{}{}",
+               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads, c.read_mode,
+               c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
+               c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
+  d->notifier_ = std::make_unique<SystemdNotifier>();
+  d->notifier_->Ready(status);
   return d;
+}
+
+void Daemon::SetServing(bool serving) {
+  serving_ = serving;
+  // The TCP health port reads serving_ and draining_ itself.
+  if (server_ != nullptr) {
+    grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+    health->SetServingStatus("", serving);
+    // Readiness: not while draining.
+    health->SetServingStatus("gpufeed.v1.Feed", serving && !draining_);
+  }
+}
+
+int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
+
+int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
+  const int sessions = sessions_->num_sessions();
+  if (draining_.exchange(true)) return sessions;
+  sessions_->BeginDrain();
+  SetServing(serving_);
+  if (notifier_ != nullptr) notifier_->Status(absl::StrCat("draining, ", sessions, " sessions"));
+  spdlog::info("drain: readiness NOT_SERVING, {} sessions run on{}", sessions,
+               timeout > absl::ZeroDuration()
+                   ? absl::StrCat(", at most ", absl::FormatDuration(timeout))
+                   : std::string());
+  const absl::Time deadline =
+      timeout > absl::ZeroDuration() ? absl::Now() + timeout : absl::InfiniteFuture();
+  drain_watcher_ = std::thread([this, deadline, on_drained = std::move(on_drained)] {
+    while (!stop_drain_watcher_) {
+      const int left = sessions_->num_sessions();
+      if (left == 0 || absl::Now() >= deadline) {
+        spdlog::info("drain: {}", left == 0 ? "the last session has ended"
+                                            : absl::StrCat("deadline passed with ", left,
+                                                           " sessions attached"));
+        on_drained();
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
+  return sessions;
 }
 
 void Daemon::Shutdown() {
@@ -150,19 +308,26 @@ void Daemon::Shutdown() {
   shut_down_ = true;
   // In order: stop admitting and say so, end the sessions (their streams finish with
   // UNAVAILABLE), stop the server within the grace period, then the rest in reverse.
-  serving_ = false;
-  if (server_ != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(false);
-  }
+  if (notifier_ != nullptr) notifier_->Stopping("shutting down");
+  stop_drain_watcher_ = true;
+  if (drain_watcher_.joinable()) drain_watcher_.join();
+  SetServing(false);
   if (sessions_ != nullptr) sessions_->Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() +
                                             absl::ToChronoNanoseconds(config_.shutdown_grace));
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(std::chrono::system_clock::now() +
+                             absl::ToChronoNanoseconds(config_.shutdown_grace));
+  }
+  metrics_.reset();
   mem_server_.reset();
   spdlog::info("gpufeedd stopped");
 }
 
 Daemon::~Daemon() {
   Shutdown();
+  health_server_.reset();
+  tcp_health_.reset();
   server_.reset();
   admin_service_.reset();
   feed_service_.reset();

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -21,6 +23,9 @@ class MemServer;
 class FeedService;
 class AdminService;
 class DeviceBackend;
+class MetricsServer;
+class TcpHealthService;
+class SystemdNotifier;
 
 inline constexpr char kVersion[] = "0.1.0";
 
@@ -42,7 +47,17 @@ struct DaemonConfig {
   std::string read_mode = "mmap";
   // Device bytes all device rings on one GPU may hold together.
   uint64_t device_bytes = uint64_t{4} << 30;
+  std::string log_format = "text";  // or "json"
+  // TCP "host:port" for Prometheus' /metrics, and for grpc.health.v1 alone (Kubernetes'
+  // gRPC probes cannot reach a Unix socket). Empty: off.
+  std::string metrics_listen;
+  std::string health_listen;
 };
+
+// Reads a gpufeed.v1.DaemonConfig (protobuf text format, or JSON when the file starts with
+// '{') into `config`: the fields the file sets replace the defaults. NOT_FOUND for a missing
+// file, INVALID_ARGUMENT naming the file, line and field otherwise.
+absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* config);
 
 // INVALID_ARGUMENT naming the field. Fills derived fields (mem_socket, threads).
 absl::Status ValidateConfig(DaemonConfig& config);
@@ -61,6 +76,15 @@ class Daemon {
   // period. Idempotent.
   void Shutdown();
 
+  // Readiness NOT_SERVING and new sessions refused; `on_drained` runs (once, on a thread of
+  // the daemon's) when the last session has ended or `timeout` has passed (zero: no limit).
+  // Returns the sessions attached when the drain began.
+  int Drain(absl::Duration timeout, std::function<void()> on_drained);
+
+  // The port --metrics_listen / --health_listen bound (for port 0), or 0 when off.
+  int metrics_port() const;
+  int health_port() const { return health_port_; }
+
   const DaemonConfig& config() const { return config_; }
 
  private:
@@ -76,7 +100,17 @@ class Daemon {
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MemServer> mem_server_;
+  std::unique_ptr<TcpHealthService> tcp_health_;
+  std::unique_ptr<grpc::Server> health_server_;  // TCP, grpc.health.v1 only
+  int health_port_ = 0;
+  std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<SystemdNotifier> notifier_;
+  std::thread drain_watcher_;
+  std::atomic<bool> stop_drain_watcher_{false};
+  std::atomic<bool> draining_{false};
   bool shut_down_ = false;
+
+  void SetServing(bool serving);
 };
 
 }  // namespace gpufeed::server

@@ -4,9 +4,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
@@ -33,6 +37,14 @@ ABSL_FLAG(std::string, read_mode, "mmap",
 ABSL_FLAG(uint64_t, device_bytes, uint64_t{4} << 30,
           "device memory all consumers' rings on one GPU may hold together (bytes)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_format, "text", "text, or json (one object a line, for log pipelines)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "TCP HOST:PORT serving Prometheus metrics at /metrics; empty: off");
+ABSL_FLAG(std::string, health_listen, "",
+          "TCP HOST:PORT serving grpc.health.v1 alone (Kubernetes gRPC probes); empty: off");
+ABSL_FLAG(std::string, config, "",
+          "a gpufeed.v1.DaemonConfig file (text format or JSON; deploy/gpufeedd.textproto); "
+          "flags given on the command line override it");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("gpufeedd: serves shuffled, sharded batches to training processes");
@@ -49,17 +61,43 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // Defaults, then the config file, then the flags given on the command line.
   gpufeed::server::DaemonConfig config;
-  config.listen = absl::GetFlag(FLAGS_listen);
-  config.mem_socket = absl::GetFlag(FLAGS_mem_socket);
-  config.staging_bytes = absl::GetFlag(FLAGS_staging_bytes);
-  config.threads = absl::GetFlag(FLAGS_threads);
-  config.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  config.default_ring_slots = absl::GetFlag(FLAGS_ring_slots);
-  config.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
-  config.log_level = absl::GetFlag(FLAGS_log_level);
-  config.read_mode = absl::GetFlag(FLAGS_read_mode);
-  config.device_bytes = absl::GetFlag(FLAGS_device_bytes);
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    if (absl::Status s = gpufeed::server::ApplyConfigFile(path, &config); !s.ok()) {
+      spdlog::critical("gpufeedd cannot start: {}", s.ToString());
+      return 1;
+    }
+  }
+  // The flags named on the command line (absl keeps its own record private here).
+  std::set<std::string> named;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    named.insert(std::string(arg.substr(0, arg.find('='))));
+  }
+  auto given = [&named](const auto& flag) {
+    return named.contains(std::string(absl::GetFlagReflectionHandle(flag).Name()));
+  };
+  const bool file = !absl::GetFlag(FLAGS_config).empty();
+  auto apply = [&](const auto& flag, auto* field) {
+    if (!file || given(flag)) *field = absl::GetFlag(flag);
+  };
+  apply(FLAGS_listen, &config.listen);
+  apply(FLAGS_mem_socket, &config.mem_socket);
+  apply(FLAGS_staging_bytes, &config.staging_bytes);
+  apply(FLAGS_threads, &config.threads);
+  apply(FLAGS_max_sessions, &config.max_sessions);
+  apply(FLAGS_ring_slots, &config.default_ring_slots);
+  apply(FLAGS_attach_timeout, &config.attach_timeout);
+  apply(FLAGS_log_level, &config.log_level);
+  apply(FLAGS_read_mode, &config.read_mode);
+  apply(FLAGS_device_bytes, &config.device_bytes);
+  apply(FLAGS_log_format, &config.log_format);
+  apply(FLAGS_metrics_listen, &config.metrics_listen);
+  apply(FLAGS_health_listen, &config.health_listen);
 
   absl::StatusOr<std::unique_ptr<gpufeed::server::Daemon>> daemon =
       gpufeed::server::Daemon::Start(config);

@@ -297,6 +297,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   absl::StatusOr<Batch> Next(absl::Duration timeout) {
     Event event;
+    const absl::Time asked = absl::Now();
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -325,6 +326,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     batch.epoch_ = b.epoch();
     batch.step_ = b.step();
     batch.valid_ = b.valid_count();
+    batch.waited_ = absl::Now() - asked;
     batch.ids_.assign(b.ids().begin(), b.ids().end());
     batch.tensors_ = layout_;
     const std::byte* base = device_ring_ != nullptr ? device_ring_->base() : mapping_.data();
@@ -343,7 +345,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Releases from any thread. Whoever finds no write in progress becomes the writer and
   // sends every release queued meanwhile in one message, so releases that arrive while a
   // write is under way share the next one.
-  void Release(int32_t slot, uint64_t generation, void* stream) {
+  void Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream) {
     if (device_ring_ != nullptr) {
       // The daemon's next copy into this slot waits for the work queued on `stream` so far.
       absl::Status s = device_ring_->RecordRelease(slot, stream);
@@ -357,6 +359,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
       v1::Release* r = releases_.add_releases();
       r->set_slot(slot);
       r->set_generation(generation);
+      r->set_waited_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(waited)));
       if (release_writer_active_) return;
       release_writer_active_ = true;
     }
@@ -516,6 +519,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     epoch_ = other.epoch_;
     step_ = other.step_;
     valid_ = other.valid_;
+    waited_ = other.waited_;
     ids_ = std::move(other.ids_);
     tensors_ = std::move(other.tensors_);
   }
@@ -526,7 +530,7 @@ Batch::~Batch() { Release(nullptr); }
 
 void Batch::Release(void* stream) {
   if (core_ == nullptr) return;
-  core_->Release(slot_, generation_, stream);
+  core_->Release(slot_, generation_, waited_, stream);
   core_.reset();
   for (Tensor& t : tensors_) t.data = nullptr;
 }
@@ -619,6 +623,7 @@ absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
   out.staging_free_bytes = response.staging_free_bytes();
   out.sessions = response.sessions();
   out.feeds = response.feeds();
+  out.draining = response.draining();
   return out;
 }
 
@@ -670,9 +675,22 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
     info.batches_delivered = s.batches_delivered();
     info.streaming = s.streaming();
     info.age_ms = s.age_ms();
+    info.bytes_delivered = s.bytes_delivered();
+    info.producer_blocked_ns = s.producer_blocked_ns();
+    info.consumer_wait_ns = s.consumer_wait_ns();
+    info.streaming_ns = s.streaming_ns();
     out.push_back(std::move(info));
   }
   return out;
+}
+
+absl::StatusOr<int32_t> AdminClient::Drain(absl::Duration timeout) {
+  v1::DrainRequest request;
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::DrainResponse response;
+  GPUFEED_RETURN_IF_ERROR(Call(impl_->admin.get(), &v1::Admin::Stub::Drain, request, &response,
+                               impl_->timeout, "drain"));
+  return response.sessions();
 }
 
 }  // namespace gpufeed::client

@@ -1,6 +1,7 @@
 // gpufeedctl: inspect gpufeedd and consume from it.
 //
-//   gpufeedctl [--socket PATH] [-o table|json] status|feeds|sessions
+//   gpufeedctl [--socket PATH] [-o table|json] status|feeds|sessions|stats|version
+//   gpufeedctl [--socket PATH] drain [--timeout 60s]
 //   gpufeedctl [--socket PATH] [-o table|json] consume --dataset PATH --batch-size B ...
 //
 // Flags are parsed by hand rather than with absl flags: the CLI's flags are dashed
@@ -43,6 +44,13 @@ commands:
   status     health, version, uptime and staging memory of the daemon
   feeds      the feeds the daemon runs
   sessions   the consumers attached to it
+  stats      a live table per feed and per consumer (batches/s, bytes/s, producer blocked %,
+             consumer wait %), refreshed every --interval (default 1s); -o json prints one
+             measurement over one interval and exits; --count N stops after N tables
+  drain      readiness NOT_SERVING, new sessions refused, current ones run to their end; the
+             daemon exits after the last one or at --timeout (default 60s; 0 = none). Waits
+             for the daemon to exit and says so
+  version    gpufeedctl's version, and the daemon's when it answers
   consume    attach as one consumer and read batches
 
 consume flags:
@@ -93,7 +101,8 @@ const std::vector<std::string> kValueFlags = {
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
     "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
     "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample",
-    "--decode",     "--augment",     "--dump"};
+    "--decode",     "--augment",     "--dump",        "--interval",   "--count",
+    "--timeout"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -223,6 +232,153 @@ int Status(const Args& args) {
                 "staging   %lu of %lu bytes free\n",
                 s->health.c_str(), s->version.c_str(), s->uptime_ms / 1000.0, s->sessions,
                 s->feeds, s->staging_free_bytes, s->staging_total_bytes);
+  }
+  return 0;
+}
+
+constexpr char kCtlVersion[] = "0.1.0";
+
+// "60s", "500ms", "2m" (absl durations) or plain seconds.
+absl::StatusOr<absl::Duration> DurationFlag(const Args& args, const std::string& flag,
+                                            absl::Duration fallback) {
+  auto it = args.values.find(flag);
+  if (it == args.values.end()) return fallback;
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::ParseDuration(it->second, &d) && d >= absl::ZeroDuration()) return d;
+  if (absl::SimpleAtod(it->second, &seconds) && seconds >= 0) return absl::Seconds(seconds);
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": want a duration such as 60s or 500ms, got '", it->second, "'"));
+}
+
+int Version(const Args& args) {
+  std::string daemon = "not answering";
+  if (auto admin = AdminClient::Connect(args.socket, absl::Seconds(2)); admin.ok()) {
+    if (auto s = (*admin)->GetStatus(); s.ok()) daemon = s->version;
+  }
+  if (args.output == "json") {
+    std::printf("{\"gpufeedctl\":%s,\"gpufeedd\":%s}\n", JsonString(kCtlVersion).c_str(),
+                JsonString(daemon).c_str());
+  } else {
+    std::printf("gpufeedctl %s\ngpufeedd   %s (%s)\n", kCtlVersion, daemon.c_str(),
+                args.socket.c_str());
+  }
+  return 0;
+}
+
+int Drain(const Args& args) {
+  absl::StatusOr<absl::Duration> timeout = DurationFlag(args, "--timeout", absl::Seconds(60));
+  if (!timeout.ok()) return Fail(timeout.status());
+  auto admin = AdminClient::Connect(args.socket);
+  if (!admin.ok()) return Fail(admin.status());
+  absl::StatusOr<int32_t> sessions = (*admin)->Drain(*timeout);
+  if (!sessions.ok()) return Fail(sessions.status());
+  std::fprintf(stderr, "draining %s: %d sessions attached, new ones refused\n",
+               args.socket.c_str(), *sessions);
+  // The daemon exits after its last session or at the timeout; wait a little beyond that.
+  const absl::Time give_up = *timeout > absl::ZeroDuration()
+                                 ? absl::Now() + *timeout + absl::Seconds(10)
+                                 : absl::InfiniteFuture();
+  absl::Time last = absl::Now();
+  while (absl::Now() < give_up) {
+    auto status = (*admin)->GetStatus();
+    if (!status.ok()) {
+      std::fprintf(stderr, "gpufeedd has exited\n");
+      return 0;
+    }
+    if (absl::Now() - last >= absl::Seconds(1)) {
+      last = absl::Now();
+      std::fprintf(stderr, "draining: %d sessions left\n", status->sessions);
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::fprintf(stderr, "gpufeedctl: gpufeedd is still up %s after the drain's timeout\n",
+               absl::FormatDuration(absl::Seconds(10)).c_str());
+  return 1;
+}
+
+int Stats(const Args& args) {
+  absl::StatusOr<absl::Duration> interval = DurationFlag(args, "--interval", absl::Seconds(1));
+  if (!interval.ok()) return Fail(interval.status());
+  if (*interval < absl::Milliseconds(100)) {
+    return Fail(absl::InvalidArgumentError("--interval: at least 100ms"));
+  }
+  int64_t count = args.output == "json" ? 1 : 0;
+  if (absl::Status s = IntFlag(args, "--count", &count); !s.ok()) return Fail(s);
+  auto admin = AdminClient::Connect(args.socket);
+  if (!admin.ok()) return Fail(admin.status());
+  struct Sample {
+    absl::Time at;
+    std::vector<gpufeed::client::FeedInfo> feeds;
+    std::vector<gpufeed::client::SessionSummary> sessions;
+  };
+  auto take = [&]() -> absl::StatusOr<Sample> {
+    Sample s;
+    s.at = absl::Now();
+    auto feeds = (*admin)->ListFeeds();
+    if (!feeds.ok()) return feeds.status();
+    auto sessions = (*admin)->ListSessions();
+    if (!sessions.ok()) return sessions.status();
+    s.feeds = std::move(*feeds);
+    s.sessions = std::move(*sessions);
+    return s;
+  };
+  absl::StatusOr<Sample> before = take();
+  if (!before.ok()) return Fail(before.status());
+  for (int64_t n = 0; count == 0 || n < count; ++n) {
+    absl::SleepFor(*interval);
+    absl::StatusOr<Sample> now = take();
+    if (!now.ok()) return Fail(now.status());
+    const double dt = absl::ToDoubleSeconds(now->at - before->at);
+    std::vector<std::vector<std::string>> feed_rows, session_rows;
+    std::vector<std::string> feed_json, session_json;
+    for (const auto& f : now->feeds) {
+      const auto* old = [&]() -> const gpufeed::client::FeedInfo* {
+        for (const auto& o : before->feeds) if (o.key == f.key) return &o;
+        return nullptr;
+      }();
+      const double batches = old ? (f.batches_produced - old->batches_produced) / dt : 0;
+      const double bytes = old ? static_cast<double>(f.bytes_produced - old->bytes_produced) / dt : 0;
+      feed_rows.push_back({f.key, f.kind, absl::StrCat(f.sessions), absl::StrFormat("%.1f", batches),
+                           absl::StrFormat("%.1f", bytes / 1e6)});
+      feed_json.push_back(absl::StrFormat(
+          "{\"key\":%s,\"kind\":%s,\"sessions\":%d,\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f}",
+          JsonString(f.key), JsonString(f.kind), f.sessions, batches, bytes));
+    }
+    for (const auto& s : now->sessions) {
+      const auto* old = [&]() -> const gpufeed::client::SessionSummary* {
+        for (const auto& o : before->sessions) if (o.session_id == s.session_id) return &o;
+        return nullptr;
+      }();
+      const double batches = old ? (s.batches_delivered - old->batches_delivered) / dt : 0;
+      const double bytes = old ? static_cast<double>(s.bytes_delivered - old->bytes_delivered) / dt : 0;
+      const double blocked =
+          old ? 100.0 * static_cast<double>(s.producer_blocked_ns - old->producer_blocked_ns) / (dt * 1e9) : 0;
+      const int64_t wall = old ? s.streaming_ns - old->streaming_ns : 0;
+      const double wait =
+          wall > 0 ? 100.0 * static_cast<double>(s.consumer_wait_ns - old->consumer_wait_ns) / static_cast<double>(wall) : 0;
+      session_rows.push_back({absl::StrCat(s.session_id), s.job, absl::StrCat(s.rank), s.delivery,
+                              absl::StrFormat("%.1f", batches), absl::StrFormat("%.1f", bytes / 1e6),
+                              absl::StrFormat("%.0f%%", blocked), absl::StrFormat("%.0f%%", wait)});
+      session_json.push_back(absl::StrFormat(
+          "{\"session_id\":%d,\"job\":%s,\"rank\":%d,\"delivery\":%s,\"batches_per_s\":%.3f,"
+          "\"bytes_per_s\":%.1f,\"producer_blocked_pct\":%.2f,\"consumer_wait_pct\":%.2f}",
+          s.session_id, JsonString(s.job), s.rank, JsonString(s.delivery), batches, bytes,
+          blocked, wait));
+    }
+    if (args.output == "json") {
+      std::printf("{\"interval_s\":%.3f,\"feeds\":[%s],\"sessions\":[%s]}\n", dt,
+                  absl::StrJoin(feed_json, ",").c_str(), absl::StrJoin(session_json, ",").c_str());
+    } else {
+      if (isatty(STDOUT_FILENO)) std::fputs("\033[H\033[2J", stdout);  // redraw in place
+      PrintTable({"FEED", "KIND", "SESSIONS", "BATCHES/S", "MB/S"}, feed_rows);
+      std::puts("");
+      PrintTable({"SESSION", "JOB", "RANK", "DELIVERY", "BATCHES/S", "MB/S", "PRODUCER_BLOCKED",
+                  "CONSUMER_WAIT"},
+                 session_rows);
+      std::fflush(stdout);
+    }
+    before = std::move(now);
   }
   return 0;
 }
@@ -553,16 +709,25 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::map<std::string, std::function<int(const Args&)>> commands = {
-      {"status", Status}, {"feeds", Feeds}, {"sessions", Sessions}, {"consume", Consume}};
+      {"status", Status}, {"feeds", Feeds},     {"sessions", Sessions}, {"consume", Consume},
+      {"stats", Stats},   {"drain", Drain},     {"version", Version}};
   auto it = commands.find(args->command);
   if (it == commands.end()) {
     std::fprintf(stderr, "gpufeedctl: unknown command '%s'\n\n%s", args->command.c_str(), kUsage);
     return 2;
   }
-  if (args->command != "consume" && !args->values.empty()) {
-    std::fprintf(stderr, "gpufeedctl: %s takes no flags but --socket and -o\n",
-                 args->command.c_str());
-    return 2;
+  // The flags each command takes besides --socket and -o.
+  const std::map<std::string, std::vector<std::string>> scoped = {
+      {"stats", {"--interval", "--count"}}, {"drain", {"--timeout"}}};
+  if (args->command != "consume") {
+    const auto allowed = scoped.find(args->command);
+    for (const auto& [flag, value] : args->values) {
+      if (allowed == scoped.end() || !Contains(allowed->second, flag)) {
+        std::fprintf(stderr, "gpufeedctl: %s does not take %s\n", args->command.c_str(),
+                     flag.c_str());
+        return 2;
+      }
+    }
   }
   return it->second(*args);
 }

@@ -470,6 +470,15 @@ class CudaBackend final : public DeviceBackend {
 
   bool can_stage() const override { return true; }
 
+  std::vector<GpuMemory> memory() const override {
+    std::vector<GpuMemory> out;
+    for (const auto& gpu : gpus_) {
+      absl::MutexLock lock(&gpu->mu);
+      out.push_back({gpu->uuid, gpu->used, budget_});
+    }
+    return out;
+  }
+
   void Post(const std::string& uuid, std::function<void()> work) override {
     Gpu* gpu = Find(uuid);
     // Work is never dropped: a session counts it in flight until it runs. Push blocks only

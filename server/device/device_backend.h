@@ -112,6 +112,13 @@ class DeviceBackend {
   }
   // Whether StageIn works at all (the fused kernel is built in).
   virtual bool can_stage() const { return false; }
+  // Per GPU: the bytes its rings and scratch hold, and the --device_bytes budget.
+  struct GpuMemory {
+    std::string uuid;
+    uint64_t used = 0;
+    uint64_t budget = 0;
+  };
+  virtual std::vector<GpuMemory> memory() const { return {}; }
   // Runs `work` on that GPU's copy thread, in order; never drops it (runs it inline once the
   // thread is gone).
   virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/status.h"
 
@@ -84,6 +85,7 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode, std::byte* slot,
                                          std::span<int64_t> ids, const ParallelFor& parallel) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
+  metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   StageArena arena(*staged_layout_);
   const StageTarget target{mode, &*staged_layout_, slot, &arena};
@@ -108,6 +110,7 @@ absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mod
     if (!s.ok()) return s;
   }
   batches_produced_.fetch_add(1, std::memory_order_relaxed);
+  samples_produced_.fetch_add(valid, std::memory_order_relaxed);
   uint64_t bytes = 0;  // counted as finished tensors, as Fill counts them
   for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
   bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);
@@ -116,6 +119,7 @@ absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mod
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel) const {
+  metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   uint64_t row_bytes = 0;
   for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;
@@ -153,6 +157,7 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
     return Annotate(s, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
   batches_produced_.fetch_add(1, std::memory_order_relaxed);
+  samples_produced_.fetch_add(valid, std::memory_order_relaxed);
   uint64_t bytes = 0;
   for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
   bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);

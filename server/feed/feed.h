@@ -81,6 +81,8 @@ class Feed {
                                      std::span<int64_t> ids, const ParallelFor& parallel = nullptr) const;
 
   int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
+  // Valid (unpadded) rows of those batches.
+  int64_t samples_produced() const { return samples_produced_.load(std::memory_order_relaxed); }
   uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }
 
  private:
@@ -93,6 +95,7 @@ class Feed {
   SlotLayout layout_;
   std::optional<StagedLayout> staged_layout_;
   mutable std::atomic<int64_t> batches_produced_{0};
+  mutable std::atomic<int64_t> samples_produced_{0};
   mutable std::atomic<uint64_t> bytes_produced_{0};
 };
 

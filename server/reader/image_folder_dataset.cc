@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 #include "server/augment/crop.h"
 #include "server/augment/pipeline.h"
 #include "server/augment/resize.h"
@@ -121,6 +122,7 @@ class ImageFolderDataset final : public Dataset {
 
  private:
   absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
+    metrics::StageTimer timer(metrics::Stage::kRead);
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenForRead(index_.paths[sample]);
     if (!file.ok()) return file.status();
     std::vector<uint8_t> bytes((*file)->size());
@@ -130,6 +132,7 @@ class ImageFolderDataset final : public Dataset {
   }
 
   absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes) const {
+    metrics::StageTimer timer(metrics::Stage::kDecode);
     DecodeOptions options;
     options.max_pixels = max_pixels_;
     return DecodeImage(bytes, options);
@@ -212,6 +215,7 @@ class ImageFolderDataset final : public Dataset {
 
   // The CPU path: geometry, then the output stage, into one finished image row.
   void Augment(const Image& image, const StagedGeometry& g, std::byte* out) const {
+    metrics::StageTimer timer(metrics::Stage::kAugment);
     const int oh = plan_.out_height, ow = plan_.out_width;
     std::vector<float> pixels(static_cast<size_t>(oh) * ow * 3);
     const CropBox crop{g.crop_top, g.crop_left, g.crop_height, g.crop_width};

@@ -212,6 +212,10 @@ void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
   out->set_streaming(s.streaming);
   out->set_age_ms(absl::ToInt64Milliseconds(s.age));
   out->set_gpu_uuid(s.gpu_uuid);
+  out->set_bytes_delivered(s.bytes_delivered);
+  out->set_producer_blocked_ns(absl::ToInt64Nanoseconds(s.producer_blocked));
+  out->set_consumer_wait_ns(absl::ToInt64Nanoseconds(s.consumer_wait));
+  out->set_streaming_ns(absl::ToInt64Nanoseconds(s.streaming_for));
 }
 
 void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {

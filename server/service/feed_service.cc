@@ -100,7 +100,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   // Credits every release of the request; refused ones are answered on the stream.
   absl::Status Release() {
     for (const v1::Release& release : request_.releases()) {
-      absl::Status s = session_->Release(release.slot(), release.generation());
+      absl::Status s = session_->Release(release.slot(), release.generation(),
+                                         absl::Nanoseconds(release.waited_ns()));
       if (s.ok()) continue;
       absl::MutexLock lock(&link_->mu);
       if (rejected_.size() >= kMaxPendingRejections) {
@@ -246,6 +247,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   response->set_staging_free_bytes(info_.pool->free_bytes());
   response->set_sessions(sessions_->num_sessions());
   response->set_feeds(static_cast<int32_t>(sessions_->ListFeeds().size()));
+  response->set_draining(info_.draining ? info_.draining() : false);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -264,6 +266,24 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
                                                      v1::ListSessionsResponse* response) {
   auto* reactor = ctx->DefaultReactor();
   for (const SessionSnapshot& s : sessions_->ListSessions()) ToProto(s, response->add_sessions());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
+                                              const v1::DrainRequest* request,
+                                              v1::DrainResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (request->timeout_ms() < 0) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "timeout_ms: must be >= 0 (0: no limit)"));
+    return reactor;
+  }
+  if (!info_.drain) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon cannot drain"));
+    return reactor;
+  }
+  response->set_sessions(info_.drain(absl::Milliseconds(request->timeout_ms())));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

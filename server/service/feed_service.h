@@ -38,6 +38,9 @@ struct DaemonInfo {
   absl::Time started;
   const StagingPool* pool = nullptr;
   std::function<bool()> serving;
+  std::function<bool()> draining;
+  // Starts a drain (Admin.Drain); returns the sessions attached.
+  std::function<int(absl::Duration timeout)> drain;
 };
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -54,6 +57,9 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx,
+                                  const v1::DrainRequest* request,
+                                  v1::DrainResponse* response) override;
 
  private:
   SessionManager* const sessions_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
@@ -89,6 +90,7 @@ absl::Status Session::BindStream(std::function<void()> notify,
           absl::StrCat("session ", params_.id, " already has a stream"));
     }
     streaming_ = true;
+    streaming_since_ = absl::Now();
     notify_ = std::move(notify);
   }
   if (!release_events.empty()) {
@@ -154,6 +156,10 @@ StreamEvent Session::NextEvent() {
     slot.state = SlotState::kLeased;
     ++next_deliver_seq_;
     ++batches_delivered_;
+    uint64_t bytes = 0;
+    for (const TensorLayout& t : feed_->layout().tensors) bytes += t.byte_size;
+    bytes_delivered_ += bytes;
+    metrics::DeliveredBytes(device_delivery()).fetch_add(bytes, std::memory_order_relaxed);
     delivered_ = feed_->sampler().Next(slot.batch.position);
     event.kind = StreamEvent::kBatch;
     event.batch = slot.batch;
@@ -167,7 +173,21 @@ StreamEvent Session::NextEvent() {
   return event;
 }
 
-absl::Status Session::Release(int32_t slot_index, uint64_t generation) {
+void Session::UpdateBlockedLocked() {
+  bool full = closed_.ok() && !ExhaustedLocked();
+  for (const Slot& slot : slots_) {
+    full = full && (slot.state == SlotState::kReady || slot.state == SlotState::kLeased);
+  }
+  const absl::Time now = absl::Now();
+  if (full && blocked_since_ == absl::InfiniteFuture()) {
+    blocked_since_ = now;
+  } else if (!full && blocked_since_ != absl::InfiniteFuture()) {
+    blocked_ += now - blocked_since_;
+    blocked_since_ = absl::InfiniteFuture();
+  }
+}
+
+absl::Status Session::Release(int32_t slot_index, uint64_t generation, absl::Duration waited) {
   bool schedule;
   {
     absl::MutexLock lock(&mu_);
@@ -187,6 +207,8 @@ absl::Status Session::Release(int32_t slot_index, uint64_t generation) {
           ": stale generation, the slot holds generation ", slot.generation));
     }
     slot.state = SlotState::kFree;
+    consumer_wait_ += waited;
+    UpdateBlockedLocked();
     schedule = WantScheduleLocked();
   }
   if (schedule) scheduler_->Schedule(shared_from_this());
@@ -259,6 +281,7 @@ void Session::FillOne() {
       if (valid.ok()) {
         slot->batch.valid = *valid;
         slot->state = SlotState::kReady;
+        UpdateBlockedLocked();
       } else {
         slot->state = SlotState::kFree;
         if (closed_.ok()) {
@@ -282,6 +305,7 @@ void Session::FillOne() {
 }
 
 void Session::CopyOne(Slot* slot) {
+  metrics::StageTimer timer(metrics::Stage::kDevice);
   const uint64_t bytes = feed_->layout().used_bytes;
   const std::byte* src = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
   bool closed;
@@ -300,6 +324,7 @@ void Session::CopyOne(Slot* slot) {
     --fills_in_flight_;
     if (s.ok() && !closed) {
       slot->state = SlotState::kReady;
+      UpdateBlockedLocked();
     } else {
       slot->state = SlotState::kFree;
       if (closed_.ok()) closed_ = s;
@@ -348,6 +373,7 @@ void Session::Close(absl::Status reason) {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return;
     closed_ = std::move(reason);
+    UpdateBlockedLocked();  // a closed session is not blocked
     // Return the rings now unless a worker or the copy thread still uses them; the last one
     // does then. They are freed below, outside the lock (freeing device memory waits for
     // copies in flight).
@@ -377,7 +403,18 @@ SessionSnapshot Session::Snapshot() const {
   s.ring_bytes = ring_bytes_;
   s.batches_delivered = batches_delivered_;
   s.streaming = streaming_;
-  s.age = absl::Now() - attached_at_;
+  const absl::Time now = absl::Now();
+  s.age = now - attached_at_;
+  s.bytes_delivered = bytes_delivered_;
+  s.producer_blocked =
+      blocked_ + (blocked_since_ == absl::InfiniteFuture() ? absl::ZeroDuration() : now - blocked_since_);
+  s.consumer_wait = consumer_wait_;
+  s.streaming_for = streaming_since_ == absl::InfiniteFuture() ? absl::ZeroDuration()
+                                                                : now - streaming_since_;
+  for (const Slot& slot : slots_) {
+    s.slots_filling += slot.state == SlotState::kFilling || slot.state == SlotState::kCopying;
+    s.slots_ready += slot.state == SlotState::kReady;
+  }
   return s;
 }
 

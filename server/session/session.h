@@ -75,6 +75,11 @@ struct SessionSnapshot {
   int64_t batches_delivered = 0;
   bool streaming = false;
   absl::Duration age;
+  uint64_t bytes_delivered = 0;
+  absl::Duration producer_blocked;  // the ring was full of ready or leased batches
+  absl::Duration consumer_wait;     // as the consumer reported with its releases
+  absl::Duration streaming_for;     // since the stream opened
+  int32_t slots_filling = 0, slots_ready = 0;
 };
 
 struct SessionParams {
@@ -127,7 +132,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // A credit: the consumer is done with (slot, generation). FAILED_PRECONDITION, naming the
   // slot, for a slot that is not leased to this session or an old generation; the session
   // goes on either way.
-  absl::Status Release(int32_t slot, uint64_t generation);
+  // `waited`: how long the consumer waited for this batch (its data stall), accumulated.
+  absl::Status Release(int32_t slot, uint64_t generation,
+                       absl::Duration waited = absl::ZeroDuration());
   // Position after the last batch handed to the stream.
   Position delivered() const;
 
@@ -157,6 +164,9 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   bool FillableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts or stops the producer-blocked clock: blocked while every slot holds a ready or
+  // leased batch (the consumer, not the pipeline, is what the session waits for).
+  void UpdateBlockedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ExhaustedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the session queued and returns true when it should be handed to the scheduler.
   bool WantScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,6 +206,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // OK while open
   std::function<void()> notify_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_delivered_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
+  absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
+  absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 }  // namespace gpufeed::server

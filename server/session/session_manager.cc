@@ -144,6 +144,11 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
+    if (draining_) {
+      return absl::UnavailableError(
+          "gpufeedd is draining (gpufeedctl drain): attach to another daemon or retry after "
+          "its restart");
+    }
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
       return absl::ResourceExhaustedError(
           absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
@@ -347,6 +352,7 @@ std::vector<FeedSnapshot> SessionManager::ListFeeds() const {
     f.num_samples = feed->dataset().num_samples();
     f.sessions = counts[feed->key()];
     f.batches_produced = feed->batches_produced();
+    f.samples_produced = feed->samples_produced();
     f.bytes_produced = feed->bytes_produced();
     f.bad_samples = feed->dataset().bad_samples();
     out.push_back(std::move(f));
@@ -358,6 +364,17 @@ std::vector<FeedSnapshot> SessionManager::ListFeeds() const {
 int SessionManager::num_sessions() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(sessions_.size());
+}
+
+void SessionManager::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  if (!draining_) spdlog::info("draining: new sessions are refused, {} run on", sessions_.size());
+  draining_ = true;
+}
+
+bool SessionManager::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
 }
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {

@@ -65,6 +65,7 @@ struct FeedSnapshot {
   uint64_t num_samples = 0;
   int32_t sessions = 0;
   int64_t batches_produced = 0;
+  int64_t samples_produced = 0;
   uint64_t bytes_produced = 0;
   std::vector<std::pair<std::string, int64_t>> bad_samples;
 };
@@ -106,6 +107,12 @@ class SessionManager final : public FillScheduler {
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;
   int num_sessions() const;
+  // Tasks waiting for a worker (session fills and chunks of parallel fills).
+  size_t queue_depth() const { return work_.size(); }
+
+  // Refuses new sessions (UNAVAILABLE); those attached run on. Idempotent.
+  void BeginDrain();
+  bool draining() const;
 
   // Ends every session with `reason`, refuses new ones, joins the workers. Idempotent.
   void Shutdown(const absl::Status& reason);
@@ -135,6 +142,7 @@ class SessionManager final : public FillScheduler {
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);

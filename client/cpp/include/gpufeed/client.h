@@ -102,6 +102,8 @@ class Batch {
   const Tensor* tensor(const std::string& name) const;
   int32_t slot() const { return slot_; }
   uint64_t generation() const { return generation_; }
+  // How long Next() waited for this batch: the data stall it reports with its release.
+  absl::Duration waited() const { return waited_; }
 
   // Device delivery: makes `stream` (a cudaStream_t; nullptr: the legacy default stream)
   // wait until the batch is in device memory. No host synchronisation. OK for host batches.
@@ -120,6 +122,7 @@ class Batch {
   int64_t epoch_ = 0;
   int64_t step_ = 0;
   int64_t valid_ = 0;
+  absl::Duration waited_;
   std::vector<int64_t> ids_;
   std::vector<Tensor> tensors_;
 };
@@ -180,6 +183,7 @@ struct DaemonStatus {
   uint64_t staging_free_bytes = 0;
   int32_t sessions = 0;
   int32_t feeds = 0;
+  bool draining = false;
 };
 
 struct FeedInfo {
@@ -213,6 +217,10 @@ struct SessionSummary {
   int64_t batches_delivered = 0;
   bool streaming = false;
   int64_t age_ms = 0;
+  uint64_t bytes_delivered = 0;
+  int64_t producer_blocked_ns = 0;  // the ring was full: the daemon waited for the consumer
+  int64_t consumer_wait_ns = 0;     // the consumer waited for batches (its data stall)
+  int64_t streaming_ns = 0;         // since the stream opened
 };
 
 class AdminClient {
@@ -224,6 +232,9 @@ class AdminClient {
   absl::StatusOr<DaemonStatus> GetStatus();
   absl::StatusOr<std::vector<FeedInfo>> ListFeeds();
   absl::StatusOr<std::vector<SessionSummary>> ListSessions();
+  // Starts a drain (readiness NOT_SERVING, new sessions refused; the daemon exits after its
+  // last session or `timeout`, zero: no limit). Returns the sessions attached.
+  absl::StatusOr<int32_t> Drain(absl::Duration timeout);
 
  private:
   struct Impl;

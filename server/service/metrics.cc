@@ -1,0 +1,202 @@
+#include "server/service/metrics.h"
+
+#include <deque>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
+#include "server/device/device_backend.h"
+#include "server/session/session_manager.h"
+#include "server/staging/staging_pool.h"
+
+namespace gpufeed::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+struct Builder {
+  // A deque: Family() hands out references that must survive later families.
+  std::deque<MetricFamily> families;
+
+  MetricFamily& Family(const std::string& name, const std::string& help, MetricType type) {
+    families.push_back({name, help, type, {}});
+    return families.back();
+  }
+  static void Add(MetricFamily& f, std::vector<ClientMetric::Label> labels, double value) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    if (f.type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+  }
+};
+
+std::vector<MetricFamily> Collect(const MetricsSources& src) {
+  Builder b;
+  Builder::Add(b.Family("gpufeed_build_info", "gpufeedd's version and whether it was built with CUDA",
+                        MetricType::Gauge),
+               {{"version", src.version}, {"cuda", src.cuda ? "yes" : "no"}}, 1);
+
+  const std::vector<SessionSnapshot> sessions = src.sessions->ListSessions();
+  const std::vector<FeedSnapshot> feeds = src.sessions->ListFeeds();
+
+  auto& by_delivery = b.Family("gpufeed_sessions", "Sessions attached, by delivery kind",
+                               MetricType::Gauge);
+  int host = 0, device = 0;
+  for (const SessionSnapshot& s : sessions) (s.delivery == DeliveryKind::kDevice ? device : host)++;
+  Builder::Add(by_delivery, {{"delivery", "host"}}, host);
+  Builder::Add(by_delivery, {{"delivery", "device"}}, device);
+  Builder::Add(b.Family("gpufeed_feeds", "Feeds in use (a feed is shared by equal-keyed sessions)",
+                        MetricType::Gauge),
+               {}, static_cast<double>(feeds.size()));
+
+  auto& batches = b.Family("gpufeed_batches_produced_total",
+                           "Per-rank batches read (and decoded, augmented) by the feed",
+                           MetricType::Counter);
+  auto& samples = b.Family("gpufeed_samples_produced_total",
+                           "Valid (unpadded) samples of those batches", MetricType::Counter);
+  auto& bad = b.Family("gpufeed_bad_samples_total",
+                       "Samples that could not be used (image datasets), by reason",
+                       MetricType::Counter);
+  for (const FeedSnapshot& f : feeds) {
+    Builder::Add(batches, {{"feed", f.key}}, static_cast<double>(f.batches_produced));
+    Builder::Add(samples, {{"feed", f.key}}, static_cast<double>(f.samples_produced));
+    for (const auto& [reason, count] : f.bad_samples) {
+      Builder::Add(bad, {{"feed", f.key}, {"reason", reason}}, static_cast<double>(count));
+    }
+  }
+  auto& delivered = b.Family("gpufeed_delivered_bytes_total",
+                             "Bytes of batches handed to consumers, by delivery kind",
+                             MetricType::Counter);
+  Builder::Add(delivered, {{"delivery", "host"}},
+               static_cast<double>(metrics::DeliveredBytes(0).load(std::memory_order_relaxed)));
+  Builder::Add(delivered, {{"delivery", "device"}},
+               static_cast<double>(metrics::DeliveredBytes(1).load(std::memory_order_relaxed)));
+
+  // Staging memory by state: the pool's unallocated bytes and rings' free slots are "free".
+  double filling = 0, ready = 0, leased = 0, ring_free = 0;
+  for (const SessionSnapshot& s : sessions) {
+    const double slot = s.ring_slots > 0 ? static_cast<double>(s.ring_bytes) / s.ring_slots : 0;
+    filling += slot * s.slots_filling;
+    ready += slot * s.slots_ready;
+    leased += slot * s.slots_leased;
+    ring_free += slot * (s.ring_slots - s.slots_filling - s.slots_ready - s.slots_leased);
+  }
+  auto& staging = b.Family("gpufeed_staging_bytes",
+                           "Host staging memory by state (free: unallocated, or a ring's free slots)",
+                           MetricType::Gauge);
+  Builder::Add(staging, {{"state", "free"}}, static_cast<double>(src.pool->free_bytes()) + ring_free);
+  Builder::Add(staging, {{"state", "filling"}}, filling);
+  Builder::Add(staging, {{"state", "ready"}}, ready);
+  Builder::Add(staging, {{"state", "leased"}}, leased);
+  if (src.devices != nullptr) {
+    auto& dev = b.Family("gpufeed_device_bytes",
+                         "Device memory of the rings and scratch on each GPU (used) and what is "
+                         "left of its --device_bytes budget (free)",
+                         MetricType::Gauge);
+    for (const DeviceBackend::GpuMemory& g : src.devices->memory()) {
+      Builder::Add(dev, {{"gpu", g.uuid}, {"state", "used"}}, static_cast<double>(g.used));
+      Builder::Add(dev, {{"gpu", g.uuid}, {"state", "free"}}, static_cast<double>(g.budget - g.used));
+    }
+  }
+  Builder::Add(b.Family("gpufeed_fill_queue_depth",
+                        "Fill tasks waiting for a worker (sessions with free slots, chunks)",
+                        MetricType::Gauge),
+               {}, static_cast<double>(src.sessions->queue_depth()));
+
+  // Per consumer: the producer-blocked time (the consumer holds every slot), the consumer's
+  // own reported wait for batches (the data stall), and its streaming wall time; the stall
+  // share is rate(wait) / rate(wall). Labels: job and rank (bounded by the sessions).
+  auto& blocked = b.Family("gpufeed_producer_blocked_seconds_total",
+                           "Time the session's ring was full of ready or leased batches: the "
+                           "producer waited for the consumer",
+                           MetricType::Counter);
+  auto& wait = b.Family("gpufeed_consumer_wait_seconds_total",
+                        "Time the consumer waited for its batches, as it reported (data stall)",
+                        MetricType::Counter);
+  auto& wall = b.Family("gpufeed_consumer_wall_seconds_total",
+                        "Time since the consumer's stream opened", MetricType::Counter);
+  for (const SessionSnapshot& s : sessions) {
+    const std::vector<ClientMetric::Label> labels = {{"job", s.job}, {"rank", absl::StrCat(s.rank)}};
+    Builder::Add(blocked, labels, absl::ToDoubleSeconds(s.producer_blocked));
+    Builder::Add(wait, labels, absl::ToDoubleSeconds(s.consumer_wait));
+    Builder::Add(wall, labels, absl::ToDoubleSeconds(s.streaming_for));
+  }
+
+  auto& stages = b.Family("gpufeed_stage_duration_seconds",
+                          "Time per batch fill, per file read, decode and CPU augmentation, and "
+                          "per batch submitted on a GPU's copy thread",
+                          MetricType::Histogram);
+  for (int i = 0; i < metrics::kNumStages; ++i) {
+    const metrics::StageHistogram& h = metrics::Histogram(static_cast<metrics::Stage>(i));
+    const auto counts = h.Counts();
+    ClientMetric m;
+    m.label = {{"stage", metrics::kStageNames[i]}};
+    uint64_t cumulative = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+      cumulative += counts[k];
+      m.histogram.bucket.push_back(
+          {cumulative, k < metrics::StageHistogram::kBounds.size()
+                           ? metrics::StageHistogram::kBounds[k]
+                           : std::numeric_limits<double>::infinity()});
+    }
+    m.histogram.sample_count = cumulative;
+    m.histogram.sample_sum = h.sum_seconds();
+    stages.metric.push_back(std::move(m));
+  }
+  return {std::make_move_iterator(b.families.begin()), std::make_move_iterator(b.families.end())};
+}
+
+class Collector final : public prometheus::Collectable {
+ public:
+  explicit Collector(MetricsSources sources) : sources_(std::move(sources)) {}
+  std::vector<MetricFamily> Collect() const override { return server::Collect(sources_); }
+
+ private:
+  const MetricsSources sources_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& listen,
+                                                                    MetricsSources sources) {
+  if (listen.find(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_listen: want HOST:PORT (e.g. 0.0.0.0:9090), got '", listen, "'"));
+  }
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics_listen: cannot serve on ", listen, ": ", e.what()));
+  }
+  auto collector = std::make_shared<Collector>(std::move(sources));
+  server->exposer_->RegisterCollectable(collector);
+  server->collector_ = collector;
+  return server;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+int MetricsServer::port() const {
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+std::string MetricsServer::Render(const MetricsSources& sources) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, Collect(sources));
+  return out.str();
+}
+
+}  // namespace gpufeed::server

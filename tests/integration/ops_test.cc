@@ -1,0 +1,376 @@
+// Operating gpufeedd (issue 6), against the real binaries: Prometheus metrics (values after a
+// known run, promtool's lint), gRPC health on the TCP port, the config file and flag
+// overrides, systemd's notify protocol, drain, gpufeedctl stats/version, JSON logs.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gpufeed/client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace gpufeed::testing {
+namespace {
+
+using ::grpc::health::v1::HealthCheckRequest;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+// A TCP port nobody listens on now.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET http://127.0.0.1:PORT/PATH; the body, or "" on failure.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) response.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The value of the sample `series` (name with labels, exactly as exposed); -1 when absent.
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = -1;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+HealthCheckResponse::ServingStatus Health(const std::string& target, const std::string& service,
+                                          grpc::StatusCode* code = nullptr) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = ::grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  HealthCheckRequest request;
+  request.set_service(service);
+  HealthCheckResponse response;
+  const grpc::Status s = stub->Check(&ctx, request, &response);
+  if (code != nullptr) *code = s.error_code();
+  return s.ok() ? response.status() : HealthCheckResponse::UNKNOWN;
+}
+
+class OpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tokens_ = dir_.File("tokens.bin");
+    WriteTokens(tokens_, 1 << 16);  // (65536 - 1) / 32 = 2047 samples of seq_len 32
+  }
+  std::vector<std::string> Consume(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"consume", "--dataset", tokens_, "--seq-len", "32",
+                                     "--batch-size", "8"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  TempDir dir_;
+  std::string tokens_;
+};
+
+TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
+  const int port = FreePort();
+  Daemon daemon(dir_, {absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  // One epoch: 2047 samples / 8 = 255 batches of 8 x 33 uint16 = 528 bytes each.
+  CtlResult run = RunCtl(daemon.socket(), Consume({"--job", "train", "--rank", "0"}),
+                         dir_.File("run"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string text = HttpGet(port, "/metrics");
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(Sample(text, "gpufeed_delivered_bytes_total{delivery=\"host\"}"), 255 * 528);
+  EXPECT_EQ(Sample(text, "gpufeed_delivered_bytes_total{delivery=\"device\"}"), 0);
+  const double cuda = Sample(text, "gpufeed_build_info{version=\"0.1.0\",cuda=\"yes\"}");
+  const double no_cuda = Sample(text, "gpufeed_build_info{version=\"0.1.0\",cuda=\"no\"}");
+  EXPECT_TRUE((cuda == 1 && no_cuda == -1) || (cuda == -1 && no_cuda == 1)) << text;
+  EXPECT_THAT(text, HasSubstr("# TYPE gpufeed_stage_duration_seconds histogram"));
+  EXPECT_EQ(Sample(text, "gpufeed_stage_duration_seconds_count{stage=\"fill\"}"), 255);
+  EXPECT_THAT(text, HasSubstr("gpufeed_staging_bytes{state=\"free\"}"));
+
+  // While a consumer is attached: its per-job/rank series.
+  Subprocess slow(CtlArgv(daemon.socket(), Consume({"--job", "slow", "--rank", "3", "--world-size",
+                                                    "4", "--epochs", "0", "--max-batches",
+                                                    "100000", "--step-ms", "20"})),
+                  dir_.File("slow"));
+  absl::SleepFor(absl::Seconds(1));
+  const std::string live = HttpGet(port, "/metrics");
+  EXPECT_EQ(Sample(live, "gpufeed_sessions{delivery=\"host\"}"), 1);
+  const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total{job=\"slow\",rank=\"3\"}");
+  const double blocked =
+      Sample(live, "gpufeed_producer_blocked_seconds_total{job=\"slow\",rank=\"3\"}");
+  const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total{job=\"slow\",rank=\"3\"}");
+  EXPECT_GT(wall, 0.5);
+  // A consumer that takes 20 ms a step: the daemon waits for it, not the other way round.
+  EXPECT_GT(blocked, 0.5 * wall);
+  EXPECT_GE(wait, 0);
+  EXPECT_LT(wait, 0.2 * wall);
+  slow.Kill(SIGKILL);
+  slow.Wait();
+
+  // promtool's lint of a scrape, where Debian's prometheus package provides it.
+  if (::system("command -v promtool >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not installed: `promtool check metrics` not run";
+  }
+  const std::string scrape = dir_.File("scrape.txt");
+  std::ofstream(scrape) << live;
+  Subprocess lint({"/bin/sh", "-c", "promtool check metrics < " + scrape}, dir_.File("promtool"));
+  EXPECT_EQ(lint.Wait(), 0) << lint.Stdout() << lint.Stderr();
+}
+
+TEST_F(OpsTest, HealthOnTheTcpPortFollowsDrain) {
+  const int port = FreePort();
+  Daemon daemon(dir_, {absl::StrCat("--health_listen=127.0.0.1:", port)});
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  const std::string tcp = absl::StrCat("127.0.0.1:", port);
+  const std::string unix_target = "unix://" + daemon.socket();
+  EXPECT_EQ(Health(tcp, ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(tcp, "gpufeed.v1.Feed"), HealthCheckResponse::SERVING);
+  EXPECT_EQ(Health(unix_target, "gpufeed.v1.Feed"), HealthCheckResponse::SERVING);
+  grpc::StatusCode code;
+  Health(tcp, "other.Service", &code);
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+  // The TCP port serves health alone: no Admin there.
+  {
+    auto admin = client::AdminClient::Connect(daemon.socket());
+    ASSERT_TRUE(admin.ok());
+  }
+  // One consumer keeps the daemon up through the drain.
+  Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "d", "--epochs", "0",
+                                                        "--max-batches", "100000", "--step-ms",
+                                                        "5"})),
+                      dir_.File("consumer"));
+  absl::SleepFor(absl::Milliseconds(500));
+  auto admin = client::AdminClient::Connect(daemon.socket());
+  ASSERT_TRUE(admin.ok());
+  absl::StatusOr<int32_t> drained = (*admin)->Drain(absl::Seconds(30));
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(*drained, 1);
+  EXPECT_EQ(Health(tcp, ""), HealthCheckResponse::SERVING);  // alive
+  EXPECT_EQ(Health(tcp, "gpufeed.v1.Feed"), HealthCheckResponse::NOT_SERVING);  // not ready
+  EXPECT_EQ(Health(unix_target, "gpufeed.v1.Feed"), HealthCheckResponse::NOT_SERVING);
+  auto status = (*admin)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(status->draining);
+  // New sessions are refused, naming the drain.
+  CtlResult refused = RunCtl(daemon.socket(), Consume({"--job", "late", "--max-batches", "1"}),
+                             dir_.File("late"));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.err, HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(refused.err, HasSubstr("draining"));
+  // The last session ends: the daemon exits, cleanly.
+  consumer.Kill(SIGTERM);
+  consumer.Wait();
+  EXPECT_EQ(daemon.process().Wait(absl::Seconds(10)), 0) << daemon.process().Stderr();
+  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("drain: the last session has ended"));
+}
+
+TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  // A finite consumer: 40 batches, 10 ms each.
+  Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "f", "--epochs", "0",
+                                                        "--max-batches", "40", "--step-ms", "10",
+                                                        "-o", "json"})),
+                      dir_.File("consumer"));
+  absl::SleepFor(absl::Milliseconds(200));
+  CtlResult drain = RunCtl(daemon.socket(), {"drain", "--timeout", "30s"}, dir_.File("drain"));
+  EXPECT_EQ(drain.exit_code, 0) << drain.err;
+  EXPECT_THAT(drain.err, HasSubstr("1 sessions attached, new ones refused"));
+  EXPECT_THAT(drain.err, HasSubstr("gpufeedd has exited"));
+  ASSERT_EQ(consumer.Wait(), 0) << consumer.Stderr();  // it finished its 40 batches
+  EXPECT_EQ(JsonInt(consumer.Stdout(), "batches"), 40);
+  EXPECT_EQ(daemon.process().Wait(absl::Seconds(5)), 0);
+
+  // A consumer that never ends: the daemon exits at the timeout and the consumer is told.
+  TempDir dir2;
+  WriteTokens(dir2.File("t.bin"), 1 << 16);
+  Daemon second(dir2);
+  ASSERT_TRUE(second.ready());
+  Subprocess forever(CtlArgv(second.socket(), {"consume", "--dataset", dir2.File("t.bin"),
+                                               "--seq-len", "32", "--batch-size", "8", "--epochs",
+                                               "0", "--max-batches", "100000000", "--step-ms",
+                                               "5"}),
+                     dir2.File("forever"));
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  CtlResult timed = RunCtl(second.socket(), {"drain", "--timeout", "1s"}, dir2.File("drain"));
+  EXPECT_EQ(timed.exit_code, 0) << timed.err;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  EXPECT_NE(forever.Wait(absl::Seconds(10)), 0);
+  EXPECT_THAT(forever.Stderr(), HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(second.process().Stderr(), HasSubstr("deadline passed with 1 sessions attached"));
+
+  CtlResult bad = RunCtl(second.socket(), {"drain", "--timeout", "soon"}, dir2.File("bad"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--timeout: want a duration such as 60s"));
+}
+
+TEST_F(OpsTest, ConfigFileIsReadValidatedAndOverriddenByFlags) {
+  const std::string socket = dir_.File("cfg.sock");
+  const std::string config = dir_.File("gpufeedd.textproto");
+  std::ofstream(config) << "# comment\nlisten: \"unix://" << socket
+                        << "\"\nthreads: 3\nstaging_bytes: 33554432\nlog_format: \"json\"\n";
+  Subprocess daemon({GpufeeddPath(), "--config=" + config}, dir_.File("cfg"));
+  bool ready = false;
+  for (int i = 0; i < 200 && !ready; ++i) {
+    auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
+    ready = admin.ok() && (*admin)->GetStatus().ok();
+    if (!ready) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(ready) << daemon.Stderr();
+  auto admin = client::AdminClient::Connect(socket);
+  auto status = (*admin)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->staging_total_bytes, 33554432u);
+  daemon.Kill(SIGTERM);
+  EXPECT_EQ(daemon.Wait(), 0);
+  // JSON logs: every line one object; the start-up line says 3 threads.
+  bool saw = false;
+  for (absl::string_view line : absl::StrSplit(daemon.Stderr(), '\n', absl::SkipEmpty())) {
+    EXPECT_TRUE(absl::StartsWith(line, "{\"time\":\"") && absl::EndsWith(line, "\"}")) << line;
+    saw = saw || absl::StrContains(line, "3 threads");
+  }
+  EXPECT_TRUE(saw) << daemon.Stderr();
+
+  // A flag on the command line wins over the file.
+  Subprocess text({GpufeeddPath(), "--config=" + config, "--log_format=text", "--threads=2"},
+                  dir_.File("cfg2"));
+  ready = false;
+  for (int i = 0; i < 200 && !ready; ++i) {
+    auto a = client::AdminClient::Connect(socket, absl::Seconds(1));
+    ready = a.ok() && (*a)->GetStatus().ok();
+    if (!ready) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(ready) << text.Stderr();
+  text.Kill(SIGTERM);
+  EXPECT_EQ(text.Wait(), 0);
+  EXPECT_THAT(text.Stderr(), HasSubstr("2 threads"));
+  EXPECT_THAT(text.Stderr(), ::testing::Not(HasSubstr("{\"time\"")));
+
+  // Bad files are fatal, naming the file, line and field.
+  const std::string typo = dir_.File("typo.textproto");
+  std::ofstream(typo) << "listen: \"unix:///tmp/x.sock\"\nthread: 3\n";
+  Subprocess bad({GpufeeddPath(), "--config=" + typo}, dir_.File("typo"));
+  EXPECT_EQ(bad.Wait(), 1);
+  EXPECT_THAT(bad.Stderr(), HasSubstr(typo + ": line 2"));
+  EXPECT_THAT(bad.Stderr(), HasSubstr("thread"));
+  const std::string value = dir_.File("value.json");
+  std::ofstream(value) << "{\"listen\": \"unix://" << dir_.File("v.sock")
+                       << "\", \"readMode\": \"bogus\"}";
+  Subprocess bad_value({GpufeeddPath(), "--config=" + value}, dir_.File("value"));
+  EXPECT_EQ(bad_value.Wait(), 1);
+  EXPECT_THAT(bad_value.Stderr(), HasSubstr("read_mode: want mmap or pread, got 'bogus'"));
+  Subprocess missing({GpufeeddPath(), "--config=" + dir_.File("nope")}, dir_.File("missing"));
+  EXPECT_EQ(missing.Wait(), 1);
+  EXPECT_THAT(missing.Stderr(), HasSubstr("config: cannot read " + dir_.File("nope")));
+}
+
+TEST_F(OpsTest, SystemdNotifyReadyThenStopping) {
+  // The test is systemd: a datagram socket whose path goes in NOTIFY_SOCKET.
+  const std::string path = dir_.File("notify.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setenv("NOTIFY_SOCKET", path.c_str(), 1);
+  auto daemon = std::make_unique<Daemon>(dir_);
+  ::unsetenv("NOTIFY_SOCKET");
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  auto receive = [&] {
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  };
+  const std::string ready = receive();
+  EXPECT_THAT(ready, HasSubstr("READY=1"));
+  EXPECT_THAT(ready, HasSubstr("STATUS=serving on unix://" + daemon->socket()));
+  daemon->process().Kill(SIGTERM);
+  const std::string stopping = receive();
+  EXPECT_THAT(stopping, HasSubstr("STOPPING=1"));
+  EXPECT_EQ(daemon->process().Wait(), 0);
+  ::close(fd);
+}
+
+TEST_F(OpsTest, StatsAndVersion) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "s", "--rank", "1",
+                                                        "--world-size", "2", "--epochs", "0",
+                                                        "--max-batches", "100000", "--step-ms",
+                                                        "10"})),
+                      dir_.File("consumer"));
+  absl::SleepFor(absl::Milliseconds(300));
+  CtlResult stats = RunCtl(daemon.socket(), {"-o", "json", "stats", "--interval", "500ms"},
+                           dir_.File("stats"));
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  // One session of job s, rank 1, at about 100 batches/s (10 ms a step): between 20 and 110.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      stats.out, m,
+      std::regex(R"re("job":"s","rank":1,"delivery":"host","batches_per_s":([0-9.]+),"bytes_per_s":[0-9.]+,"producer_blocked_pct":([0-9.]+),"consumer_wait_pct":([0-9.]+))re")))
+      << stats.out;
+  EXPECT_GT(std::stod(m[1]), 20);
+  EXPECT_LT(std::stod(m[1]), 110);
+  EXPECT_GT(std::stod(m[2]), 50);  // a slow consumer: the producer is blocked most of the time
+  EXPECT_LT(std::stod(m[3]), 20);
+  CtlResult table = RunCtl(daemon.socket(), {"stats", "--count", "1", "--interval", "200ms"},
+                           dir_.File("table"));
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("PRODUCER_BLOCKED"));
+  EXPECT_THAT(table.out, HasSubstr("CONSUMER_WAIT"));
+  consumer.Kill(SIGKILL);
+
+  CtlResult version = RunCtl(daemon.socket(), {"-o", "json", "version"}, dir_.File("version"));
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_EQ(version.out, "{\"gpufeedctl\":\"0.1.0\",\"gpufeedd\":\"0.1.0\"}\n");
+  CtlResult wrong = RunCtl(daemon.socket(), {"stats", "--timeout", "1s"}, dir_.File("wrong"));
+  EXPECT_EQ(wrong.exit_code, 2);
+  EXPECT_THAT(wrong.err, HasSubstr("stats does not take --timeout"));
+}
+
+}  // namespace
+}  // namespace gpufeed::testing

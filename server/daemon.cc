@@ -230,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
     // or Admin (no authentication there; the Unix socket's permissions are the access control).
     d->tcp_health_ = std::make_unique<TcpHealthService>(
         [raw] { return raw->serving_.load(); },
-        [raw] { return raw->serving_.load() && !raw->draining_.load(); });
+        [raw] { return raw->Ready(); });
     grpc::ServerBuilder health;
     health.AddListeningPort(c.health_listen, grpc::InsecureServerCredentials(), &d->health_port_);
     health.RegisterService(d->tcp_health_.get());
@@ -259,6 +259,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status);
+  // A GPU context can break at any time (an illegal address in a kernel): readiness follows.
+  d->readiness_monitor_ = std::thread([raw] {
+    bool ready = true;
+    while (!raw->stop_drain_watcher_) {
+      absl::SleepFor(absl::Milliseconds(250));
+      if (raw->Ready() != ready && raw->serving_) {
+        ready = raw->Ready();
+        if (!ready && !raw->draining_) {
+          spdlog::error("a GPU's CUDA context failed for good: readiness NOT_SERVING; restart gpufeedd");
+        }
+        raw->SetServing(true);
+      }
+    }
+  });
   return d;
 }
 
@@ -268,9 +282,13 @@ void Daemon::SetServing(bool serving) {
   if (server_ != nullptr) {
     grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
     health->SetServingStatus("", serving);
-    // Readiness: not while draining.
-    health->SetServingStatus("gpufeed.v1.Feed", serving && !draining_);
+    // Readiness: not while draining, nor after a sticky CUDA error.
+    health->SetServingStatus("gpufeed.v1.Feed", serving && Ready());
   }
+}
+
+bool Daemon::Ready() const {
+  return serving_ && !draining_ && (devices_ == nullptr || devices_->healthy());
 }
 
 int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
@@ -311,6 +329,7 @@ void Daemon::Shutdown() {
   if (notifier_ != nullptr) notifier_->Stopping("shutting down");
   stop_drain_watcher_ = true;
   if (drain_watcher_.joinable()) drain_watcher_.join();
+  if (readiness_monitor_.joinable()) readiness_monitor_.join();
   SetServing(false);
   if (sessions_ != nullptr) sessions_->Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() +

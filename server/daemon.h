@@ -106,11 +106,14 @@ class Daemon {
   std::unique_ptr<MetricsServer> metrics_;
   std::unique_ptr<SystemdNotifier> notifier_;
   std::thread drain_watcher_;
+  std::thread readiness_monitor_;  // re-evaluates readiness every second
   std::atomic<bool> stop_drain_watcher_{false};
   std::atomic<bool> draining_{false};
   bool shut_down_ = false;
 
   void SetServing(bool serving);
+  // Ready: serving, not draining, and no GPU context broken for good.
+  bool Ready() const;
 };
 
 }  // namespace gpufeed::server

@@ -1,5 +1,7 @@
 #include "common/cuda/cuda.h"
 
+#include <atomic>
+
 
 #include <mutex>
 #include <type_traits>
@@ -9,8 +11,28 @@
 
 namespace gpufeed::cuda {
 
+namespace {
+std::atomic<bool> sticky{false};
+}  // namespace
+
+bool StickyErrorSeen() { return sticky.load(std::memory_order_relaxed); }
+
 absl::Status Check(cudaError_t error, absl::string_view context) {
   if (error == cudaSuccess) return absl::OkStatus();
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+      sticky.store(true, std::memory_order_relaxed);
+      break;
+    default:
+      break;
+  }
   const absl::StatusCode code =
       (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver)
           ? absl::StatusCode::kUnavailable

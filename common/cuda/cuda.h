@@ -18,6 +18,11 @@
 namespace gpufeed::cuda {
 
 // OK for cudaSuccess; otherwise INTERNAL (UNAVAILABLE for no device/driver) with `context`.
+// Whether an error that corrupts the CUDA context (illegal address, launch failure, ECC, ...)
+// has been seen by Check: every later CUDA call of the process fails, so the daemon is no
+// longer ready (readiness NOT_SERVING) and must be restarted.
+bool StickyErrorSeen();
+
 absl::Status Check(cudaError_t error, absl::string_view context);
 absl::Status Check(CUresult result, absl::string_view context);
 

@@ -469,6 +469,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   bool can_stage() const override { return true; }
+  bool healthy() const override { return !cuda::StickyErrorSeen(); }
 
   std::vector<GpuMemory> memory() const override {
     std::vector<GpuMemory> out;

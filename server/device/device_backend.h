@@ -110,6 +110,8 @@ class DeviceBackend {
   virtual absl::Status NvjpegStatus(const std::string& gpu_uuid) {
     return absl::FailedPreconditionError("decode: this device backend has no nvJPEG");
   }
+  // False after an error that broke a GPU's CUDA context for good (readiness goes NOT_SERVING).
+  virtual bool healthy() const { return true; }
   // Whether StageIn works at all (the fused kernel is built in).
   virtual bool can_stage() const { return false; }
   // Per GPU: the bytes its rings and scratch hold, and the --device_bytes budget.

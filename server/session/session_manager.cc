@@ -322,8 +322,8 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
     }
   }
   session->Close(why);
-  spdlog::info("{}: session {} job '{}' rank {} ({})", verb, id, session->job(), session->rank(),
-               why.ToString());
+  spdlog::info("{}: session {} job '{}' rank {} feed {} ({})", verb, id, session->job(),
+               session->rank(), session->feed().key(), why.ToString());
 }
 
 std::vector<SessionSnapshot> SessionManager::ListSessions() const {

@@ -10,7 +10,15 @@ packages=(
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
   libturbojpeg0-dev libpng-dev prometheus-cpp-dev libsystemd-dev prometheus
   python3 python3-numpy python3-pytest python3-torch
+  # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
+  systemd python3-yaml
 )
+# kubectl for its built-in kustomize (tests/deploy). Debian's kubernetes-client and Google's
+# kubectl package own the same /usr/bin/kubectl, so only when none is there; Ubuntu has no
+# kubernetes-client.
+if ! command -v kubectl >/dev/null && grep -q '^ID=debian' /etc/os-release; then
+  packages+=(kubernetes-client)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,11 @@
 #include "server/daemon.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -225,6 +228,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
     return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen,
                                                " (is its directory there and writable?)"));
   }
+  // Owner and group may connect (systemd's Group=gpufeed, the DaemonSet's group), whatever the
+  // umask; the memory socket is 0660 as well.
+  if (::chmod(socket_path.c_str(), 0660) != 0) {
+    spdlog::warn("chmod 0660 of {}: {}", socket_path, std::strerror(errno));
+  }
   if (!c.health_listen.empty()) {
     // A server of its own, with the health service alone: the TCP port must not expose Feed
     // or Admin (no authentication there; the Unix socket's permissions are the access control).
@@ -259,17 +267,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status);
-  // A GPU context can break at any time (an illegal address in a kernel): readiness follows.
+  // A GPU context can break at any time (an illegal address in a kernel): every later CUDA
+  // call fails, so readiness goes NOT_SERVING and the daemon stops itself with exit code 1
+  // for its supervisor (systemd's Restart=on-failure, Kubernetes) to start a fresh one.
   d->readiness_monitor_ = std::thread([raw] {
-    bool ready = true;
     while (!raw->stop_drain_watcher_) {
       absl::SleepFor(absl::Milliseconds(250));
-      if (raw->Ready() != ready && raw->serving_) {
-        ready = raw->Ready();
-        if (!ready && !raw->draining_) {
-          spdlog::error("a GPU's CUDA context failed for good: readiness NOT_SERVING; restart gpufeedd");
-        }
-        raw->SetServing(true);
+      if (raw->devices_ != nullptr && !raw->devices_->healthy() && raw->exit_code_ == 0) {
+        spdlog::error("a GPU's CUDA context failed for good: readiness NOT_SERVING, exiting "
+                      "with status 1 to be restarted");
+        raw->exit_code_ = 1;
+        raw->SetServing(true);  // live, not ready, until the shutdown
+        ::kill(::getpid(), SIGTERM);
+        return;
       }
     }
   });

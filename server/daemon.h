@@ -86,6 +86,9 @@ class Daemon {
   int health_port() const { return health_port_; }
 
   const DaemonConfig& config() const { return config_; }
+  // What the process should exit with: 1 once a GPU's CUDA context broke for good (the
+  // daemon then stops itself so that systemd or Kubernetes restarts it), else 0.
+  int exit_code() const { return exit_code_; }
 
  private:
   explicit Daemon(DaemonConfig config);
@@ -109,6 +112,7 @@ class Daemon {
   std::thread readiness_monitor_;  // re-evaluates readiness every second
   std::atomic<bool> stop_drain_watcher_{false};
   std::atomic<bool> draining_{false};
+  std::atomic<int> exit_code_{0};
   bool shut_down_ = false;
 
   void SetServing(bool serving);

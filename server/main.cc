@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
   sigwait(&signals, &signal_number);
   spdlog::info("received {}, shutting down", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
   (*daemon)->Shutdown();
+  const int code = (*daemon)->exit_code();
   daemon->reset();
   spdlog::shutdown();
-  return 0;
+  return code;
 }

@@ -11,7 +11,7 @@
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
 # Copied alone first, so that the package layer is rebuilt only when the script changes.
 COPY deploy/install-deps.sh /src/deploy/install-deps.sh
-RUN /src/deploy/install-deps.sh && rm -rf /var/lib/apt/lists/*
+RUN /src/deploy/install-deps.sh --build-only && rm -rf /var/lib/apt/lists/*
 COPY . /src
 # Hopper code plus its PTX by default (CMakeLists.txt): other GPUs JIT-compile the PTX at
 # start-up. GPUFEED_CUDA=ON: fail here rather than build a daemon without device delivery.

@@ -2,22 +2,31 @@
 # Installs what building and testing gpufeed needs on Debian 12 / Ubuntu 24.04, from the
 # distribution's archive only. Shared by tests/run.sh, deploy/quickstart.sh and the
 # Dockerfile's build stage, so the three never drift apart. Installs nothing already there.
+#
+#   deploy/install-deps.sh               what building and testing need
+#   deploy/install-deps.sh --build-only  what building the binaries needs (the Dockerfile)
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev libgtest-dev libgmock-dev
-  libturbojpeg0-dev libpng-dev prometheus-cpp-dev libsystemd-dev prometheus
-  python3 python3-numpy python3-pytest python3-torch
-  # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
-  systemd python3-yaml
+  libabsl-dev libspdlog-dev
+  libturbojpeg0-dev libpng-dev prometheus-cpp-dev libsystemd-dev
+  python3
 )
-# kubectl for its built-in kustomize (tests/deploy). Debian's kubernetes-client and Google's
-# kubectl package own the same /usr/bin/kubectl, so only when none is there; Ubuntu has no
-# kubernetes-client.
-if ! command -v kubectl >/dev/null && grep -q '^ID=debian' /etc/os-release; then
-  packages+=(kubernetes-client)
+if [ "${1:-}" != "--build-only" ]; then
+  packages+=(
+    libgtest-dev libgmock-dev prometheus
+    python3-numpy python3-pytest python3-torch
+    # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
+    systemd python3-yaml
+  )
+  # kubectl for its built-in kustomize (tests/deploy). Debian's kubernetes-client and Google's
+  # kubectl package own the same /usr/bin/kubectl, so only when none is there; Ubuntu has no
+  # kubernetes-client.
+  if ! command -v kubectl >/dev/null && grep -q '^ID=debian' /etc/os-release; then
+    packages+=(kubernetes-client)
+  fi
 fi
 
 missing=()

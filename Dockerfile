@@ -7,7 +7,7 @@
 #   docker build -t gpufeedd:0.1.0 .
 #   docker build --build-arg CUDA_ARCHITECTURES="80;90" -t gpufeedd:0.1.0 .   # + Ampere SASS
 
-# ---- build: the same packages as tests/run.sh, from the same script --------------------------
+# ---- build: the build packages of the script tests/run.sh uses (--build-only) -------------
 FROM nvidia/cuda:13.0.0-devel-ubuntu24.04 AS build
 # Copied alone first, so that the package layer is rebuilt only when the script changes.
 COPY deploy/install-deps.sh /src/deploy/install-deps.sh

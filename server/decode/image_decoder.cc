@@ -125,6 +125,7 @@ const char* BadImageName(BadImage reason) {
     case BadImage::kTruncated: return "truncated";
     case BadImage::kCorrupt: return "corrupt";
     case BadImage::kTooLarge: return "too_large";
+    case BadImage::kUnreadable: return "unreadable";
   }
   return "none";
 }
@@ -133,10 +134,16 @@ BadImage BadImageOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kPayload);  // absl::optional<absl::Cord>
   if (!payload.has_value()) return BadImage::kNone;
   for (BadImage r : {BadImage::kEmpty, BadImage::kNotAnImage, BadImage::kUnsupported,
-                     BadImage::kTruncated, BadImage::kCorrupt, BadImage::kTooLarge}) {
+                     BadImage::kTruncated, BadImage::kCorrupt, BadImage::kTooLarge,
+                     BadImage::kUnreadable}) {
     if (*payload == BadImageName(r)) return r;
   }
   return BadImage::kNone;
+}
+
+absl::Status MarkBadImage(absl::Status status, BadImage reason) {
+  status.SetPayload(kPayload, absl::Cord(BadImageName(reason)));
+  return status;
 }
 
 absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options) {

@@ -17,11 +17,16 @@
 
 namespace gpufeed::server {
 
-enum class BadImage { kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge };
-// "empty", "not_an_image", "unsupported_format", "truncated", "corrupt", "too_large".
+enum class BadImage {
+  kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge, kUnreadable
+};
+// "empty", "not_an_image", "unsupported_format", "truncated", "corrupt", "too_large",
+// "unreadable" (the file could not be opened or read: permissions, I/O error, gone).
 const char* BadImageName(BadImage reason);
 // The reason of a DecodeImage failure; kNone for OK or a status from elsewhere.
 BadImage BadImageOf(const absl::Status& status);
+// `status` (not OK) marked as a bad image of `reason`, so that BadImageOf reads it back.
+absl::Status MarkBadImage(absl::Status status, BadImage reason);
 
 struct Image {
   int height = 0;

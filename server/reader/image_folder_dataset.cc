@@ -24,7 +24,8 @@ namespace {
 constexpr int kMaxReplacements = 32;
 
 constexpr BadImage kReasons[] = {BadImage::kEmpty,     BadImage::kNotAnImage, BadImage::kUnsupported,
-                                 BadImage::kTruncated, BadImage::kCorrupt,    BadImage::kTooLarge};
+                                 BadImage::kTruncated, BadImage::kCorrupt,    BadImage::kTooLarge,
+                                 BadImage::kUnreadable};
 
 class ImageFolderDataset final : public Dataset {
  public:
@@ -121,13 +122,16 @@ class ImageFolderDataset final : public Dataset {
   }
 
  private:
+  // The file's bytes. A file that cannot be opened or read (permissions, an I/O error, removed
+  // since the index was built) is a bad sample too, "unreadable": the policy decides, as for
+  // a corrupt file, rather than one file ending every session of the feed.
   absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
     metrics::StageTimer timer(metrics::Stage::kRead);
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenForRead(index_.paths[sample]);
-    if (!file.ok()) return file.status();
+    if (!file.ok()) return MarkBadImage(file.status(), BadImage::kUnreadable);
     std::vector<uint8_t> bytes((*file)->size());
     absl::Status read = (*file)->ReadAt(0, std::as_writable_bytes(std::span<uint8_t>(bytes)));
-    if (!read.ok()) return read;
+    if (!read.ok()) return MarkBadImage(read, BadImage::kUnreadable);
     return bytes;
   }
 
@@ -150,7 +154,7 @@ class ImageFolderDataset final : public Dataset {
       absl::Status status = attempt(sample);
       if (status.ok()) return sample;
       const BadImage reason = BadImageOf(status);
-      if (reason == BadImage::kNone) return status;
+      if (reason == BadImage::kNone) return status;  // not about this file: internal
       // Counted once per requested sample (replacement 0); replacements that hit a bad file
       // are logged but not counted again, so each bad file counts once per epoch.
       Count(sample, reason, status, replacement == 0);

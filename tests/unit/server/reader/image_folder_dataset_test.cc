@@ -129,6 +129,14 @@ TEST_F(ImageFolderDatasetTest, BadImagesAreReplacedAndCountedOrFailNamingTheFile
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(failed.status().message(), HasSubstr(root_ + "/a/1-text.png"));
   EXPECT_THAT(failed.status().message(), HasSubstr("not_an_image"));
+
+  // A file removed after the index was built is "unreadable": replaced, or failing by name.
+  ASSERT_TRUE(std::filesystem::remove(root_ + "/a/1.png"));
+  ASSERT_EQ(*Read(**ds, 2, {}, &image, &label), 3u);  // a/2.jpg stands in
+  EXPECT_EQ(count("unreadable"), 1);
+  failed = Read(**strict, 2, {}, &image, &label);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(failed.status().message(), HasSubstr(root_ + "/a/1.png (unreadable)"));
 }
 
 TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {

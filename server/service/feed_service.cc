@@ -1,5 +1,7 @@
 #include "server/service/feed_service.h"
 
+#include <pthread.h>
+
 #include <deque>
 #include <memory>
 
@@ -198,17 +200,46 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
 }  // namespace
 
+FeedService::FeedService(SessionManager* sessions, std::string mem_socket, int attach_threads)
+    : sessions_(sessions), mem_socket_(std::move(mem_socket)), attach_work_(256) {
+  for (int i = 0; i < attach_threads; ++i) {
+    attach_threads_.emplace_back([this, i] {
+      const std::string name = absl::StrCat("attach/", i);
+      pthread_setname_np(pthread_self(), name.c_str());
+      while (true) {
+        absl::StatusOr<std::function<void()>> work = attach_work_.Pop();
+        if (!work.ok()) return;  // closed and drained
+        (*work)();
+      }
+    });
+  }
+}
+
+FeedService::~FeedService() {
+  attach_work_.Close();
+  for (std::thread& t : attach_threads_) t.join();
+}
+
 grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
                                               const v1::AttachRequest* request,
                                               v1::AttachResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
-  absl::StatusOr<Attachment> attached = spec.ok() ? sessions_->Attach(*spec) : spec.status();
-  if (attached.ok()) {
-    ToProto(*attached, response);
-    response->set_mem_socket(mem_socket_);
+  // The request and response live until the reactor finishes.
+  absl::Status queued = attach_work_.TryPush([this, reactor, request, response] {
+    absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
+    absl::StatusOr<Attachment> attached = spec.ok() ? sessions_->Attach(*spec) : spec.status();
+    if (attached.ok()) {
+      ToProto(*attached, response);
+      response->set_mem_socket(mem_socket_);
+    }
+    reactor->Finish(ToGrpcStatus(attached.status()));
+  });
+  if (!queued.ok()) {
+    reactor->Finish(ToGrpcStatus(absl::IsResourceExhausted(queued)
+                                     ? absl::ResourceExhaustedError(
+                                           "256 attaches are waiting already; retry later")
+                                     : absl::UnavailableError("gpufeedd is shutting down")));
   }
-  reactor->Finish(ToGrpcStatus(attached.status()));
   return reactor;
 }
 

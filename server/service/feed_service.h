@@ -3,8 +3,11 @@
 #pragma once
 
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "common/bounded_queue.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
@@ -13,8 +16,10 @@ namespace gpufeed::server {
 
 class FeedService final : public v1::Feed::CallbackService {
  public:
-  FeedService(SessionManager* sessions, std::string mem_socket)
-      : sessions_(sessions), mem_socket_(std::move(mem_socket)) {}
+  // Attach opens datasets (an ImageFolder index walks the whole tree) and allocates device
+  // memory: it runs on `attach_threads` threads of its own, never on gRPC's callback threads.
+  FeedService(SessionManager* sessions, std::string mem_socket, int attach_threads = 2);
+  ~FeedService() override;  // finishes the attaches queued, then joins
 
   grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* ctx,
                                    const v1::AttachRequest* request,
@@ -31,6 +36,8 @@ class FeedService final : public v1::Feed::CallbackService {
  private:
   SessionManager* const sessions_;
   const std::string mem_socket_;
+  BoundedQueue<std::function<void()>> attach_work_;
+  std::vector<std::thread> attach_threads_;
 };
 
 struct DaemonInfo {

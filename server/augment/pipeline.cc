@@ -75,6 +75,9 @@ absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& st
       if (have_layout) return Invalid(i, "layout", "only one layout");
       plan.output.layout = s->layout;
       have_layout = true;
+    } else if (const auto* s = std::get_if<DecodeStep>(&step)) {
+      if (i != 0) return Invalid(i, "decode", "comes first, once");
+      plan.dct_scaling = s->dct_scaling;
     }
   }
   if (plan.random_resized_crop) {
@@ -112,6 +115,8 @@ std::string PipelineCanonical(const std::vector<PipelineStep>& steps) {
       absl::StrAppend(&out, "cast(", DTypeName(s->dtype), ")");
     } else if (const auto* s = std::get_if<LayoutStep>(&step)) {
       absl::StrAppend(&out, "layout(", s->layout == Layout::kNCHW ? "nchw" : "nhwc", ")");
+    } else if (const auto* s = std::get_if<DecodeStep>(&step)) {
+      absl::StrAppend(&out, "decode(", s->dct_scaling ? "dct" : "full", ")");
     }
   }
   return out;

@@ -14,6 +14,9 @@
 
 namespace gpufeed::server {
 
+struct DecodeStep {
+  bool dct_scaling = false;
+};
 struct RandomResizedCropStep {
   int size = 0;
   RandomResizedCropOptions options;
@@ -37,7 +40,7 @@ struct LayoutStep {
   Layout layout = Layout::kNCHW;
 };
 using PipelineStep = std::variant<RandomResizedCropStep, ResizeStep, CenterCropStep, FlipStep,
-                                  NormalizeStep, CastStep, LayoutStep>;
+                                  NormalizeStep, CastStep, LayoutStep, DecodeStep>;
 
 struct PipelinePlan {
   // Geometry: a random resized crop, or an optional resize then a centre crop.
@@ -45,6 +48,8 @@ struct PipelinePlan {
   std::optional<ResizeStep> resize;
   std::optional<CenterCropStep> center_crop;
   double flip_p = 0;
+  // CPU JPEG decode at the smallest DCT scale that keeps the resolution the geometry needs.
+  bool dct_scaling = false;
   OutputSpec output;
   int out_height = 0;
   int out_width = 0;

@@ -53,6 +53,12 @@ absl::StatusOr<Image> DecodeJpeg(std::span<const uint8_t> bytes, const DecodeOpt
   }
   if (absl::Status s = CheckSize(width, height, o); !s.ok()) return s;
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  if (o.scale_denom != 1) {
+    // TurboJPEG's scaled size (ceil(size * 1/denom)); the IDCT works at that size.
+    const tjscalingfactor factor{1, o.scale_denom};
+    width = TJSCALED(width, factor);
+    height = TJSCALED(height, factor);
+  }
   std::vector<uint8_t> pixels(static_cast<size_t>(width) * height * (cmyk ? 4 : 3));
   // Stop on warnings: libjpeg "recovers" from a truncated or damaged scan by filling grey,
   // which would train on garbage silently.

@@ -35,7 +35,10 @@ struct Image {
 };
 
 struct DecodeOptions {
-  uint64_t max_pixels = 64'000'000;  // width x height
+  uint64_t max_pixels = 64'000'000;  // width x height (of the full-size image)
+  // JPEG only: decode at 1/scale_denom of the size (1, 2, 4 or 8) by DCT scaling; the image
+  // then has ceil(width / scale_denom) x ceil(height / scale_denom) pixels.
+  int scale_denom = 1;
 };
 
 absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options = {});

@@ -58,10 +58,11 @@ class ImageFolderDataset final : public Dataset {
     return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
       absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
       if (!bytes.ok()) return bytes.status();
-      absl::StatusOr<Image> image = Decode(*bytes);
-      if (!image.ok()) return image.status();
       SampleRandom random(context.seed, context.epoch, sample);
-      Augment(*image, PlanGeometry(image->height, image->width, random), rows[0].data());
+      StagedGeometry g;
+      absl::StatusOr<Image> image = DecodePlanned(*bytes, random, &g);
+      if (!image.ok()) return image.status();
+      Augment(*image, g, rows[0].data());
       const int64_t label = index_.labels[sample];
       std::memcpy(rows[1].data(), &label, sizeof(label));
       return absl::OkStatus();
@@ -102,9 +103,10 @@ class ImageFolderDataset final : public Dataset {
         }
       }
       if (!staged) {
-        absl::StatusOr<Image> image = Decode(*bytes);
+        StagedGeometry g;
+        absl::StatusOr<Image> image = DecodePlanned(*bytes, random, &g);
         if (!image.ok()) return image.status();
-        StageDecoded(*image, PlanGeometry(image->height, image->width, random), target, record);
+        StageDecoded(*image, g, target, record);
       }
       const int64_t label = index_.labels[sample];
       std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
@@ -135,11 +137,58 @@ class ImageFolderDataset final : public Dataset {
     return bytes;
   }
 
-  absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes) const {
+  absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes, int scale_denom = 1) const {
     metrics::StageTimer timer(metrics::Stage::kDecode);
     DecodeOptions options;
     options.max_pixels = max_pixels_;
+    options.scale_denom = scale_denom;
     return DecodeImage(bytes, options);
+  }
+
+  // Decodes `bytes` and plans the sample's geometry (`*g`, drawing from `random`). With DCT
+  // scaling, a JPEG's geometry is planned on its full size first (the same crop as without
+  // scaling), then the file is decoded at the smallest scale that leaves the crop at least
+  // as many pixels as it is resized to, and the crop is mapped onto the scaled image.
+  absl::StatusOr<Image> DecodePlanned(std::span<const uint8_t> bytes, SampleRandom& random,
+                                      StagedGeometry* g) const {
+    if (plan_.dct_scaling) {
+      DecodeOptions options;
+      options.max_pixels = max_pixels_;
+      absl::StatusOr<JpegHeader> header = InspectJpeg(bytes, options);
+      if (!header.ok()) return header.status();
+      if (header->height > 0) {  // a JPEG
+        *g = PlanGeometry(header->height, header->width, random);
+        int denom = 8;
+        while (denom > 1 && (g->crop_height / denom < g->resize_height ||
+                             g->crop_width / denom < g->resize_width)) {
+          denom /= 2;
+        }
+        absl::StatusOr<Image> image = Decode(bytes, denom);
+        if (!image.ok() || denom == 1) return image;
+        ScaleGeometry(header->height, header->width, image->height, image->width, g);
+        return image;
+      }
+    }
+    absl::StatusOr<Image> image = Decode(bytes);
+    if (image.ok()) *g = PlanGeometry(image->height, image->width, random);
+    return image;
+  }
+
+  // Maps a geometry planned on a height x width image onto the same image decoded at
+  // scaled_height x scaled_width: the crop box scales, the resize and window stay.
+  static void ScaleGeometry(int height, int width, int scaled_height, int scaled_width,
+                            StagedGeometry* g) {
+    auto scale = [](int v, int from, int to) {
+      return static_cast<int>(static_cast<int64_t>(v) * to / from);
+    };
+    g->src_height = scaled_height;
+    g->src_width = scaled_width;
+    g->crop_top = scale(g->crop_top, height, scaled_height);
+    g->crop_left = scale(g->crop_left, width, scaled_width);
+    g->crop_height = std::clamp(scale(g->crop_height, height, scaled_height), 1,
+                                scaled_height - g->crop_top);
+    g->crop_width = std::clamp(scale(g->crop_width, width, scaled_width), 1,
+                               scaled_width - g->crop_left);
   }
 
   // Runs `attempt` on `id`, then on the samples after it while they are bad images and the

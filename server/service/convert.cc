@@ -43,6 +43,9 @@ absl::StatusOr<std::vector<PipelineStep>> PipelineFromProto(
         steps.push_back(LayoutStep{op.layout().layout() == v1::IMAGE_LAYOUT_NHWC ? Layout::kNHWC
                                                                                  : Layout::kNCHW});
         break;
+      case v1::PipelineOp::kDecode:
+        steps.push_back(DecodeStep{op.decode().dct_scaling()});
+        break;
       default:
         return absl::InvalidArgumentError(absl::StrCat("pipeline[", i, "]: no op set"));
     }

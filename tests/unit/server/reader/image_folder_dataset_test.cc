@@ -155,5 +155,37 @@ TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {
   }
 }
 
+TEST_F(ImageFolderDatasetTest, DctScalingDecodesLargeJpegsSmallerWithTheSameCrops) {
+  std::filesystem::remove_all(root_);
+  Write(root_ + "/a/big.jpg", EncodeJpeg(Picture(384, 512, 3, 7), 384, 512, TJPF_RGB, TJSAMP_420, 95));
+  auto pixels = [&](std::vector<PipelineStep> pipeline, uint64_t seed, int64_t epoch) {
+    auto ds = Open(std::move(pipeline));
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    std::vector<uint8_t> image;
+    int64_t label;
+    EXPECT_TRUE(Read(**ds, 0, {seed, epoch}, &image, &label).ok());
+    return image;
+  };
+  // Resize to 48 then crop 48: a 1/8 scale (48x64) still has the 48 rows the resize needs.
+  const std::vector<uint8_t> full = pixels({ResizeStep{48}, CenterCropStep{48}}, 0, 0);
+  const std::vector<uint8_t> scaled =
+      pixels({DecodeStep{true}, ResizeStep{48}, CenterCropStep{48}}, 0, 0);
+  ASSERT_EQ(full.size(), scaled.size());
+  double sum = 0;
+  for (size_t i = 0; i < full.size(); ++i) sum += std::abs(int{full[i]} - int{scaled[i]});
+  EXPECT_GT(sum, 0) << "the scaled decode should differ a little";
+  EXPECT_LT(sum / static_cast<double>(full.size()), 2.0);
+  // Crops of 300: no scale keeps 300 rows of a 384-row image, so outputs are byte-identical
+  // (and the random crops are the same: planned on the full-size image either way).
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    EXPECT_EQ(pixels({RandomResizedCropStep{300, {}}, FlipStep{0.5}}, 5, epoch),
+              pixels({DecodeStep{true}, RandomResizedCropStep{300, {}}, FlipStep{0.5}}, 5, epoch))
+        << "epoch " << epoch;
+  }
+  auto misplaced = Open({ResizeStep{48}, DecodeStep{true}, CenterCropStep{48}});
+  EXPECT_EQ(misplaced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(misplaced.status().message(), HasSubstr("pipeline[1] decode: comes first, once"));
+}
+
 }  // namespace
 }  // namespace gpufeed::server

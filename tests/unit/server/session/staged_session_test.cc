@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -148,6 +149,23 @@ TEST_F(StagedSessionTest, CpuDecodeGpuAugmentEqualsTheCpuPathByteForByte) {
     EXPECT_EQ(devices_.last->raws.load(), 12);
     EXPECT_EQ(devices_.last->jpegs.load(), 0);
   }
+}
+
+TEST_F(StagedSessionTest, DctScaledCpuDecodeStagesTheScaledCrop) {
+  // 240x320 JPEGs, crops resized to 24: most crops decode at 1/2 to 1/8 scale.
+  std::filesystem::remove_all(root_);
+  for (int i = 0; i < 6; ++i) {
+    Write(absl::StrCat(root_, "/c", i % 2, "/", i, ".jpg"),
+          EncodeJpeg(Picture(240, 320, 3, i), 240, 320, TJPF_RGB, TJSAMP_420, 90));
+  }
+  std::vector<PipelineStep> pipeline = TrainPipeline(DType::kFloat16, Layout::kNCHW);
+  pipeline.insert(pipeline.begin(), DecodeStep{true});
+  AttachSpec spec = Spec(pipeline);
+  spec.decode = DecodeChoice::kCpu;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
+  EXPECT_EQ(devices_.last->raws.load(), 12);
 }
 
 TEST_F(StagedSessionTest, NvjpegPathStagesFilesItTakesAndDecodesTheRestOnTheCpu) {

@@ -35,28 +35,16 @@ void ResizedCrop(const Image& image, const CropBox& box, int out_height, int out
                  float* out) {
   const ResampleWeights wx = ComputeResampleWeights(box.width, out_width);
   const ResampleWeights wy = ComputeResampleWeights(box.height, out_height);
-  // Horizontal pass over the crop's rows into a float buffer, then the vertical pass. Each
-  // source row is converted to float once, and every output's taps are padded with zero
-  // weights to the widest (K): a fixed-length inner loop, 1.6x faster here. The zero taps
-  // add +0.0, so every sum equals the tap-by-tap one bit for bit (as augment_pixel.h sums).
-  size_t taps = 1;
-  for (const std::vector<float>& w : wx.weights) taps = std::max(taps, w.size());
-  std::vector<float> weights(static_cast<size_t>(out_width) * taps, 0.0f);
-  for (int x = 0; x < out_width; ++x) {
-    const std::vector<float>& w = wx.weights[static_cast<size_t>(x)];
-    std::copy(w.begin(), w.end(), weights.begin() + static_cast<ptrdiff_t>(x * taps));
-  }
-  std::vector<float> line_in((static_cast<size_t>(box.width) + taps) * 3, 0.0f);
+  // Horizontal pass over the crop's rows into a float buffer, then the vertical pass.
   std::vector<float> rows(static_cast<size_t>(box.height) * out_width * 3);
   for (int y = 0; y < box.height; ++y) {
     const uint8_t* src = image.rgb.data() + (static_cast<size_t>(box.top + y) * image.width + box.left) * 3;
-    for (size_t i = 0; i < static_cast<size_t>(box.width) * 3; ++i) line_in[i] = src[i];
     float* dst = rows.data() + static_cast<size_t>(y) * out_width * 3;
     for (int x = 0; x < out_width; ++x) {
-      const float* w = weights.data() + static_cast<size_t>(x) * taps;
-      const float* s = line_in.data() + static_cast<size_t>(wx.first[static_cast<size_t>(x)]) * 3;
+      const std::vector<float>& w = wx.weights[static_cast<size_t>(x)];
+      const uint8_t* s = src + static_cast<size_t>(wx.first[static_cast<size_t>(x)]) * 3;
       float r = 0, g = 0, b = 0;
-      for (size_t k = 0; k < taps; ++k) {
+      for (size_t k = 0; k < w.size(); ++k) {
         r += w[k] * s[3 * k];
         g += w[k] * s[3 * k + 1];
         b += w[k] * s[3 * k + 2];

@@ -347,3 +347,17 @@ def test_library_lookup_order(monkeypatch, tmp_path):
                        re.escape(str(tmp_path / "missing.so"))):
         _capi._open()
     assert gpufeed.library_api_version() == _capi.API_VERSION == 1
+
+
+def test_iterating_a_one_slot_ring_returns_each_slot_on_del(daemon, job, datasets):
+    # The session's iterator must not keep the last batch alive: with one slot, a `del`
+    # of the caller's batch is all the daemon needs to fill the next one.
+    expected = np.load(datasets.records)
+    with gpufeed.Client(daemon.socket).attach(datasets.records, kind="records", batch_size=10,
+                                              ring_slots=1, stop_epoch=1, job=job) as s:
+        seen = 0
+        for batch in s:
+            assert np.array_equal(batch.numpy()["data"], expected[batch.ids])
+            seen += 1
+            del batch
+    assert seen == 157 // 10

@@ -388,3 +388,25 @@ def test_context_manager_detaches(daemon, job, datasets):
             _loader(daemon, datasets.records, kind="records", batch_size=4, job=job)
     with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job) as again:
         assert next(iter(again)).step == 0
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_loaded_step(daemon, job, datasets):
+    opts = dict(kind="records", batch_size=10, seed=5, job=job)
+    with _loader(daemon, datasets.records, **opts) as loader:
+        full = [b.ids.tolist() for b in loader]
+    with _loader(daemon, datasets.records, **opts) as loader:
+        loader.load_state_dict({"epoch": 0, "step": 5})
+        loader.set_epoch(0)  # the usual loop calls it: it must not rewind to step 0
+        assert [b.ids.tolist() for b in loader] == full[5:]
+        loader.load_state_dict({"epoch": 0, "step": 5})
+        loader.set_epoch(1)  # another epoch: from its start
+        assert loader.position == gpufeed.Position(1, 0)
+
+
+def test_torchrun_without_rdzv_id_is_no_job_name(daemon, job, datasets, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with _loader(daemon, datasets.records, kind="records", batch_size=10) as loader:
+        assert loader.job is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-7")
+    with _loader(daemon, datasets.records, kind="records", batch_size=10) as loader:
+        assert loader.job == "run-7"

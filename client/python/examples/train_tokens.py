@@ -59,7 +59,11 @@ def make_data(path: str, vocab: int, count: int = 1 << 20) -> None:
     rng = np.random.default_rng(0)
     steps = rng.integers(1, 3, size=count, dtype=np.int64)
     np.cumsum(steps, out=steps)
-    (steps % vocab).astype(np.uint16).tofile(path)
+    # Every torchrun rank writes the same bytes: each to its own file, renamed into place, so
+    # no rank ever attaches to a half-written one.
+    partial = f"{path}.{os.getpid()}.tmp"
+    (steps % vocab).astype(np.uint16).tofile(partial)
+    os.replace(partial, path)
     print(f"wrote {count} uint16 tokens to {path}")
 
 
@@ -106,6 +110,10 @@ def main() -> None:
     if not args.data:
         p.error("give --data or --make-data")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        # Under torchrun each rank takes its own GPU.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
 
     with contextlib.ExitStack() as stack:
         socket = stack.enter_context(own_daemon(args.gpufeedd)) if args.gpufeedd else args.socket

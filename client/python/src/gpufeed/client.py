@@ -197,7 +197,8 @@ class Tensor:
     def interface(self, typestr: Optional[str] = None, readonly: bool = True) -> Dict[str, Any]:
         """The array interface dict (v3) of this tensor, optionally reinterpreting its
         elements as ``typestr`` (same item size), e.g. ``"<i2"`` for uint16 bits. Host
-        memory is mapped read-only whatever ``readonly`` says: writing to it crashes."""
+        memory is mapped writable: with ``readonly=False`` a consumer may change the batch it
+        holds in place (the daemon neither reads it back nor refills it before release)."""
         typestr = typestr or self.typestr
         if np.dtype(typestr).itemsize != np.dtype(self.typestr).itemsize:
             raise InvalidArgument(f"typestr: {typestr} has another item size than {self.dtype}")
@@ -310,8 +311,14 @@ class Batch:
         the legacy default stream) wait until the batch is in device memory, without
         blocking the host. Call it before queueing work that reads the batch. No-op on host
         batches."""
-        lib = self._lease._session.lib
-        _check(lib, lib.gpufeed_batch_wait_ready(self._lease.ptr, stream))
+        lease = self._lease
+        lib = lease._session.lib
+        # Under the lease's lock: a release from another thread must not free the C batch
+        # between reading the pointer and the call.
+        with lease._lock:
+            if lease._ptr is None:
+                raise FailedPrecondition("wait_ready: the batch was released")
+            _check(lib, lib.gpufeed_batch_wait_ready(lease._ptr, stream))
 
     def release(self, stream: Optional[int] = None) -> None:
         """Returns the slot to the daemon now (idempotent). Device delivery: the daemon does
@@ -386,6 +393,9 @@ class Session:
             except OutOfRange:
                 return
             yield batch
+            # Drop our reference before asking for the next batch: the caller's ``del batch``
+            # must be enough to return the slot (a 1-slot ring would wait forever otherwise).
+            del batch
 
     def position(self) -> Position:
         """The position after the last batch :meth:`next` returned: what to checkpoint."""

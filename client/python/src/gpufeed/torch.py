@@ -30,8 +30,8 @@ goes back at once). A slot whose tensors are still referenced is never refilled 
 point. Closing the loader (or :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to
 another position, which attaches anew) ends the old session: its batches stay readable
 memory but are no longer protected. Host tensors are views of memory the consumer maps
-read-only: in-place operations on them (``x.add_(1)``) crash the process; use out-of-place
-operations or ``copy=True``.
+writable: an in-place operation on a batch you hold (``x.add_(1)``) changes that slot only,
+which the daemon neither reads back nor refills before its release.
 
 Device delivery: before yielding a batch the loader makes the current CUDA stream wait for
 it (no host synchronisation); its slot is released after the work queued on that stream, so
@@ -132,10 +132,24 @@ def _env_int(name: str, default: int) -> int:
             f"{name}: want an integer in the environment, got {value!r}") from None
 
 
+def _default_cuda_index() -> int:
+    """torchrun's ``LOCAL_RANK`` when set (each rank its own GPU, whether or not the script
+    called ``torch.cuda.set_device`` yet), else the current device."""
+    local = os.environ.get("LOCAL_RANK", "")
+    if local != "":
+        try:
+            index = int(local)
+        except ValueError:
+            raise InvalidArgument(f"LOCAL_RANK: want an integer, got {local!r}") from None
+        if 0 <= index < torch.cuda.device_count():
+            return index
+    return torch.cuda.current_device()
+
+
 def _resolve_device(device: Union[None, str, int, "torch.device"]) -> "torch.device":
     if device is None:
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda", _default_cuda_index())
         return torch.device("cpu")
     try:
         resolved = torch.device(device)
@@ -148,7 +162,7 @@ def _resolve_device(device: Union[None, str, int, "torch.device"]) -> "torch.dev
             raise FailedPrecondition(f"device: {device!r} asked for, but torch sees no CUDA "
                                      "device (device='cpu' delivers to host memory)")
         if resolved.index is None:
-            resolved = torch.device("cuda", torch.cuda.current_device())
+            resolved = torch.device("cuda", _default_cuda_index())
     return resolved
 
 
@@ -225,7 +239,10 @@ class Loader:
         """This process's rank."""
         self.world_size: int = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         """The number of ranks."""
-        self.job: Optional[str] = os.environ.get("TORCHELASTIC_RUN_ID") if job is None else job
+        # torchrun without --rdzv-id sets TORCHELASTIC_RUN_ID=none: not a job name.
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+        self.job: Optional[str] = (run_id if run_id not in (None, "", "none") else None) \
+            if job is None else job
         """The job's name (``None``: the daemon's default)."""
         self.copy: bool = copy
         """Whether batches are owned copies."""
@@ -243,6 +260,7 @@ class Loader:
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset
         self._position = Position(0, 0)
+        self._loaded: Optional[Position] = None  # a loaded position, until iteration starts
         self._session: Optional[Session] = None
         self._held: Deque["weakref.ref[_Lease]"] = collections.deque()
         self._generation = 0
@@ -266,8 +284,16 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` yields epoch ``epoch`` from its first step (as
         ``DistributedSampler.set_epoch``). Free when the loader is already there (e.g. after
-        the previous epoch ran to its end)."""
-        self._position = Position(int(epoch), 0)
+        the previous epoch ran to its end). Right after :meth:`load_state_dict`, setting the
+        loaded epoch keeps the loaded step, so the usual loop
+        ``for e in range(start, n): loader.set_epoch(e); for batch in loader: ...`` resumes
+        exactly."""
+        epoch = int(epoch)
+        if self._loaded is not None and self._loaded.epoch == epoch:
+            self._position = self._loaded
+        else:
+            self._position = Position(epoch, 0)
+        self._loaded = None
 
     def state_dict(self) -> Dict[str, int]:
         """The resume state (torchdata ``StatefulDataLoader`` convention): the position after
@@ -291,6 +317,7 @@ class Loader:
                 raise InvalidArgument(f"state_dict: {key} {state[key]} differs from this "
                                       f"loader's {mine}; a position only resumes the same feed")
         self._position = Position(int(state["epoch"]), int(state["step"]))
+        self._loaded = self._position  # kept by a set_epoch of the same epoch
 
     # ---- iteration ----
 
@@ -299,6 +326,7 @@ class Loader:
         time: a new ``iter()`` ends the previous one."""
         self._generation += 1
         generation = self._generation
+        self._loaded = None  # iterating consumes a loaded position
         epoch = self._position.epoch
         session = self._attach(self._position)
         while self._position.epoch == epoch and generation == self._generation:

@@ -305,7 +305,8 @@ int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->po
 
 int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
   const int sessions = sessions_->num_sessions();
-  if (draining_.exchange(true)) return sessions;
+  absl::MutexLock lock(&drain_mu_);
+  if (stopping_ || draining_.exchange(true)) return sessions;  // shutting down anyway
   sessions_->BeginDrain();
   SetServing(serving_);
   if (notifier_ != nullptr) notifier_->Status(absl::StrCat("draining, ", sessions, " sessions"));
@@ -337,6 +338,10 @@ void Daemon::Shutdown() {
   // In order: stop admitting and say so, end the sessions (their streams finish with
   // UNAVAILABLE), stop the server within the grace period, then the rest in reverse.
   if (notifier_ != nullptr) notifier_->Stopping("shutting down");
+  {
+    absl::MutexLock lock(&drain_mu_);
+    stopping_ = true;  // no Drain starts a watcher from now on
+  }
   stop_drain_watcher_ = true;
   if (drain_watcher_.joinable()) drain_watcher_.join();
   if (readiness_monitor_.joinable()) readiness_monitor_.join();

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace grpc {
@@ -112,6 +114,8 @@ class Daemon {
   std::thread readiness_monitor_;  // re-evaluates readiness every second
   std::atomic<bool> stop_drain_watcher_{false};
   std::atomic<bool> draining_{false};
+  absl::Mutex drain_mu_;  // orders Drain's watcher start against Shutdown's join
+  bool stopping_ ABSL_GUARDED_BY(drain_mu_) = false;
   std::atomic<int> exit_code_{0};
   bool shut_down_ = false;
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <deque>
 #include <thread>
 
@@ -297,7 +298,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   absl::StatusOr<Batch> Next(absl::Duration timeout) {
     Event event;
-    const absl::Time asked = absl::Now();
+    const auto asked = std::chrono::steady_clock::now();  // a wall-clock step is no wait
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -326,7 +327,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     batch.epoch_ = b.epoch();
     batch.step_ = b.step();
     batch.valid_ = b.valid_count();
-    batch.waited_ = absl::Now() - asked;
+    batch.waited_ = absl::FromChrono(std::chrono::steady_clock::now() - asked);
     batch.ids_.assign(b.ids().begin(), b.ids().end());
     batch.tensors_ = layout_;
     const std::byte* base = device_ring_ != nullptr ? device_ring_->base() : mapping_.data();

@@ -337,8 +337,11 @@ int Stats(const Args& args) {
         for (const auto& o : before->feeds) if (o.key == f.key) return &o;
         return nullptr;
       }();
-      const double batches = old ? (f.batches_produced - old->batches_produced) / dt : 0;
-      const double bytes = old ? static_cast<double>(f.bytes_produced - old->bytes_produced) / dt : 0;
+      // A feed recreated under the same key restarts its counters: no rate then.
+      const bool same = old != nullptr && f.batches_produced >= old->batches_produced &&
+                        f.bytes_produced >= old->bytes_produced;
+      const double batches = same ? (f.batches_produced - old->batches_produced) / dt : 0;
+      const double bytes = same ? static_cast<double>(f.bytes_produced - old->bytes_produced) / dt : 0;
       feed_rows.push_back({f.key, f.kind, absl::StrCat(f.sessions), absl::StrFormat("%.1f", batches),
                            absl::StrFormat("%.1f", bytes / 1e6)});
       feed_json.push_back(absl::StrFormat(

@@ -100,6 +100,9 @@ class CudaRing final : public DeviceRing {
 
   ~CudaRing() override {
     cuda::DeviceGuard guard(gpu_->ordinal);
+    // Work this ring enqueued must be done before its memory goes: an error path of StageIn
+    // can leave a kernel or copy queued without a ready event after it.
+    cudaStreamSynchronize(gpu_->stream);
     // Copies in flight read our memory and record our events: let them finish first.
     for (cudaEvent_t e : ready_) {
       if (e != nullptr) cudaEventSynchronize(e);

@@ -2,8 +2,10 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -64,18 +66,26 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   }
 
   void OnDone() override {
-    {
-      absl::MutexLock lock(&link_->mu);
-      link_->reactor = nullptr;
-    }
     EndSession(absl::CancelledError("stream done"));
-    delete this;
+    // A Kick on another thread may be inside Step right now (a session notification racing
+    // the Finish that led here): then the last such Kick deletes the reactor.
+    std::shared_ptr<Link> link = link_;
+    bool later;
+    {
+      absl::MutexLock lock(&link->mu);
+      link->reactor = nullptr;
+      later = link->kicks > 0;
+      if (later) link->orphan = this;
+    }
+    if (!later) delete this;
   }
 
  private:
   struct Link {
     absl::Mutex mu;
     StreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    int kicks ABSL_GUARDED_BY(mu) = 0;                 // Kicks inside reactor->Step
+    StreamReactor* orphan ABSL_GUARDED_BY(mu) = nullptr;  // done, for the last Kick to delete
   };
 
   absl::Status Open() {
@@ -102,8 +112,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   // Credits every release of the request; refused ones are answered on the stream.
   absl::Status Release() {
     for (const v1::Release& release : request_.releases()) {
+      // A client's report, clamped: the counter it feeds must never go backwards.
+      const int64_t waited = static_cast<int64_t>(
+          std::min<uint64_t>(release.waited_ns(), uint64_t{1} << 62));
       absl::Status s = session_->Release(release.slot(), release.generation(),
-                                         absl::Nanoseconds(release.waited_ns()));
+                                         absl::Nanoseconds(waited));
       if (s.ok()) continue;
       absl::MutexLock lock(&link_->mu);
       if (rejected_.size() >= kMaxPendingRejections) {
@@ -125,9 +138,15 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       absl::MutexLock lock(&link.mu);
       reactor = link.reactor;
       if (reactor == nullptr) return;
+      ++link.kicks;  // OnDone leaves the reactor to us while we are in Step
     }
-    // Safe: the reactor cannot reach OnDone before its Finish, which only Step calls.
     reactor->Step(absl::OkStatus());
+    StreamReactor* orphan = nullptr;
+    {
+      absl::MutexLock lock(&link.mu);
+      if (--link.kicks == 0) orphan = std::exchange(link.orphan, nullptr);
+    }
+    delete orphan;
   }
 
   void EndSession(const absl::Status& why) {

@@ -200,6 +200,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
+    // Opening the dataset can take long: a drain may have begun meanwhile.
+    if (draining_) return absl::UnavailableError("gpufeedd is draining (gpufeedctl drain)");
     auto it = jobs_.find(spec.job);
     if (it != jobs_.end()) {
       if (it->second.canonical != canonical) {

@@ -361,3 +361,27 @@ def test_iterating_a_one_slot_ring_returns_each_slot_on_del(daemon, job, dataset
             seen += 1
             del batch
     assert seen == 157 // 10
+
+
+def test_a_forked_child_does_not_release_the_parents_slots(daemon, job, datasets):
+    # ring_slots=2: the child drops its inherited copy of a held batch (garbage collection
+    # runs the lease's finalizer there); the parent's batch must still be held, so the
+    # daemon cannot refill its slot: the parent's data stays as it was.
+    expected = np.load(datasets.records)
+    with gpufeed.Client(daemon.socket).attach(datasets.records, kind="records", batch_size=10,
+                                              ring_slots=2, job=job) as s:
+        held = s.next(timeout=20)
+        before = held.numpy()["data"].copy()
+        pid = os.fork()
+        if pid == 0:  # the child: let go of everything, then exit at once
+            del held
+            import gc
+            gc.collect()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not held.released
+        for _ in range(6):  # the other slot cycles; the held one is never refilled
+            b = s.next(timeout=20)
+            b.release()
+        assert np.array_equal(held.numpy()["data"], before)
+        assert np.array_equal(before, expected[held.ids])

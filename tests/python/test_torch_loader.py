@@ -410,3 +410,14 @@ def test_torchrun_without_rdzv_id_is_no_job_name(daemon, job, datasets, monkeypa
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-7")
     with _loader(daemon, datasets.records, kind="records", batch_size=10) as loader:
         assert loader.job == "run-7"
+
+
+def test_set_epoch_ends_a_running_iterator(daemon, job, datasets):
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, seed=5, job=job) as loader:
+        it = iter(loader)
+        next(it)
+        loader.set_epoch(3)
+        assert list(it) == []  # the old iterator stops instead of moving the new position
+        assert loader.position == gpufeed.Position(3, 0)
+        first = next(iter(loader))
+        assert (first.epoch, first.step) == (3, 0)

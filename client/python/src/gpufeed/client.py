@@ -106,10 +106,11 @@ class _SessionHandle:
         self.lib = lib
         self.ptr: Optional[int] = ptr
         self._destroy = lib.gpufeed_session_destroy
+        self.pid = os.getpid()  # a forked child inherits the handle but not its threads
 
     def __del__(self) -> None:
         ptr, self.ptr = self.ptr, None
-        if ptr:
+        if ptr and os.getpid() == self.pid:
             self._destroy(ptr)
 
 
@@ -143,7 +144,9 @@ class _Lease:
     def release(self, stream: Optional[int] = None) -> None:
         with self._lock:
             ptr, self._ptr = self._ptr, None
-        if ptr is None:
+        # In a forked child (a DataLoader worker, multiprocessing) the slot belongs to the
+        # parent's session: releasing it there would return the parent's batch early.
+        if ptr is None or os.getpid() != self._session.pid:
             return
         if stream is None:
             stream = self.stream

@@ -289,6 +289,7 @@ class Loader:
         ``for e in range(start, n): loader.set_epoch(e); for batch in loader: ...`` resumes
         exactly."""
         epoch = int(epoch)
+        self._generation += 1  # a running iterator ends: it belongs to the old position
         if self._loaded is not None and self._loaded.epoch == epoch:
             self._position = self._loaded
         else:
@@ -316,6 +317,7 @@ class Loader:
             if key in state and int(state[key]) != int(mine):
                 raise InvalidArgument(f"state_dict: {key} {state[key]} differs from this "
                                       f"loader's {mine}; a position only resumes the same feed")
+        self._generation += 1  # a running iterator ends: it belongs to the old position
         self._position = Position(int(state["epoch"]), int(state["step"]))
         self._loaded = self._position  # kept by a set_epoch of the same epoch
 

@@ -209,7 +209,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   info.started = absl::Now();
   info.pool = d->pool_.get();
   info.serving = [raw] { return raw->serving_.load(); };
-  info.draining = [raw] { return raw->draining_.load(); };
+  info.draining = [raw] { return raw->sessions_->draining(); };
   // A drain requested over gRPC ends the process as SIGTERM does: the main thread's sigwait
   // takes it and shuts down in order.
   info.drain = [raw](absl::Duration timeout) {
@@ -288,7 +288,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
 
 void Daemon::SetServing(bool serving) {
   serving_ = serving;
-  // The TCP health port reads serving_ and draining_ itself.
+  // The TCP health port reads serving_ and the drain itself.
   if (server_ != nullptr) {
     grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
     health->SetServingStatus("", serving);
@@ -298,7 +298,7 @@ void Daemon::SetServing(bool serving) {
 }
 
 bool Daemon::Ready() const {
-  return serving_ && !draining_ && (devices_ == nullptr || devices_->healthy());
+  return serving_ && !sessions_->draining() && (devices_ == nullptr || devices_->healthy());
 }
 
 int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
@@ -306,7 +306,7 @@ int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->po
 int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
   const int sessions = sessions_->num_sessions();
   absl::MutexLock lock(&drain_mu_);
-  if (stopping_ || draining_.exchange(true)) return sessions;  // shutting down anyway
+  if (stopping_ || sessions_->draining()) return sessions;  // already, or shutting down anyway
   sessions_->BeginDrain();
   SetServing(serving_);
   if (notifier_ != nullptr) notifier_->Status(absl::StrCat("draining, ", sessions, " sessions"));

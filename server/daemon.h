@@ -113,7 +113,6 @@ class Daemon {
   std::thread drain_watcher_;
   std::thread readiness_monitor_;  // re-evaluates readiness every second
   std::atomic<bool> stop_drain_watcher_{false};
-  std::atomic<bool> draining_{false};
   absl::Mutex drain_mu_;  // orders Drain's watcher start against Shutdown's join
   bool stopping_ ABSL_GUARDED_BY(drain_mu_) = false;
   std::atomic<int> exit_code_{0};

@@ -17,11 +17,10 @@ namespace {
 constexpr char kPayload[] = "type.gpufeed/bad_image";
 
 absl::Status Bad(BadImage reason, absl::string_view message) {
-  absl::Status s = (reason == BadImage::kTruncated || reason == BadImage::kCorrupt)
-                       ? absl::DataLossError(message)
-                       : absl::InvalidArgumentError(message);
-  s.SetPayload(kPayload, absl::Cord(BadImageName(reason)));
-  return s;
+  return MarkBadImage((reason == BadImage::kTruncated || reason == BadImage::kCorrupt)
+                          ? absl::DataLossError(message)
+                          : absl::InvalidArgumentError(message),
+                      reason);
 }
 
 absl::Status CheckSize(int64_t width, int64_t height, const DecodeOptions& o) {
@@ -139,9 +138,7 @@ const char* BadImageName(BadImage reason) {
 BadImage BadImageOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kPayload);  // absl::optional<absl::Cord>
   if (!payload.has_value()) return BadImage::kNone;
-  for (BadImage r : {BadImage::kEmpty, BadImage::kNotAnImage, BadImage::kUnsupported,
-                     BadImage::kTruncated, BadImage::kCorrupt, BadImage::kTooLarge,
-                     BadImage::kUnreadable}) {
+  for (BadImage r : kBadImageReasons) {
     if (*payload == BadImageName(r)) return r;
   }
   return BadImage::kNone;

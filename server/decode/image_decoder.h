@@ -20,6 +20,10 @@ namespace gpufeed::server {
 enum class BadImage {
   kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge, kUnreadable
 };
+// Every reason but kNone, in the order counters report them.
+inline constexpr BadImage kBadImageReasons[] = {
+    BadImage::kEmpty,   BadImage::kNotAnImage, BadImage::kUnsupported, BadImage::kTruncated,
+    BadImage::kCorrupt, BadImage::kTooLarge,   BadImage::kUnreadable};
 // "empty", "not_an_image", "unsupported_format", "truncated", "corrupt", "too_large",
 // "unreadable" (the file could not be opened or read: permissions, I/O error, gone).
 const char* BadImageName(BadImage reason);

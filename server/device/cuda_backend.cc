@@ -244,10 +244,7 @@ class CudaRing final : public DeviceRing {
   absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) override {
     cuda::DeviceGuard guard(gpu_->ordinal);
     const size_t k = static_cast<size_t>(slot);
-    if (reused && release_[k] != nullptr) {
-      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaStreamWaitEvent(gpu_->stream, release_[k], 0),
-                                          "waiting for the consumer's release"));
-    }
+    GPUFEED_RETURN_IF_ERROR(WaitForRelease(k, reused));
     GPUFEED_RETURN_IF_ERROR(cuda::Check(
         cudaMemcpyAsync(base_ + k * stride_, src, bytes, cudaMemcpyHostToDevice, gpu_->stream),
         "copy to the GPU"));
@@ -259,10 +256,7 @@ class CudaRing final : public DeviceRing {
     cuda::DeviceGuard guard(gpu_->ordinal);
     const size_t k = static_cast<size_t>(slot);
     cudaStream_t stream = gpu_->stream;
-    if (reused && release_[k] != nullptr) {
-      GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaStreamWaitEvent(stream, release_[k], 0),
-                                          "waiting for the consumer's release"));
-    }
+    GPUFEED_RETURN_IF_ERROR(WaitForRelease(k, reused));
     std::byte* dst = base_ + k * stride_;
     auto copy = [&](void* to, const void* from, uint64_t bytes) {
       return cuda::Check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, stream),
@@ -359,6 +353,14 @@ class CudaRing final : public DeviceRing {
   std::vector<cudaEvent_t> ready_;
   std::vector<cudaEvent_t> release_;
   void* scratch_ = nullptr;
+
+  // When slot k is `reused`: the GPU's stream waits for the consumer's release of it (the
+  // event it recorded after its last read), so nothing overwrites what it still reads.
+  absl::Status WaitForRelease(size_t k, bool reused) {
+    if (!reused || release_[k] == nullptr) return absl::OkStatus();
+    return cuda::Check(cudaStreamWaitEvent(gpu_->stream, release_[k], 0),
+                       "waiting for the consumer's release");
+  }
 
   // nvJPEG's batched decode of the JPEG records `rows` into their places in the scratch.
   absl::Status DecodeJpegs(const StagedRecord* records, const std::byte* arena,

@@ -75,6 +75,7 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
     layout.row_bytes = t.byte_size;
     layout.byte_size = t.byte_size * static_cast<uint64_t>(spec_.batch_size);
     offset = layout.byte_offset + layout.byte_size;
+    layout_.tensor_bytes += layout.byte_size;
     layout_.tensors.push_back(std::move(layout));
   }
   layout_.used_bytes = offset;
@@ -109,12 +110,14 @@ absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mod
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
+  CountProduced(valid);  // as finished tensors, as Fill counts them
+  return valid;
+}
+
+void Feed::CountProduced(int64_t valid) const {
   batches_produced_.fetch_add(1, std::memory_order_relaxed);
   samples_produced_.fetch_add(valid, std::memory_order_relaxed);
-  uint64_t bytes = 0;  // counted as finished tensors, as Fill counts them
-  for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
-  bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);
-  return valid;
+  bytes_produced_.fetch_add(layout_.tensor_bytes, std::memory_order_relaxed);
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
@@ -156,11 +159,7 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
   if (absl::Status s = dataset_->CheckNotShrunk(); !s.ok()) {
     return Annotate(s, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
-  batches_produced_.fetch_add(1, std::memory_order_relaxed);
-  samples_produced_.fetch_add(valid, std::memory_order_relaxed);
-  uint64_t bytes = 0;
-  for (const TensorLayout& l : layout_.tensors) bytes += l.byte_size;
-  bytes_produced_.fetch_add(bytes, std::memory_order_relaxed);
+  CountProduced(valid);
   return valid;
 }
 

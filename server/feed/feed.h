@@ -47,6 +47,7 @@ struct TensorLayout {
 struct SlotLayout {
   std::vector<TensorLayout> tensors;
   uint64_t used_bytes = 0;    // through the end of the last tensor
+  uint64_t tensor_bytes = 0;  // the tensors' bytes, without alignment gaps: one batch's payload
   uint64_t stride_bytes = 0;  // page-aligned
 };
 
@@ -87,6 +88,8 @@ class Feed {
 
  private:
   Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler);
+  // Counts one batch filled, with `valid` real rows, in the produced counters.
+  void CountProduced(int64_t valid) const;
 
   const FeedSpec spec_;
   const std::string key_;

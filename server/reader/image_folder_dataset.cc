@@ -23,10 +23,6 @@ namespace {
 // A bad sample is replaced by the next one; a run this long of bad files ends the feed.
 constexpr int kMaxReplacements = 32;
 
-constexpr BadImage kReasons[] = {BadImage::kEmpty,     BadImage::kNotAnImage, BadImage::kUnsupported,
-                                 BadImage::kTruncated, BadImage::kCorrupt,    BadImage::kTooLarge,
-                                 BadImage::kUnreadable};
-
 class ImageFolderDataset final : public Dataset {
  public:
   ImageFolderDataset(ImageFolderIndex index, PipelinePlan plan, const DatasetSpec& spec,
@@ -117,8 +113,8 @@ class ImageFolderDataset final : public Dataset {
 
   std::vector<std::pair<std::string, int64_t>> bad_samples() const override {
     std::vector<std::pair<std::string, int64_t>> out;
-    for (size_t i = 0; i < std::size(kReasons); ++i) {
-      out.emplace_back(BadImageName(kReasons[i]), bad_[i].load(std::memory_order_relaxed));
+    for (size_t i = 0; i < std::size(kBadImageReasons); ++i) {
+      out.emplace_back(BadImageName(kBadImageReasons[i]), bad_[i].load(std::memory_order_relaxed));
     }
     return out;
   }
@@ -217,8 +213,8 @@ class ImageFolderDataset final : public Dataset {
   }
 
   void Count(uint64_t sample, BadImage reason, const absl::Status& status, bool count) const {
-    for (size_t i = 0; i < std::size(kReasons) && count; ++i) {
-      if (kReasons[i] == reason) bad_[i].fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < std::size(kBadImageReasons) && count; ++i) {
+      if (kBadImageReasons[i] == reason) bad_[i].fetch_add(1, std::memory_order_relaxed);
     }
     bool first;
     {
@@ -343,7 +339,7 @@ class ImageFolderDataset final : public Dataset {
   const uint64_t max_pixels_;
   FileSystem* const fs_;
   std::vector<SampleTensor> tensors_;
-  mutable std::atomic<int64_t> bad_[std::size(kReasons)] = {};
+  mutable std::atomic<int64_t> bad_[std::size(kBadImageReasons)] = {};
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_set<uint64_t> logged_ ABSL_GUARDED_BY(mu_);
 };

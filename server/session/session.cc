@@ -156,8 +156,7 @@ StreamEvent Session::NextEvent() {
     slot.state = SlotState::kLeased;
     ++next_deliver_seq_;
     ++batches_delivered_;
-    uint64_t bytes = 0;
-    for (const TensorLayout& t : feed_->layout().tensors) bytes += t.byte_size;
+    const uint64_t bytes = feed_->layout().tensor_bytes;
     bytes_delivered_ += bytes;
     metrics::DeliveredBytes(device_delivery()).fetch_add(bytes, std::memory_order_relaxed);
     delivered_ = feed_->sampler().Next(slot.batch.position);

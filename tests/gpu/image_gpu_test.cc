@@ -41,11 +41,6 @@ bool HaveGpu() {
   return count > 0;
 }
 
-void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
-}
 
 // A picture with texture: the smooth test picture plus deterministic brightness noise (as a
 // camera sensor's is, mostly), so decoders and filters have edges to disagree on.
@@ -104,11 +99,11 @@ class ImageGpuTest : public ::testing::Test {
     const int sizes[][2] = {{150, 200}, {200, 150}, {120, 160}, {333, 500}, {97, 131}};
     for (int i = 0; i < 30; ++i) {
       const int h = sizes[i % 5][0], w = sizes[i % 5][1];
-      Write(absl::StrCat(root_, "/c", i % 3, "/", i, ".jpg"),
+      WriteFileBytes(absl::StrCat(root_, "/c", i % 3, "/", i, ".jpg"),
             EncodeJpeg(Textured(h, w, i), h, w, TJPF_RGB, i == 7 ? TJSAMP_444 : TJSAMP_420, 90));
     }
-    Write(root_ + "/c0/gray.jpg", EncodeJpeg(Picture(90, 90, 1, 3), 90, 90, TJPF_GRAY, TJSAMP_GRAY, 90));
-    Write(root_ + "/c1/png.png", EncodePng(Textured(80, 100, 4), 80, 100));
+    WriteFileBytes(root_ + "/c0/gray.jpg", EncodeJpeg(Picture(90, 90, 1, 3), 90, 90, TJPF_GRAY, TJSAMP_GRAY, 90));
+    WriteFileBytes(root_ + "/c1/png.png", EncodePng(Textured(80, 100, 4), 80, 100));
     daemon_ = std::make_unique<Daemon>(dir_);
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
     cudaSetDevice(0);
@@ -235,7 +230,7 @@ TEST_F(ImageGpuTest, NvjpegPathMatchesTheCpuPath) {
 TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
   const std::string square = dir_.File("square");
   for (int i = 0; i < 16; ++i) {
-    Write(absl::StrCat(square, "/c", i % 2, "/", i, ".jpg"),
+    WriteFileBytes(absl::StrCat(square, "/c", i % 2, "/", i, ".jpg"),
           EncodeJpeg(Textured(160, 160, 100 + i), 160, 160, TJPF_RGB,
                      i % 2 ? TJSAMP_444 : TJSAMP_420, 75 + i));
   }
@@ -257,7 +252,7 @@ TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
 TEST(ImageGpuNoNvjpegTest, NvjpegAbsentIsFailedPreconditionAndAutoUsesTheCpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
   TempDir dir;
-  Write(dir.File("images/a/0.jpg"), EncodeJpeg(Textured(64, 64, 1), 64, 64, TJPF_RGB, TJSAMP_420, 90));
+  WriteFileBytes(dir.File("images/a/0.jpg"), EncodeJpeg(Textured(64, 64, 1), 64, 64, TJPF_RGB, TJSAMP_420, 90));
   ::setenv("GPUFEED_NVJPEG_LIBRARY", "/nonexistent/libnvjpeg.so", 1);
   Daemon daemon(dir);
   ::unsetenv("GPUFEED_NVJPEG_LIBRARY");

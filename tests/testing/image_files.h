@@ -6,11 +6,21 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 
 namespace gpufeed::testing {
+
+// Writes `bytes` to `path`, making its directories (an ImageFolder tree in a test).
+inline void WriteFileBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+}
 
 // A smooth, asymmetric picture of h x w x channels.
 inline std::vector<uint8_t> Picture(int h, int w, int channels, int seed = 0) {

@@ -14,22 +14,18 @@ namespace {
 using ::gpufeed::testing::EncodeJpeg;
 using ::gpufeed::testing::EncodePng;
 using ::gpufeed::testing::Picture;
+using ::gpufeed::testing::WriteFileBytes;
 using ::testing::HasSubstr;
 
-void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
-}
 
 class ImageFolderDatasetTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = dir_.path();
     png_ = Picture(10, 12, 3, 1);
-    Write(root_ + "/a/1.png", EncodePng(png_, 10, 12));
-    Write(root_ + "/a/2.jpg", EncodeJpeg(Picture(40, 30, 3, 2), 40, 30));
-    Write(root_ + "/b/3.png", EncodePng(Picture(9, 9, 3, 3), 9, 9));
+    WriteFileBytes(root_ + "/a/1.png", EncodePng(png_, 10, 12));
+    WriteFileBytes(root_ + "/a/2.jpg", EncodeJpeg(Picture(40, 30, 3, 2), 40, 30));
+    WriteFileBytes(root_ + "/b/3.png", EncodePng(Picture(9, 9, 3, 3), 9, 9));
   }
 
   absl::StatusOr<std::unique_ptr<Dataset>> Open(std::vector<PipelineStep> pipeline,
@@ -95,7 +91,7 @@ TEST_F(ImageFolderDatasetTest, RandomCropsDependOnSeedEpochAndSampleOnly) {
 }
 
 TEST_F(ImageFolderDatasetTest, BadImagesAreReplacedAndCountedOrFailNamingTheFile) {
-  Write(root_ + "/a/0-empty.jpg", {});
+  WriteFileBytes(root_ + "/a/0-empty.jpg", {});
   {
     std::ofstream(root_ + "/a/1-text.png") << "not a png";
   }
@@ -157,7 +153,7 @@ TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {
 
 TEST_F(ImageFolderDatasetTest, DctScalingDecodesLargeJpegsSmallerWithTheSameCrops) {
   std::filesystem::remove_all(root_);
-  Write(root_ + "/a/big.jpg", EncodeJpeg(Picture(384, 512, 3, 7), 384, 512, TJPF_RGB, TJSAMP_420, 95));
+  WriteFileBytes(root_ + "/a/big.jpg", EncodeJpeg(Picture(384, 512, 3, 7), 384, 512, TJPF_RGB, TJSAMP_420, 95));
   auto pixels = [&](std::vector<PipelineStep> pipeline, uint64_t seed, int64_t epoch) {
     auto ds = Open(std::move(pipeline));
     EXPECT_TRUE(ds.ok()) << ds.status();

@@ -22,13 +22,9 @@ namespace {
 using ::gpufeed::testing::EncodeJpeg;
 using ::gpufeed::testing::EncodePng;
 using ::gpufeed::testing::Picture;
+using ::gpufeed::testing::WriteFileBytes;
 using ::testing::HasSubstr;
 
-void Write(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              static_cast<std::streamsize>(bytes.size()));
-}
 
 std::vector<PipelineStep> TrainPipeline(DType dtype, Layout layout) {
   std::vector<PipelineStep> p = {RandomResizedCropStep{24, {}}, FlipStep{0.5}};
@@ -46,12 +42,12 @@ class StagedSessionTest : public ::testing::Test {
     root_ = dir_.path() + "/images";
     // JPEGs nvJPEG takes (4:2:0 and 4:4:4 baseline), and files it does not: grayscale and
     // PNG, decoded on the CPU and staged raw.
-    Write(root_ + "/a/0.jpg", EncodeJpeg(Picture(48, 64, 3, 1), 48, 64, TJPF_RGB, TJSAMP_420, 90));
-    Write(root_ + "/a/1.jpg", EncodeJpeg(Picture(80, 50, 3, 2), 80, 50, TJPF_RGB, TJSAMP_444, 95));
-    Write(root_ + "/a/2.png", EncodePng(Picture(30, 20, 3, 3), 30, 20));
-    Write(root_ + "/b/3.jpg", EncodeJpeg(Picture(40, 40, 1, 4), 40, 40, TJPF_GRAY, TJSAMP_GRAY));
-    Write(root_ + "/b/4.jpg", EncodeJpeg(Picture(90, 120, 3, 5), 90, 120, TJPF_RGB, TJSAMP_420, 85));
-    Write(root_ + "/b/5.jpg", EncodeJpeg(Picture(33, 77, 3, 6), 33, 77, TJPF_RGB, TJSAMP_422, 90));
+    WriteFileBytes(root_ + "/a/0.jpg", EncodeJpeg(Picture(48, 64, 3, 1), 48, 64, TJPF_RGB, TJSAMP_420, 90));
+    WriteFileBytes(root_ + "/a/1.jpg", EncodeJpeg(Picture(80, 50, 3, 2), 80, 50, TJPF_RGB, TJSAMP_444, 95));
+    WriteFileBytes(root_ + "/a/2.png", EncodePng(Picture(30, 20, 3, 3), 30, 20));
+    WriteFileBytes(root_ + "/b/3.jpg", EncodeJpeg(Picture(40, 40, 1, 4), 40, 40, TJPF_GRAY, TJSAMP_GRAY));
+    WriteFileBytes(root_ + "/b/4.jpg", EncodeJpeg(Picture(90, 120, 3, 5), 90, 120, TJPF_RGB, TJSAMP_420, 85));
+    WriteFileBytes(root_ + "/b/5.jpg", EncodeJpeg(Picture(33, 77, 3, 6), 33, 77, TJPF_RGB, TJSAMP_422, 90));
     auto pool = StagingPool::Create(64 << 20, 64 << 20);
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
@@ -155,7 +151,7 @@ TEST_F(StagedSessionTest, DctScaledCpuDecodeStagesTheScaledCrop) {
   // 240x320 JPEGs, crops resized to 24: most crops decode at 1/2 to 1/8 scale.
   std::filesystem::remove_all(root_);
   for (int i = 0; i < 6; ++i) {
-    Write(absl::StrCat(root_, "/c", i % 2, "/", i, ".jpg"),
+    WriteFileBytes(absl::StrCat(root_, "/c", i % 2, "/", i, ".jpg"),
           EncodeJpeg(Picture(240, 320, 3, i), 240, 320, TJPF_RGB, TJSAMP_420, 90));
   }
   std::vector<PipelineStep> pipeline = TrainPipeline(DType::kFloat16, Layout::kNCHW);
@@ -198,8 +194,8 @@ TEST_F(StagedSessionTest, ImagesBeyondTheArenaAreFinishedOnTheCpu) {
   // Two 600x600 images: staged whole (resize then crop), each 1.08 MB raw, beyond the arena
   // of 2 x 640 KiB for both: the first fits, the second is finished on the CPU.
   std::filesystem::remove_all(root_);
-  Write(root_ + "/a/0.png", EncodePng(Picture(600, 600, 3, 1), 600, 600));
-  Write(root_ + "/a/1.png", EncodePng(Picture(600, 600, 3, 2), 600, 600));
+  WriteFileBytes(root_ + "/a/0.png", EncodePng(Picture(600, 600, 3, 1), 600, 600));
+  WriteFileBytes(root_ + "/a/1.png", EncodePng(Picture(600, 600, 3, 2), 600, 600));
   AttachSpec spec = Spec({ResizeStep{40}, CenterCropStep{32}, CastStep{DType::kUInt8}});
   spec.feed.batch_size = 2;
   spec.stop_epoch = 1;
@@ -224,7 +220,7 @@ TEST_F(StagedSessionTest, ACorruptJpegFoundOnTheGpuFollowsTheBadSamplePolicy) {
   // garbage: only decoding finds out, on the "GPU"; the CPU redo then applies the policy.
   std::vector<uint8_t> bad = EncodeJpeg(Picture(64, 64, 3, 9), 64, 64, TJPF_RGB, TJSAMP_420, 90);
   for (size_t i = bad.size() / 2; i < bad.size() - 2; ++i) bad[i] = 0xFF;
-  Write(root_ + "/a/0.jpg", bad);
+  WriteFileBytes(root_ + "/a/0.jpg", bad);
 
   AttachSpec fail = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
   fail.job = "fail";

@@ -109,6 +109,10 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* c) {
   if (file.has_max_sessions()) c->max_sessions = file.max_sessions();
   if (file.has_ring_slots()) c->default_ring_slots = file.ring_slots();
   if (file.has_attach_timeout_ms()) c->attach_timeout = absl::Milliseconds(file.attach_timeout_ms());
+  if (file.has_stall_timeout_ms()) c->stall_timeout = absl::Milliseconds(file.stall_timeout_ms());
+  if (file.has_shutdown_grace_ms()) {
+    c->shutdown_grace = absl::Milliseconds(file.shutdown_grace_ms());
+  }
   if (file.has_read_mode()) c->read_mode = file.read_mode();
   if (file.has_log_level()) c->log_level = file.log_level();
   if (file.has_log_format()) c->log_format = file.log_format();
@@ -156,6 +160,12 @@ absl::Status ValidateConfig(DaemonConfig& c) {
   if (c.read_mode != "mmap" && c.read_mode != "pread") {
     return absl::InvalidArgumentError(
         absl::StrCat("read_mode: want mmap or pread, got '", c.read_mode, "'"));
+  }
+  if (c.stall_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("stall_timeout: must be >= 0 (0 = off)");
+  }
+  if (c.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shutdown_grace: must be >= 0");
   }
   if (c.attach_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("attach_timeout: must be > 0");
@@ -237,7 +247,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
     // A server of its own, with the health service alone: the TCP port must not expose Feed
     // or Admin (no authentication there; the Unix socket's permissions are the access control).
     d->tcp_health_ = std::make_unique<TcpHealthService>(
-        [raw] { return raw->serving_.load(); },
+        [raw] { return raw->serving_.load() && !raw->stalled_; },
         [raw] { return raw->Ready(); });
     grpc::ServerBuilder health;
     health.AddListeningPort(c.health_listen, grpc::InsecureServerCredentials(), &d->health_port_);
@@ -266,13 +276,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
                c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
   d->notifier_ = std::make_unique<SystemdNotifier>();
-  d->notifier_->Ready(status);
+  d->notifier_->Ready(status, [raw] { return !raw->stalled_; });
   // A GPU context can break at any time (an illegal address in a kernel): every later CUDA
   // call fails, so readiness goes NOT_SERVING and the daemon stops itself with exit code 1
   // for its supervisor (systemd's Restart=on-failure, Kubernetes) to start a fresh one.
   d->readiness_monitor_ = std::thread([raw] {
     while (!raw->stop_drain_watcher_) {
       absl::SleepFor(absl::Milliseconds(250));
+      raw->CheckProgress();
       if (raw->devices_ != nullptr && !raw->devices_->healthy() && raw->exit_code_ == 0) {
         spdlog::error("a GPU's CUDA context failed for good: readiness NOT_SERVING, exiting "
                       "with status 1 to be restarted");
@@ -286,19 +297,50 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   return d;
 }
 
+void Daemon::CheckProgress() {
+  if (config_.stall_timeout <= absl::ZeroDuration()) return;
+  std::vector<const BusyMark*> marks = sessions_->busy_marks();
+  if (devices_ != nullptr) {
+    for (const BusyMark* m : devices_->busy_marks()) marks.push_back(m);
+  }
+  const absl::Time now = absl::Now();
+  const BusyMark* stuck = nullptr;
+  absl::Duration longest;
+  for (const BusyMark* m : marks) {
+    const absl::Duration busy = m->BusyFor(now);
+    if (busy > longest) {
+      longest = busy;
+      stuck = m;
+    }
+  }
+  const bool stalled = longest >= config_.stall_timeout;
+  if (stalled == stalled_) return;
+  stalled_ = stalled;
+  if (stalled) {
+    spdlog::error("stalled: thread {} has been in one work item for {} (--stall_timeout {}): "
+                  "liveness NOT_SERVING, systemd watchdog pings stop",
+                  stuck->name(), absl::FormatDuration(longest),
+                  absl::FormatDuration(config_.stall_timeout));
+  } else {
+    spdlog::warn("progress again: liveness SERVING");
+  }
+  SetServing(serving_);
+}
+
 void Daemon::SetServing(bool serving) {
   serving_ = serving;
   // The TCP health port reads serving_ and the drain itself.
   if (server_ != nullptr) {
     grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-    health->SetServingStatus("", serving);
+    health->SetServingStatus("", serving && !stalled_);
     // Readiness: not while draining, nor after a sticky CUDA error.
     health->SetServingStatus("gpufeed.v1.Feed", serving && Ready());
   }
 }
 
 bool Daemon::Ready() const {
-  return serving_ && !sessions_->draining() && (devices_ == nullptr || devices_->healthy());
+  return serving_ && !stalled_ && !sessions_->draining() &&
+         (devices_ == nullptr || devices_->healthy());
 }
 
 int Daemon::metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }

@@ -42,7 +42,11 @@ struct DaemonConfig {
   int max_sessions = 256;
   int32_t default_ring_slots = 0;  // 0: auto (2..16 slots, up to 64 MiB a ring)
   absl::Duration attach_timeout = absl::Seconds(10);
+  // Streams get this long to end at shutdown; the whole teardown, this plus 5 s, after which
+  // main() exits regardless (a GPU stage that never returns must not keep a stopped daemon).
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
+  absl::Duration stall_timeout = absl::Seconds(60);
   std::string log_level = "info";
   // How readers copy samples from the page cache: "mmap" (memcpy from a mapping, guarded
   // against SIGBUS) or "pread". Both turn a shrunken file into DATA_LOSS.
@@ -88,6 +92,9 @@ class Daemon {
   int health_port() const { return health_port_; }
 
   const DaemonConfig& config() const { return config_; }
+  // Whether a pipeline thread has been stuck in one work item for --stall_timeout (liveness
+  // NOT_SERVING, systemd watchdog pings stop).
+  bool stalled() const { return stalled_; }
   // What the process should exit with: 1 once a GPU's CUDA context broke for good (the
   // daemon then stops itself so that systemd or Kubernetes restarts it), else 0.
   int exit_code() const { return exit_code_; }
@@ -116,6 +123,9 @@ class Daemon {
   absl::Mutex drain_mu_;  // orders Drain's watcher start against Shutdown's join
   bool stopping_ ABSL_GUARDED_BY(drain_mu_) = false;
   std::atomic<int> exit_code_{0};
+  std::atomic<bool> stalled_{false};
+  // Re-evaluates stalled_ from the pipeline threads' progress marks; logs changes.
+  void CheckProgress();
   bool shut_down_ = false;
 
   void SetServing(bool serving);

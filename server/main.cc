@@ -42,6 +42,12 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "TCP HOST:PORT serving Prometheus metrics at /metrics; empty: off");
 ABSL_FLAG(std::string, health_listen, "",
           "TCP HOST:PORT serving grpc.health.v1 alone (Kubernetes gRPC probes); empty: off");
+ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),
+          "liveness: the daemon reports itself stalled (health NOT_SERVING, no systemd watchdog "
+          "pings) once one fill or GPU copy has run this long; 0 = never");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
+          "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
+          "teardown takes 5 s longer than this");
 ABSL_FLAG(std::string, config, "",
           "a gpufeed.v1.DaemonConfig file (text format or JSON; deploy/gpufeedd.textproto); "
           "flags given on the command line override it");
@@ -98,6 +104,8 @@ int main(int argc, char** argv) {
   apply(FLAGS_log_format, &config.log_format);
   apply(FLAGS_metrics_listen, &config.metrics_listen);
   apply(FLAGS_health_listen, &config.health_listen);
+  apply(FLAGS_stall_timeout, &config.stall_timeout);
+  apply(FLAGS_shutdown_grace, &config.shutdown_grace);
 
   absl::StatusOr<std::unique_ptr<gpufeed::server::Daemon>> daemon =
       gpufeed::server::Daemon::Start(config);
@@ -108,6 +116,17 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("received {}, shutting down", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  // A pipeline stage that never returns (a wedged GPU, a stuck driver call) must not keep a
+  // stopped daemon alive: past the grace period plus 5 s, exit regardless, with status 1 so
+  // that the supervisor sees the failure.
+  const absl::Duration limit = (*daemon)->config().shutdown_grace + absl::Seconds(5);
+  std::thread([limit] {
+    absl::SleepFor(limit);
+    spdlog::critical("shutdown did not finish within {}: exiting now",
+                     absl::FormatDuration(limit));
+    spdlog::shutdown();
+    std::_Exit(1);
+  }).detach();
   (*daemon)->Shutdown();
   const int code = (*daemon)->exit_code();
   daemon->reset();

@@ -3,6 +3,7 @@
 // STOPPING=1 at shutdown, and WATCHDOG=1 pings at half the unit's WatchdogSec.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -15,12 +16,14 @@ class SystemdNotifier {
   SystemdNotifier() = default;
   ~SystemdNotifier();  // stops the watchdog pings
 
-  void Ready(const std::string& status);
+  // Watchdog pings are sent only while `alive()` (a stalled daemon stops them, and systemd
+  // restarts it after WatchdogSec).
+  void Ready(const std::string& status, std::function<bool()> alive = nullptr);
   void Status(const std::string& status);
   void Stopping(const std::string& status);
 
  private:
-  void StartWatchdog();
+  void StartWatchdog(std::function<bool()> alive);
   absl::Notification stop_;
   std::thread watchdog_;
 };

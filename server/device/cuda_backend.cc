@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "common/bounded_queue.h"
 #include "common/cuda/cuda.h"
 #include "common/status.h"
 #include "server/device/augment_kernel.h"
+#include "server/device/copy_thread.h"
 #include "server/device/nvjpeg.h"
 #include "spdlog/spdlog.h"
 
@@ -24,14 +24,14 @@ namespace {
 
 class CudaBackend;
 
-// One GPU: its copy stream and thread, and the bytes its rings hold.
+// One GPU: its copy thread, its nvJPEG handle and the bytes its rings hold. Each ring has its
+// own stream and decoder state (CudaRing).
 struct Gpu {
   int ordinal = 0;
   std::string uuid;
   bool vmm = false;
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<BoundedQueue<std::function<void()>>> work;
-  std::thread thread;
+  int lowest_priority = 0;  // of a stream: the daemon's work yields to training kernels
+  std::unique_ptr<CopyThread> thread;
   absl::Mutex mu;
   uint64_t used ABSL_GUARDED_BY(mu) = 0;
   // nvJPEG, created on first demand; used by the copy thread only once created.
@@ -40,8 +40,6 @@ struct Gpu {
   absl::Status nvjpeg_status ABSL_GUARDED_BY(nvjpeg_mu);
   const nvjpeg::Api* nvjpeg = nullptr;
   nvjpeg::Handle nvjpeg_handle = nullptr;
-  nvjpeg::State nvjpeg_state = nullptr;
-  int nvjpeg_batch = 0;  // the batch size nvjpegDecodeBatchedInitialize was last given
   unsigned nvjpeg_flags = 0;
 
   // Creates the nvJPEG handle and state: the hardware backend where the GPU has JPEG
@@ -80,7 +78,6 @@ struct Gpu {
         break;
       }
     }
-    if (rc == 0) rc = (*api)->JpegStateCreate(nvjpeg_handle, &nvjpeg_state);
     if (rc != 0) {
       if (nvjpeg_handle != nullptr) (*api)->Destroy(nvjpeg_handle);
       nvjpeg_handle = nullptr;
@@ -100,13 +97,13 @@ class CudaRing final : public DeviceRing {
 
   ~CudaRing() override {
     cuda::DeviceGuard guard(gpu_->ordinal);
-    // Work this ring enqueued must be done before its memory goes: an error path of StageIn
-    // can leave a kernel or copy queued without a ready event after it.
-    cudaStreamSynchronize(gpu_->stream);
-    // Copies in flight read our memory and record our events: let them finish first.
-    for (cudaEvent_t e : ready_) {
-      if (e != nullptr) cudaEventSynchronize(e);
-    }
+    // Work this ring enqueued must be done before its memory goes (an error path of StageIn
+    // can leave a kernel or copy queued without a ready event after it). Bounded: the ring's
+    // stream holds only the daemon's own copies, decodes and kernels.
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (nvjpeg_state_ != nullptr) gpu_->nvjpeg->JpegStateDestroy(nvjpeg_state_);
+    if (scratch_free_ != nullptr) cudaEventDestroy(scratch_free_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
     for (cudaEvent_t e : ready_) {
       if (e != nullptr) cudaEventDestroy(e);
     }
@@ -129,6 +126,12 @@ class CudaRing final : public DeviceRing {
 
   absl::Status Allocate(int slots, uint64_t stride, IpcKind ipc, uint64_t scratch_bytes) {
     cuda::DeviceGuard guard(gpu_->ordinal);
+    GPUFEED_RETURN_IF_ERROR(cuda::Check(
+        cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, gpu_->lowest_priority),
+        absl::StrCat("creating a ring's stream on ", gpu_->uuid)));
+    GPUFEED_RETURN_IF_ERROR(
+        cuda::Check(cudaEventCreateWithFlags(&scratch_free_, cudaEventDisableTiming),
+                    "cudaEventCreateWithFlags"));
     export_.gpu_uuid = gpu_->uuid;
     export_.ipc = ipc == IpcKind::kUnspecified ? (gpu_->vmm ? IpcKind::kVmm : IpcKind::kLegacy)
                                                : ipc;
@@ -241,29 +244,32 @@ class CudaRing final : public DeviceRing {
     return absl::OkStatus();
   }
 
-  absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) override {
+  absl::StatusOr<bool> Released(int slot) override {
+    cudaEvent_t e = release_[static_cast<size_t>(slot)];
+    if (e == nullptr) return true;
     cuda::DeviceGuard guard(gpu_->ordinal);
-    const size_t k = static_cast<size_t>(slot);
-    GPUFEED_RETURN_IF_ERROR(WaitForRelease(k, reused));
-    GPUFEED_RETURN_IF_ERROR(cuda::Check(
-        cudaMemcpyAsync(base_ + k * stride_, src, bytes, cudaMemcpyHostToDevice, gpu_->stream),
-        "copy to the GPU"));
-    return cuda::Check(cudaEventRecord(ready_[k], gpu_->stream), "recording the ready event");
+    const cudaError_t done = cudaEventQuery(e);
+    if (done == cudaErrorNotReady) return false;
+    GPUFEED_RETURN_IF_ERROR(cuda::Check(done, "querying the consumer's release event"));
+    return true;
   }
 
-  absl::Status StageIn(int slot, std::byte* host, const StagedLayout& layout, int count,
-                       const StagedOutput& output, bool reused, const RedoRow& redo) override {
+  absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes) override {
     cuda::DeviceGuard guard(gpu_->ordinal);
     const size_t k = static_cast<size_t>(slot);
-    cudaStream_t stream = gpu_->stream;
-    GPUFEED_RETURN_IF_ERROR(WaitForRelease(k, reused));
+    GPUFEED_RETURN_IF_ERROR(cuda::Check(
+        cudaMemcpyAsync(base_ + k * stride_, src, bytes, cudaMemcpyHostToDevice, stream_),
+        "copy to the GPU"));
+    return cuda::Check(cudaEventRecord(ready_[k], stream_), "recording the ready event");
+  }
+
+  absl::StatusOr<std::vector<int>> StageIn(int slot, std::byte* host, const StagedLayout& layout,
+                                           int count, const StagedOutput& output) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    const size_t k = static_cast<size_t>(slot);
     std::byte* dst = base_ + k * stride_;
-    auto copy = [&](void* to, const void* from, uint64_t bytes) {
-      return cuda::Check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, stream),
-                         "copy to the GPU");
-    };
-    GPUFEED_RETURN_IF_ERROR(copy(dst + output.label_offset, host + layout.labels_offset,
-                                 static_cast<uint64_t>(count) * sizeof(int64_t)));
+    GPUFEED_RETURN_IF_ERROR(Upload(dst + output.label_offset, host + layout.labels_offset,
+                                   static_cast<uint64_t>(count) * sizeof(int64_t)));
     const auto* records = reinterpret_cast<const StagedRecord*>(host + layout.records_offset);
     auto* tasks = reinterpret_cast<AugmentTask*>(host + layout.tasks_offset);
     const std::byte* arena = host + layout.arena_offset;
@@ -274,15 +280,15 @@ class CudaRing final : public DeviceRing {
     uint64_t run_host = 0, run_device = 0, run_bytes = 0;
     auto flush = [&]() -> absl::Status {
       if (run_bytes == 0) return absl::OkStatus();
-      absl::Status s = copy(scratch + run_device, arena + run_host, run_bytes);
+      absl::Status s = Upload(scratch + run_device, arena + run_host, run_bytes);
       run_bytes = 0;
       return s;
     };
     for (int i = 0; i < count; ++i) {
       const StagedRecord& r = records[i];
       if (r.kind == StagedKind::kFinal) {
-        GPUFEED_RETURN_IF_ERROR(copy(dst + output.image_offset + i * output.image_row_bytes,
-                                     arena + r.host_offset, output.image_row_bytes));
+        GPUFEED_RETURN_IF_ERROR(Upload(dst + output.image_offset + i * output.image_row_bytes,
+                                       arena + r.host_offset, output.image_row_bytes));
         continue;
       }
       if (r.kind == StagedKind::kRaw) {
@@ -305,32 +311,49 @@ class CudaRing final : public DeviceRing {
       t.geometry = r.geometry;
     }
     GPUFEED_RETURN_IF_ERROR(flush());
-    std::vector<int> failed;
+    std::vector<int> refused;
     if (!jpeg_rows.empty() && !DecodeJpegs(records, arena, jpeg_rows).ok()) {
-      // nvJPEG refused the batch (a corrupt file it cannot say which of): the CPU redoes its
-      // JPEG rows, after the kernel has written them.
-      failed = jpeg_rows;
+      // nvJPEG refused the batch (a corrupt file it cannot say which of): a worker redoes its
+      // JPEG rows on the CPU and FinishRows writes them over what the kernel left there.
+      refused = jpeg_rows;
     }
     if (n > 0) {
-      GPUFEED_RETURN_IF_ERROR(copy(scratch, tasks, static_cast<uint64_t>(n) * sizeof(AugmentTask)));
+      GPUFEED_RETURN_IF_ERROR(
+          Upload(scratch, tasks, static_cast<uint64_t>(n) * sizeof(AugmentTask)));
       const AugmentOutput out = ToAugmentOutput(layout, output);
       GPUFEED_RETURN_IF_ERROR(cuda::Check(
           LaunchAugment(reinterpret_cast<const AugmentTask*>(scratch), n, out,
                         reinterpret_cast<const uint8_t*>(scratch), reinterpret_cast<uint8_t*>(dst),
-                        stream),
+                        stream_),
           "launching the augment kernel"));
-    }
-    for (int row : failed) {
-      // From pageable memory: cudaMemcpyAsync returns once it has taken the bytes.
-      std::vector<std::byte> finished(output.image_row_bytes);
-      int64_t label = 0;
-      GPUFEED_RETURN_IF_ERROR(redo(row, finished.data(), &label));
-      GPUFEED_RETURN_IF_ERROR(copy(dst + output.image_offset + row * output.image_row_bytes,
-                                   finished.data(), finished.size()));
+      // The next decode into the scratch waits (on the host) for this kernel's reads.
       GPUFEED_RETURN_IF_ERROR(
-          copy(dst + output.label_offset + row * sizeof(int64_t), &label, sizeof(label)));
+          cuda::Check(cudaEventRecord(scratch_free_, stream_), "recording the scratch's event"));
     }
-    return cuda::Check(cudaEventRecord(ready_[k], stream), "recording the ready event");
+    if (!refused.empty()) return refused;
+    GPUFEED_RETURN_IF_ERROR(
+        cuda::Check(cudaEventRecord(ready_[k], stream_), "recording the ready event"));
+    return refused;
+  }
+
+  absl::Status FinishRows(int slot, const StagedOutput& output, const std::vector<int>& rows,
+                          const std::vector<std::byte>& images,
+                          const std::vector<int64_t>& labels) override {
+    cuda::DeviceGuard guard(gpu_->ordinal);
+    const size_t k = static_cast<size_t>(slot);
+    std::byte* dst = base_ + k * stride_;
+    if (images.size() != rows.size() * output.image_row_bytes || labels.size() != rows.size()) {
+      return absl::InternalError("FinishRows: rows, images and labels disagree in size");
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      // From pageable memory: cudaMemcpyAsync returns once it has taken the bytes.
+      GPUFEED_RETURN_IF_ERROR(Upload(dst + output.image_offset + rows[i] * output.image_row_bytes,
+                                     images.data() + i * output.image_row_bytes,
+                                     output.image_row_bytes));
+      GPUFEED_RETURN_IF_ERROR(Upload(dst + output.label_offset + rows[i] * sizeof(int64_t),
+                                     &labels[i], sizeof(int64_t)));
+    }
+    return cuda::Check(cudaEventRecord(ready_[k], stream_), "recording the ready event");
   }
 
   absl::Status WaitCopied(int slot) override {
@@ -353,13 +376,14 @@ class CudaRing final : public DeviceRing {
   std::vector<cudaEvent_t> ready_;
   std::vector<cudaEvent_t> release_;
   void* scratch_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t scratch_free_ = nullptr;  // recorded after each kernel that reads the scratch
+  nvjpeg::State nvjpeg_state_ = nullptr;
+  int nvjpeg_batch_ = 0;  // the batch size nvjpegDecodeBatchedInitialize was last given
 
-  // When slot k is `reused`: the GPU's stream waits for the consumer's release of it (the
-  // event it recorded after its last read), so nothing overwrites what it still reads.
-  absl::Status WaitForRelease(size_t k, bool reused) {
-    if (!reused || release_[k] == nullptr) return absl::OkStatus();
-    return cuda::Check(cudaStreamWaitEvent(gpu_->stream, release_[k], 0),
-                       "waiting for the consumer's release");
+  absl::Status Upload(void* to, const void* from, uint64_t bytes) {
+    return cuda::Check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, stream_),
+                       "copy to the GPU");
   }
 
   // nvJPEG's batched decode of the JPEG records `rows` into their places in the scratch.
@@ -380,19 +404,31 @@ class CudaRing final : public DeviceRing {
       images[i].pitch[0] = static_cast<size_t>(r.geometry.src_width) * 3;
     }
     int rc = 0;
-    if (gpu_->nvjpeg_batch != n) {
-      rc = api->DecodeBatchedInitialize(gpu_->nvjpeg_handle, gpu_->nvjpeg_state, n, 1,
+    if (nvjpeg_state_ == nullptr) {
+      rc = api->JpegStateCreate(gpu_->nvjpeg_handle, &nvjpeg_state_);
+      if (rc != 0) nvjpeg_state_ = nullptr;
+    }
+    // nvJPEG's hardware backend writes its output when nvjpegDecodeBatched is called, not in
+    // the order of the work already queued on the stream it is given (public reports against
+    // nvJPEG 12.3-13.2; a stream-side wait does not help). The previous batch's kernel may
+    // still be reading this scratch: wait for it here, on the host. Bounded: the ring's stream
+    // holds only our own work, never a wait on a consumer.
+    if (rc == 0) {
+      rc = cudaEventSynchronize(scratch_free_) == cudaSuccess ? 0 : -1;
+    }
+    if (rc == 0 && nvjpeg_batch_ != n) {
+      rc = api->DecodeBatchedInitialize(gpu_->nvjpeg_handle, nvjpeg_state_, n, 1,
                                         nvjpeg::kRgbInterleaved);
-      gpu_->nvjpeg_batch = rc == 0 ? n : 0;
+      nvjpeg_batch_ = rc == 0 ? n : 0;
     }
     if (rc == 0) {
-      rc = api->DecodeBatched(gpu_->nvjpeg_handle, gpu_->nvjpeg_state, data.data(),
-                              lengths.data(), images.data(), gpu_->stream);
+      rc = api->DecodeBatched(gpu_->nvjpeg_handle, nvjpeg_state_, data.data(), lengths.data(),
+                              images.data(), stream_);
     }
     if (rc != 0) {
       spdlog::warn("nvJPEG batch of {} on {}: {}; decoding those on the CPU", n, gpu_->uuid,
                    nvjpeg::StatusName(rc));
-      gpu_->nvjpeg_batch = 0;  // re-initialise next time
+      nvjpeg_batch_ = 0;  // re-initialise next time
       return absl::DataLossError(nvjpeg::StatusName(rc));
     }
     return absl::OkStatus();
@@ -404,13 +440,10 @@ class CudaBackend final : public DeviceBackend {
   explicit CudaBackend(uint64_t budget) : budget_(budget) {}
 
   ~CudaBackend() override {
-    for (auto& gpu : gpus_) gpu->work->Close(absl::CancelledError("shutting down"));
+    for (auto& gpu : gpus_) gpu->thread->Stop();
     for (auto& gpu : gpus_) {
-      if (gpu->thread.joinable()) gpu->thread.join();
       cuda::DeviceGuard guard(gpu->ordinal);
-      if (gpu->nvjpeg_state != nullptr) gpu->nvjpeg->JpegStateDestroy(gpu->nvjpeg_state);
       if (gpu->nvjpeg_handle != nullptr) gpu->nvjpeg->Destroy(gpu->nvjpeg_handle);
-      if (gpu->stream != nullptr) cudaStreamDestroy(gpu->stream);
     }
   }
 
@@ -422,22 +455,14 @@ class CudaBackend final : public DeviceBackend {
       gpu->vmm = cuda::SupportsVmmFd(d.ordinal);
       {
         cuda::DeviceGuard guard(d.ordinal);
-        GPUFEED_RETURN_IF_ERROR(cuda::Check(
-            cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking),
-            absl::StrCat("creating the copy stream of ", d.uuid)));
+        int greatest = 0;
+        GPUFEED_RETURN_IF_ERROR(
+            cuda::Check(cudaDeviceGetStreamPriorityRange(&gpu->lowest_priority, &greatest),
+                        absl::StrCat("stream priorities of ", d.uuid)));
       }
-      gpu->work = std::make_unique<BoundedQueue<std::function<void()>>>(1 << 16);
-      Gpu* raw = gpu.get();
-      gpu->thread = std::thread([raw] {
-        const std::string name = absl::StrCat("h2d/gpu", raw->ordinal);
-        pthread_setname_np(pthread_self(), name.c_str());
-        cudaSetDevice(raw->ordinal);
-        while (true) {
-          absl::StatusOr<std::function<void()>> work = raw->work->Pop();
-          if (!work.ok()) return;
-          (*work)();
-        }
-      });
+      const int ordinal = d.ordinal;
+      gpu->thread = std::make_unique<CopyThread>(absl::StrCat("h2d/gpu", ordinal),
+                                                 [ordinal] { cudaSetDevice(ordinal); });
       spdlog::info("GPU {} {} ({}): copy thread started, {} IPC", d.ordinal, d.uuid, d.name,
                    gpu->vmm ? "VMM fd" : "legacy");
       gpus_.push_back(std::move(gpu));
@@ -487,11 +512,19 @@ class CudaBackend final : public DeviceBackend {
 
   void Post(const std::string& uuid, std::function<void()> work) override {
     Gpu* gpu = Find(uuid);
-    // Work is never dropped: a session counts it in flight until it runs. Push blocks only
-    // while 65536 tasks wait, which the ring depths bound far below.
-    if (gpu != nullptr && gpu->work->Push(work).ok()) return;
-    spdlog::warn("copy thread of {} is gone: running its work inline", uuid);
+    if (gpu != nullptr) return gpu->thread->Post(std::move(work));
+    spdlog::warn("no copy thread for {}: running its work inline", uuid);
     work();
+  }
+  void PostLater(const std::string& uuid, std::function<void()> work) override {
+    Gpu* gpu = Find(uuid);
+    if (gpu != nullptr) return gpu->thread->PostLater(std::move(work));
+    work();
+  }
+  std::vector<const BusyMark*> busy_marks() const override {
+    std::vector<const BusyMark*> out;
+    for (const auto& gpu : gpus_) out.push_back(&gpu->thread->busy());
+    return out;
   }
 
  private:

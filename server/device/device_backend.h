@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/os/fd.h"
+#include "common/progress.h"
 #include "server/augment/output.h"
 #include "server/augment/staged.h"
 #include "server/device/augment_pixel.h"
@@ -59,14 +60,13 @@ inline AugmentOutput ToAugmentOutput(const StagedLayout& layout, const StagedOut
   return out;
 }
 
-// Rewrites the finished image row `row` into `image` (image_row_bytes) and its `label` when
-// the GPU could not decode its file: the CPU path, with the feed's bad-image policy (a
-// replacement sample has its own label). Runs on the copy thread.
-using RedoRow = std::function<absl::Status(int row, std::byte* image, int64_t* label)>;
-
-// One session's ring of slots in one GPU's memory. CopyIn, SetReleaseEvents and WaitCopied
-// run on that GPU's copy thread or a reader thread; the destructor waits for copies in
-// flight and frees the device memory (a consumer's VMM mapping keeps it alive until unmapped).
+// One session's ring of slots in one GPU's memory, with its own CUDA stream (and nvJPEG
+// decoder state), so one session's GPU work never queues behind another's. Every method but
+// the destructor runs on the GPU's copy thread, except WaitCopied (a reader thread). Nothing
+// a ring enqueues ever waits on another process: a consumer's release is polled (Released)
+// before its slot is written again, so the ring's stream holds only the daemon's own work and
+// every host wait on it is bounded. The destructor waits for that work and frees the memory
+// (a consumer's VMM mapping keeps it alive until unmapped).
 class DeviceRing {
  public:
   virtual ~DeviceRing() = default;
@@ -75,21 +75,34 @@ class DeviceRing {
   virtual absl::StatusOr<UniqueFd> ExportFd() const = 0;
   // Opens the consumer's per-slot release events.
   virtual absl::Status SetReleaseEvents(const std::vector<std::string>& handles) = 0;
-  // Enqueues on the GPU's copy stream: when `reused`, a wait for the consumer's release event
-  // of `slot`; the copy of `bytes` from pinned `src` into the slot; the slot's ready event.
-  // Returns without waiting for the copy.
-  virtual absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) = 0;
+  // Whether the consumer's GPU work that read `slot` is done (its release event completed;
+  // true when it gave none). Never blocks: the copy thread polls it before reusing a slot.
+  virtual absl::StatusOr<bool> Released(int slot) = 0;
+  // Enqueues the copy of `bytes` from pinned `src` into the slot, then the slot's ready event.
+  // The slot must be Released. Returns without waiting for the copy.
+  virtual absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes) = 0;
   // Enqueues one staged batch of `count` rows (augment/staged.h) from the pinned host slot
-  // `host` on the GPU's copy stream: when `reused`, the wait for the consumer's release of
-  // `slot`; the labels and kFinal rows copied into the slot; kRaw pixels copied to the ring's
-  // scratch and kJpeg files decoded there by nvJPEG; the kernel into the slot for both; the
-  // rows nvJPEG could not decode rewritten through `redo`; the slot's ready event. Writes the
-  // kernel's tasks into the host slot's task area. Returns without waiting for the GPU.
-  virtual absl::Status StageIn(int slot, std::byte* host, const StagedLayout& layout, int count,
-                               const StagedOutput& output, bool reused, const RedoRow& redo) {
+  // `host`: the labels and kFinal rows copied into the slot; kRaw pixels copied to the ring's
+  // scratch and kJpeg files decoded there by nvJPEG; the kernel into the slot for both. Writes
+  // the kernel's tasks into the host slot's task area. The slot must be Released.
+  // Returns the rows nvJPEG refused (a corrupt file it cannot say which of): empty, and the
+  // slot's ready event is recorded; otherwise the caller finishes those rows on the CPU (on a
+  // worker, never on the copy thread) and hands them to FinishRows, which records it.
+  virtual absl::StatusOr<std::vector<int>> StageIn(int slot, std::byte* host,
+                                                   const StagedLayout& layout, int count,
+                                                   const StagedOutput& output) {
     return absl::UnimplementedError("this device backend has no GPU augmentation");
   }
-  // Blocks until the last copy into `slot` has read its source (before the source is refilled).
+  // Copies finished image rows (rows.size() x output.image_row_bytes, in `images`) and their
+  // labels over the rows StageIn left, then records the slot's ready event.
+  virtual absl::Status FinishRows(int slot, const StagedOutput& output,
+                                  const std::vector<int>& rows,
+                                  const std::vector<std::byte>& images,
+                                  const std::vector<int64_t>& labels) {
+    return absl::UnimplementedError("this device backend has no GPU augmentation");
+  }
+  // Blocks until the last copy into `slot` has read its source (before the source is
+  // refilled). Bounded: the ring's stream never waits on a consumer.
   virtual absl::Status WaitCopied(int slot) = 0;
 };
 
@@ -124,6 +137,12 @@ class DeviceBackend {
   // Runs `work` on that GPU's copy thread, in order; never drops it (runs it inline once the
   // thread is gone).
   virtual void Post(const std::string& gpu_uuid, std::function<void()> work) = 0;
+  // Runs `work` on that GPU's copy thread after a short poll interval (about 100 us), after
+  // the work posted before it: how the copy thread waits for a consumer's release without
+  // blocking the other sessions on its GPU. Never drops it.
+  virtual void PostLater(const std::string& gpu_uuid, std::function<void()> work) = 0;
+  // The copy threads' progress marks, for the liveness check (common/progress.h).
+  virtual std::vector<const BusyMark*> busy_marks() const { return {}; }
 };
 
 // The message of a device Attach on a daemon that sees no GPU.

@@ -37,6 +37,9 @@ class FillScheduler {
   virtual ~FillScheduler() = default;
   // Never blocks.
   virtual void Schedule(std::shared_ptr<Session> session) = 0;
+  // Runs `work` on a worker (never on the caller's thread unless no worker can take it).
+  // Never blocks. How the copy thread hands CPU work (rows nvJPEG refused) back to a worker.
+  virtual void Submit(std::function<void()> work) = 0;
   // Runs fn(0..n-1) with the help of idle workers, the caller taking part; returns when all
   // are done. Serial unless overridden.
   virtual void ParallelFor(int n, const std::function<void(int)>& fn) {
@@ -171,10 +174,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // Marks the session queued and returns true when it should be handed to the scheduler.
   bool WantScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();
-  // Copies a filled host slot into the device ring (on the GPU's copy thread).
+  // Copies a filled host slot into the device ring (on the GPU's copy thread), once the
+  // consumer's release of the slot has completed on its GPU (polled, never waited on).
   void CopyOne(Slot* slot);
-  // The staged form of CopyOne: the GPU finishes the samples.
-  absl::Status StageOne(Slot* slot, bool reused);
+  // Rows nvJPEG refused, finished on the CPU by a worker, then written by the copy thread.
+  void RedoRows(Slot* slot, std::vector<int> rows);
+  // The end of a slot's trip to the GPU: ready, or the session fails with `s`.
+  void FinishCopy(Slot* slot, absl::Status s, bool closed);
   // Once closed and nothing is in flight: hands the rings over for freeing outside the lock.
   void TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

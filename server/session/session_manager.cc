@@ -107,16 +107,19 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       pool_(pool),
       devices_(devices),
       feeds_(fs),
-      // Each session is queued at most once at a time (closed ones may linger briefly), and
-      // each running fill asks for at most threads - 1 helpers.
-      work_(static_cast<size_t>(options.max_sessions) * 2 + 16 +
+      // Each session is queued at most once at a time (closed ones may linger briefly), each
+      // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
+      // has at most one CPU redo of rows nvJPEG refused.
+      work_(static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) + 16 +
             static_cast<size_t>(std::max(1, options.threads)) * std::max(1, options.threads)) {
   const int threads = std::max(1, options_.threads);
   for (int i = 0; i < threads; ++i) {
+    marks_.push_back(std::make_unique<BusyMark>(absl::StrCat("read/", i)));
+  }
+  for (int i = 0; i < threads; ++i) {
     workers_.emplace_back([this, i] {
-      const std::string name = absl::StrCat("read/", i);
-      pthread_setname_np(pthread_self(), name.c_str());
-      WorkerLoop();
+      pthread_setname_np(pthread_self(), marks_[static_cast<size_t>(i)]->name().c_str());
+      WorkerLoop(*marks_[static_cast<size_t>(i)]);
     });
   }
   reaper_ = std::thread([this] {
@@ -389,12 +392,29 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
   }
 }
 
-void SessionManager::WorkerLoop() {
+void SessionManager::Submit(std::function<void()> work) {
+  absl::Status s = work_.TryPush(work);
+  if (s.ok()) return;
+  if (!work_.closed()) {
+    // Cannot happen while the capacity bound holds.
+    spdlog::error("fill queue full ({}): running a task on the caller's thread", s.ToString());
+  }
+  work();
+}
+
+void SessionManager::WorkerLoop(BusyMark& mark) {
   while (true) {
     absl::StatusOr<std::function<void()>> work = work_.Pop();
     if (!work.ok()) return;  // closed: shutting down
+    BusyMark::Scope busy(mark);
     (*work)();
   }
+}
+
+std::vector<const BusyMark*> SessionManager::busy_marks() const {
+  std::vector<const BusyMark*> out;
+  for (const auto& m : marks_) out.push_back(m.get());
+  return out;
 }
 
 void SessionManager::ParallelFor(int n, const std::function<void(int)>& fn) {

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/bounded_queue.h"
+#include "common/progress.h"
 #include "server/augment/pipeline.h"
 #include "server/feed/feed.h"
 #include "server/session/session.h"
@@ -118,7 +119,10 @@ class SessionManager final : public FillScheduler {
   void Shutdown(const absl::Status& reason);
 
   void Schedule(std::shared_ptr<Session> session) override;
+  void Submit(std::function<void()> work) override;
   void ParallelFor(int n, const std::function<void(int)>& fn) override;
+  // The workers' progress marks, for the liveness check (common/progress.h).
+  std::vector<const BusyMark*> busy_marks() const;
 
  private:
   struct Job {
@@ -129,7 +133,7 @@ class SessionManager final : public FillScheduler {
 
   // Removes the session from the maps and closes it.
   void Remove(uint64_t id, const absl::Status& why, const char* verb);
-  void WorkerLoop();
+  void WorkerLoop(BusyMark& mark);
   void ReaperLoop();
 
   const SessionManagerOptions options_;
@@ -147,6 +151,7 @@ class SessionManager final : public FillScheduler {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 
+  std::vector<std::unique_ptr<BusyMark>> marks_;  // one per worker, made before they start
   std::vector<std::thread> workers_;
   std::thread reaper_;
 };

@@ -15,8 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/bounded_queue.h"
+#include "absl/container/flat_hash_set.h"
 #include "server/decode/image_decoder.h"
+#include "server/device/copy_thread.h"
 #include "server/device/device_backend.h"
 
 namespace gpufeed::testing {
@@ -67,19 +68,39 @@ class FakeDeviceRing final : public server::DeviceRing {
     log_->Add(absl::StrCat("release-events ", handles.size()));
     return absl::OkStatus();
   }
-  absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes, bool reused) override {
+  // A test holds a slot as a consumer whose GPU still reads it: Released says false.
+  void Hold(int slot, bool held) {
+    absl::MutexLock lock(&mu_);
+    if (held) {
+      held_.insert(slot);
+    } else {
+      held_.erase(slot);
+    }
+  }
+  absl::StatusOr<bool> Released(int slot) override {
+    absl::MutexLock lock(&mu_);
+    const bool released = !held_.contains(slot);
+    if (!released) ++polls_while_held;
+    return released;
+  }
+  int polls_while_held ABSL_GUARDED_BY(mu_) = 0;
+  int PollsWhileHeld() {
+    absl::MutexLock lock(&mu_);
+    return polls_while_held;
+  }
+  absl::Status CopyIn(int slot, const std::byte* src, uint64_t bytes) override {
     std::memcpy(memory_.data() + static_cast<uint64_t>(slot) * stride_, src, bytes);
-    log_->Add(absl::StrCat("copy ", slot, reused ? " reused" : " first"));
+    log_->Add(absl::StrCat("copy ", slot, Reused(slot) ? " reused" : " first"));
     return absl::OkStatus();
   }
   // The CPU emulation of the CUDA ring's StageIn: the kernel's own per-pixel arithmetic
   // (augment_pixel.h), JPEG records decoded by libjpeg-turbo in nvJPEG's place. With
   // `refuse_jpeg` set, "nvJPEG" refuses every batch that has JPEG records, as it does a batch
-  // with a corrupt file, so the rows go through `redo`.
-  absl::Status StageIn(int slot, std::byte* host, const server::StagedLayout& layout, int count,
-                       const server::StagedOutput& output, bool reused,
-                       const server::RedoRow& redo) override {
-    log_->Add(absl::StrCat("stage ", slot, reused ? " reused" : " first"));
+  // with a corrupt file, and returns its JPEG rows for the CPU.
+  absl::StatusOr<std::vector<int>> StageIn(int slot, std::byte* host,
+                                           const server::StagedLayout& layout, int count,
+                                           const server::StagedOutput& output) override {
+    log_->Add(absl::StrCat("stage ", slot, Reused(slot) ? " reused" : " first"));
     std::byte* dst = memory_.data() + static_cast<uint64_t>(slot) * stride_;
     std::memcpy(dst + output.label_offset, host + layout.labels_offset,
                 static_cast<size_t>(count) * sizeof(int64_t));
@@ -130,15 +151,21 @@ class FakeDeviceRing final : public server::DeviceRing {
         }
       }
     }
-    if (!jpeg_ok) {
-      for (int row : jpeg_rows) {
-        int64_t label = 0;
-        absl::Status s = redo(row, dst + output.image_offset + row * output.image_row_bytes, &label);
-        if (!s.ok()) return s;
-        std::memcpy(dst + output.label_offset + row * sizeof(int64_t), &label, sizeof(label));
-        ++redone;
-      }
+    if (!jpeg_ok) return jpeg_rows;
+    return std::vector<int>{};
+  }
+  absl::Status FinishRows(int slot, const server::StagedOutput& output,
+                          const std::vector<int>& rows, const std::vector<std::byte>& images,
+                          const std::vector<int64_t>& labels) override {
+    std::byte* dst = memory_.data() + static_cast<uint64_t>(slot) * stride_;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(dst + output.image_offset + rows[i] * output.image_row_bytes,
+                  images.data() + i * output.image_row_bytes, output.image_row_bytes);
+      std::memcpy(dst + output.label_offset + rows[i] * sizeof(int64_t), &labels[i],
+                  sizeof(int64_t));
+      ++redone;
     }
+    log_->Add(absl::StrCat("finish-rows ", slot, " ", rows.size()));
     return absl::OkStatus();
   }
   // Rows staged so far, by kind, and rows redone on the CPU.
@@ -152,6 +179,15 @@ class FakeDeviceRing final : public server::DeviceRing {
   const std::byte* slot_data(int slot) const { return memory_.data() + slot * stride_; }
 
  private:
+  // Whether the slot was written before (the log says "reused" then).
+  bool Reused(int slot) {
+    absl::MutexLock lock(&mu_);
+    return !written_.insert(slot).second;
+  }
+
+  absl::Mutex mu_;
+  absl::flat_hash_set<int> held_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int> written_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<FakeDeviceLog> log_;
   server::DeviceRingExport exported_;
   std::vector<std::byte> memory_;
@@ -161,19 +197,8 @@ class FakeDeviceRing final : public server::DeviceRing {
 
 class FakeDeviceBackend final : public server::DeviceBackend {
  public:
-  explicit FakeDeviceBackend(uint64_t budget) : budget_(budget), work_(1024) {
-    thread_ = std::thread([this] {
-      while (true) {
-        auto work = work_.Pop();
-        if (!work.ok()) return;
-        (*work)();
-      }
-    });
-  }
-  ~FakeDeviceBackend() override {
-    work_.Close();
-    thread_.join();
-  }
+  explicit FakeDeviceBackend(uint64_t budget) : budget_(budget), thread_("h2d/fake") {}
+  ~FakeDeviceBackend() override { thread_.Stop(); }
   std::vector<std::string> gpu_uuids() const override { return {"GPU-fake"}; }
   absl::StatusOr<std::unique_ptr<server::DeviceRing>> AllocateRing(const std::string& uuid,
                                                                    int slots, uint64_t stride,
@@ -201,8 +226,12 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   bool refuse_jpeg = false;   // given to new rings
 
   void Post(const std::string&, std::function<void()> work) override {
-    if (!work_.Push(work).ok()) work();
+    thread_.Post(std::move(work));
   }
+  void PostLater(const std::string&, std::function<void()> work) override {
+    thread_.PostLater(std::move(work));
+  }
+  std::vector<const BusyMark*> busy_marks() const override { return {&thread_.busy()}; }
 
   std::shared_ptr<FakeDeviceLog> log = std::make_shared<FakeDeviceLog>();
   FakeDeviceRing* last = nullptr;  // the newest ring (alive while its session is)
@@ -211,8 +240,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   const uint64_t budget_;
   mutable absl::Mutex mu_;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  BoundedQueue<std::function<void()>> work_;
-  std::thread thread_;
+  server::CopyThread thread_;
 };
 
 }  // namespace gpufeed::testing

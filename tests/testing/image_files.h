@@ -38,12 +38,12 @@ inline std::vector<uint8_t> Picture(int h, int w, int channels, int seed = 0) {
 
 inline std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& pixels, int h, int w,
                                        int format = TJPF_RGB, int subsamp = TJSAMP_444,
-                                       int quality = 100) {
+                                       int quality = 100, int flags = 0) {
   tjhandle t = tjInitCompress();
   unsigned char* out = nullptr;
   unsigned long size = 0;
   EXPECT_EQ(tjCompress2(t, pixels.data(), w, 0, h, format, &out, &size, subsamp, quality,
-                        TJFLAG_ACCURATEDCT),
+                        TJFLAG_ACCURATEDCT | flags),
             0)
       << tjGetErrorStr2(t);
   std::vector<uint8_t> bytes(out, out + size);

@@ -63,8 +63,10 @@ class DeviceSessionTest : public ::testing::Test {
 
   testing::TempDir dir_;
   std::string path_;
-  testing::FakeDeviceBackend devices_{1 << 20};
   std::unique_ptr<StagingPool> pool_;
+  // After the pool, before the manager: work still queued on its copy thread at teardown
+  // returns rings to the pool.
+  testing::FakeDeviceBackend devices_{1 << 20};
   std::unique_ptr<SessionManager> manager_;
 };
 
@@ -100,6 +102,58 @@ TEST_F(DeviceSessionTest, BatchesAreCopiedToTheDeviceRingAndReusedSlotsWaitForRe
   EXPECT_THAT(calls, Contains("copy 0 first"));
   EXPECT_THAT(calls, Contains("copy 0 reused"));
   EXPECT_THAT(calls, Contains("wait-copied 0"));  // the host slot is refilled only after its copy
+}
+
+// A consumer whose GPU still reads slot 0 (its release event not yet complete): the copy
+// thread polls and writes the slot again only once the event completes, and meanwhile another
+// session on the same GPU gets its batches. Before, the GPU's one stream waited for the
+// event, and every session behind it.
+TEST_F(DeviceSessionTest, AHeldSlotWaitsForItsReleaseEventWithoutStallingOtherSessions) {
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  testing::FakeDeviceRing* ring_a = devices_.last;
+  AttachSpec other = Spec();
+  other.job = "dev2";
+  absl::StatusOr<Attachment> b = manager_->Attach(other);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto session_a = manager_->Find(a->session_id, a->token);
+  auto session_b = manager_->Find(b->session_id, b->token);
+  ASSERT_TRUE(session_a.ok() && session_b.ok());
+  const std::vector<std::string> events(2, std::string(64, 'r'));
+  ASSERT_TRUE((*session_a)->BindStream([] {}, events).ok());
+  ASSERT_TRUE((*session_b)->BindStream([] {}, events).ok());
+
+  StreamEvent first = Next(**session_a);
+  StreamEvent second = Next(**session_a);
+  ASSERT_EQ(first.kind, StreamEvent::kBatch);
+  ASSERT_EQ(second.kind, StreamEvent::kBatch);
+  ring_a->Hold(first.batch.slot, true);
+  ASSERT_TRUE((*session_a)->Release(first.batch.slot, first.batch.generation).ok());
+
+  for (int step = 0; step < 10; ++step) {
+    StreamEvent e = Next(**session_b);
+    ASSERT_EQ(e.kind, StreamEvent::kBatch) << "step " << step;
+    EXPECT_EQ(e.batch.position.step, step);
+    ASSERT_TRUE((*session_b)->Release(e.batch.slot, e.batch.generation).ok());
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (ring_a->PollsWhileHeld() < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(ring_a->PollsWhileHeld(), 3);
+  // Not rewritten while held: still batch 0's first token, and no batch 2 yet.
+  uint16_t token;
+  std::memcpy(&token, ring_a->slot_data(first.batch.slot), 2);
+  EXPECT_EQ(token, 0);
+  EXPECT_EQ((*session_a)->NextEvent().kind, StreamEvent::kNothing);
+
+  ring_a->Hold(first.batch.slot, false);
+  StreamEvent third = Next(**session_a);
+  ASSERT_EQ(third.kind, StreamEvent::kBatch);
+  EXPECT_EQ(third.batch.position.step, 2);
+  EXPECT_EQ(third.batch.slot, first.batch.slot);
+  std::memcpy(&token, ring_a->slot_data(third.batch.slot), 2);
+  EXPECT_EQ(token, 2 * 4 * 10);
 }
 
 TEST_F(DeviceSessionTest, BudgetUnknownGpuAndReleaseEventCountAreChecked) {

@@ -126,8 +126,10 @@ class StagedSessionTest : public ::testing::Test {
 
   testing::TempDir dir_;
   std::string root_;
-  testing::FakeDeviceBackend devices_{uint64_t{1} << 30};
   std::unique_ptr<StagingPool> pool_;
+  // After the pool, before the manager: work still queued on its copy thread at teardown
+  // returns rings to the pool.
+  testing::FakeDeviceBackend devices_{uint64_t{1} << 30};
   std::unique_ptr<SessionManager> manager_;
 };
 

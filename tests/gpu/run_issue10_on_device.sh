@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Issue 10 on the GPU machine, in one call (here: tests/run.sh && tests/gpu/bundle.sh; with
+# OLD=DIR, the previous binaries in .devbundle/old/ too). Steps:
+#   1. the GPU suite (label gpu), new daemon;
+#   2. the multi-session nvJPEG tests against the previous daemon, if bundled (they must fail
+#      or time out there: proof they catch issue 10's faults);
+#   3. issue 10's repro as users drive it: gpufeedctl consume, ImageNet training pipeline,
+#      B=256, device delivery, 3 epochs, on ~80 KB JPEGs; with the new daemon (and the old);
+#   4. compute-sanitizer memcheck, racecheck and synccheck of a daemon serving sequential and
+#      concurrent nvJPEG sessions.
+# Writes summary.log (and the logs) under $OUT.
+set -u
+final=${OUT:-/tmp/gpufeed-out}
+out=/tmp/gpufeed-issue10
+rm -rf "$out"; mkdir -p "$out" "$final"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bundle=$root/.devbundle
+export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
+export GPUFEEDD=$bundle/bin/gpufeedd GPUFEEDCTL=$bundle/bin/gpufeedctl
+ctl=$bundle/bin/gpufeedctl
+if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
+  GPUFEED_NVJPEG_LIBRARY=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libnvjpeg.so.1[23] \
+                               /usr/local/cuda*/lib64/libnvjpeg.so.1[23] 2>/dev/null | head -1)
+  export GPUFEED_NVJPEG_LIBRARY
+fi
+log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
+gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |\[ measure \]|Failure|bad rows|epoch .* row' "$1" | head -${2:-60}; }
+log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
+
+log "1. GPU suite, this daemon"
+timeout 900 "$bundle/bin/gpufeed_gpu_tests" >"$out/gpu_tests.log" 2>&1
+echo "exit $?" >>"$out/gpu_tests.log"
+gtest_summary "$out/gpu_tests.log" 80 | tee -a "$out/summary.log"
+
+if [ -x "$bundle/old/gpufeedd" ]; then
+  log "2. the multi-session nvJPEG tests against the previous daemon (expected to fail)"
+  GPUFEEDD=$bundle/old/gpufeedd timeout 300 "$bundle/bin/gpufeed_gpu_tests" \
+      --gtest_filter='NvjpegSessionsTest.*' >"$out/old_tests.log" 2>&1
+  echo "exit $?" | tee -a "$out/old_tests.log" "$out/summary.log"
+  gtest_summary "$out/old_tests.log" 40 | tee -a "$out/summary.log"
+fi
+
+log "3. issue 10's repro: gpufeedctl consume, imagenet_train, B=256, device, 3 epochs"
+data=/tmp/gpufeed-jpegs
+python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images ${IMAGES:-8000} \
+    --classes 100 --min-kb 70 --max-kb 90 >"$out/make_dataset.log" 2>&1
+tail -1 "$out/make_dataset.log" | tee -a "$out/summary.log"
+find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+repro() {  # repro NAME DAEMON [consume flags]
+  local name=$1 daemon=$2; shift 2
+  local sock=/tmp/gf-$name.sock
+  rm -f "$sock"
+  "$daemon" --listen="unix://$sock" --threads=4 --staging_bytes=$((4 << 30)) \
+      --device_bytes=$((16 << 30)) >"$out/daemon-$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 300); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+  local t0=$(date +%s%3N)
+  timeout 240 "$ctl" --socket "$sock" consume --job j --rank 0 --world-size 1 --kind image_folder \
+      --dataset "$data" --pipeline "$root/deploy/pipelines/imagenet_train.json" --batch-size 256 \
+      --device cuda:0 --epochs 3 "$@" >"$out/consume-$name.log" 2>&1
+  local rc=$? t1=$(date +%s%3N)
+  log "$name: consume exit $rc after $(( (t1 - t0) / 1000 )) s: $(tail -2 "$out/consume-$name.log" | tr '\n' ' ')"
+  local t2=$(date +%s%3N)
+  kill -TERM $pid
+  for _ in $(seq 150); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $pid 2>/dev/null; then
+    log "$name: gpufeedd did not exit 15 s after SIGTERM"; kill -KILL $pid
+  else
+    wait $pid; log "$name: gpufeedd exited $? $(( $(date +%s%3N) - t2 )) ms after SIGTERM"
+  fi
+}
+repro new "$GPUFEEDD"
+repro new-ring4 "$GPUFEEDD" --ring-slots 4
+[ -x "$bundle/old/gpufeedd" ] && repro old "$bundle/old/gpufeedd"
+
+log "4. compute-sanitizer on a daemon serving sequential and concurrent nvJPEG sessions"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+for tool in memcheck racecheck synccheck; do
+  sock=/tmp/gf-san.sock; rm -f "$sock"
+  "$sanitizer" --tool $tool --print-limit 20 "$GPUFEEDD" --listen="unix://$sock" --threads=4 \
+      --staging_bytes=$((2 << 30)) --device_bytes=$((8 << 30)) >"$out/sanitizer-$tool.log" 2>&1 &
+  for _ in $(seq 600); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+  for s in 1 2; do
+    timeout 120 "$ctl" --socket "$sock" consume --job s$s --kind image_folder --dataset "$data" \
+        --pipeline "$root/deploy/pipelines/imagenet_train.json" --batch-size 64 --epochs 0 \
+        --max-batches 12 --device cuda:0 --decode nvjpeg --augment gpu --checksum >/dev/null 2>&1
+  done
+  pids=()
+  for s in 3 4; do
+    timeout 120 "$ctl" --socket "$sock" consume --job s$s --kind image_folder --dataset "$data" \
+        --pipeline "$root/deploy/pipelines/imagenet_train.json" --batch-size 64 --epochs 0 \
+        --max-batches 12 --device cuda:0 --decode nvjpeg --augment gpu --checksum >/dev/null 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"; sleep 1
+  pkill -TERM -x gpufeedd; sleep 3; pkill -KILL -x gpufeedd 2>/dev/null; wait 2>/dev/null
+  log "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+done
+
+cp "$out/summary.log" "$final/"
+tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null

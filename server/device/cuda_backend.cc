@@ -102,7 +102,10 @@ class CudaRing final : public DeviceRing {
     // stream holds only the daemon's own copies, decodes and kernels.
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (nvjpeg_state_ != nullptr) gpu_->nvjpeg->JpegStateDestroy(nvjpeg_state_);
-    if (scratch_free_ != nullptr) cudaEventDestroy(scratch_free_);
+    for (Scratch& sc : scratch_) {
+      if (sc.free != nullptr) cudaEventDestroy(sc.free);
+      if (sc.data != nullptr) cudaFree(sc.data);
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     for (cudaEvent_t e : ready_) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -117,7 +120,6 @@ class CudaRing final : public DeviceRing {
       api->cuMemRelease(vmm_handle_);
     }
     if (legacy_ptr_ != nullptr) cudaFree(legacy_ptr_);
-    if (scratch_ != nullptr) cudaFree(scratch_);
     if (charged_ > 0) {
       absl::MutexLock lock(&gpu_->mu);
       gpu_->used -= charged_;
@@ -129,9 +131,13 @@ class CudaRing final : public DeviceRing {
     GPUFEED_RETURN_IF_ERROR(cuda::Check(
         cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, gpu_->lowest_priority),
         absl::StrCat("creating a ring's stream on ", gpu_->uuid)));
-    GPUFEED_RETURN_IF_ERROR(
-        cuda::Check(cudaEventCreateWithFlags(&scratch_free_, cudaEventDisableTiming),
-                    "cudaEventCreateWithFlags"));
+    for (Scratch& sc : scratch_) {
+      GPUFEED_RETURN_IF_ERROR(cuda::Check(
+          cudaEventCreateWithFlags(&sc.free, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+    }
+    // Two scratch buffers, used in turn: a batch's decode waits (on the host) only for the
+    // kernel of the batch before last, long done, instead of the one just launched.
+    const uint64_t all_scratch = 2 * scratch_bytes;
     export_.gpu_uuid = gpu_->uuid;
     export_.ipc = ipc == IpcKind::kUnspecified ? (gpu_->vmm ? IpcKind::kVmm : IpcKind::kLegacy)
                                                : ipc;
@@ -157,19 +163,20 @@ class CudaRing final : public DeviceRing {
     }
     {
       absl::MutexLock lock(&gpu_->mu);
-      if (gpu_->used + bytes + scratch_bytes > budget_) {
+      if (gpu_->used + bytes + all_scratch > budget_) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "device ring of ", bytes, " bytes", scratch_bytes > 0 ? " and scratch of " : "",
-            scratch_bytes > 0 ? absl::StrCat(scratch_bytes, " bytes") : "", " on ", gpu_->uuid,
+            "device ring of ", bytes, " bytes", all_scratch > 0 ? " and scratch of " : "",
+            all_scratch > 0 ? absl::StrCat(all_scratch, " bytes") : "", " on ", gpu_->uuid,
             ": ", budget_ - gpu_->used, " of the GPU's --device_bytes budget of ", budget_,
             " bytes are free"));
       }
-      gpu_->used += bytes + scratch_bytes;
-      charged_ = bytes + scratch_bytes;
+      gpu_->used += bytes + all_scratch;
+      charged_ = bytes + all_scratch;
     }
-    if (scratch_bytes > 0) {
+    for (Scratch& sc : scratch_) {
+      if (scratch_bytes == 0) break;
       GPUFEED_RETURN_IF_ERROR(
-          cuda::Check(cudaMalloc(&scratch_, scratch_bytes), "cudaMalloc of the ring's scratch"));
+          cuda::Check(cudaMalloc(&sc.data, scratch_bytes), "cudaMalloc of the ring's scratch"));
     }
     export_.alloc_bytes = bytes;
     if (export_.ipc == IpcKind::kVmm) {
@@ -273,7 +280,9 @@ class CudaRing final : public DeviceRing {
     const auto* records = reinterpret_cast<const StagedRecord*>(host + layout.records_offset);
     auto* tasks = reinterpret_cast<AugmentTask*>(host + layout.tasks_offset);
     const std::byte* arena = host + layout.arena_offset;
-    auto* scratch = static_cast<std::byte*>(scratch_);
+    Scratch& sc = scratch_[next_scratch_];
+    next_scratch_ ^= 1;
+    auto* scratch = static_cast<std::byte*>(sc.data);
     int n = 0;
     std::vector<int> jpeg_rows;
     // kRaw pixels: one copy per run of records adjacent on both sides.
@@ -312,7 +321,7 @@ class CudaRing final : public DeviceRing {
     }
     GPUFEED_RETURN_IF_ERROR(flush());
     std::vector<int> refused;
-    if (!jpeg_rows.empty() && !DecodeJpegs(records, arena, jpeg_rows).ok()) {
+    if (!jpeg_rows.empty() && !DecodeJpegs(sc, records, arena, jpeg_rows).ok()) {
       // nvJPEG refused the batch (a corrupt file it cannot say which of): a worker redoes its
       // JPEG rows on the CPU and FinishRows writes them over what the kernel left there.
       refused = jpeg_rows;
@@ -328,7 +337,7 @@ class CudaRing final : public DeviceRing {
           "launching the augment kernel"));
       // The next decode into the scratch waits (on the host) for this kernel's reads.
       GPUFEED_RETURN_IF_ERROR(
-          cuda::Check(cudaEventRecord(scratch_free_, stream_), "recording the scratch's event"));
+          cuda::Check(cudaEventRecord(sc.free, stream_), "recording the scratch's event"));
     }
     if (!refused.empty()) return refused;
     GPUFEED_RETURN_IF_ERROR(
@@ -375,9 +384,13 @@ class CudaRing final : public DeviceRing {
   std::byte* base_ = nullptr;
   std::vector<cudaEvent_t> ready_;
   std::vector<cudaEvent_t> release_;
-  void* scratch_ = nullptr;
+  struct Scratch {
+    void* data = nullptr;
+    cudaEvent_t free = nullptr;  // recorded after each kernel that reads it
+  };
+  Scratch scratch_[2];
+  int next_scratch_ = 0;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t scratch_free_ = nullptr;  // recorded after each kernel that reads the scratch
   nvjpeg::State nvjpeg_state_ = nullptr;
   int nvjpeg_batch_ = 0;  // the batch size nvjpegDecodeBatchedInitialize was last given
 
@@ -387,7 +400,7 @@ class CudaRing final : public DeviceRing {
   }
 
   // nvJPEG's batched decode of the JPEG records `rows` into their places in the scratch.
-  absl::Status DecodeJpegs(const StagedRecord* records, const std::byte* arena,
+  absl::Status DecodeJpegs(const Scratch& sc, const StagedRecord* records, const std::byte* arena,
                            const std::vector<int>& rows) {
     GPUFEED_RETURN_IF_ERROR(gpu_->InitNvjpeg());
     const nvjpeg::Api* api = gpu_->nvjpeg;
@@ -400,7 +413,7 @@ class CudaRing final : public DeviceRing {
       data[i] = reinterpret_cast<const unsigned char*>(arena + r.host_offset);
       lengths[i] = r.host_bytes;
       images[i] = {};
-      images[i].channel[0] = static_cast<unsigned char*>(scratch_) + r.device_offset;
+      images[i].channel[0] = static_cast<unsigned char*>(sc.data) + r.device_offset;
       images[i].pitch[0] = static_cast<size_t>(r.geometry.src_width) * 3;
     }
     int rc = 0;
@@ -410,11 +423,11 @@ class CudaRing final : public DeviceRing {
     }
     // nvJPEG's hardware backend writes its output when nvjpegDecodeBatched is called, not in
     // the order of the work already queued on the stream it is given (public reports against
-    // nvJPEG 12.3-13.2; a stream-side wait does not help). The previous batch's kernel may
+    // nvJPEG 12.3-13.2; a stream-side wait does not help). The last kernel on this buffer may
     // still be reading this scratch: wait for it here, on the host. Bounded: the ring's stream
     // holds only our own work, never a wait on a consumer.
     if (rc == 0) {
-      rc = cudaEventSynchronize(scratch_free_) == cudaSuccess ? 0 : -1;
+      rc = cudaEventSynchronize(sc.free) == cudaSuccess ? 0 : -1;
     }
     if (rc == 0 && nvjpeg_batch_ != n) {
       rc = api->DecodeBatchedInitialize(gpu_->nvjpeg_handle, nvjpeg_state_, n, 1,

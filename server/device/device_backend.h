@@ -111,8 +111,8 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
   // UUIDs ("GPU-...") of the GPUs this daemon serves; empty without GPU or driver.
   virtual std::vector<std::string> gpu_uuids() const = 0;
-  // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`, plus `scratch_bytes` of
-  // private device memory for StageIn. FAILED_PRECONDITION without GPUs, NOT_FOUND for an
+  // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`, plus private device memory for
+  // StageIn (the CUDA backend keeps two buffers of `scratch_bytes`, used in turn). FAILED_PRECONDITION without GPUs, NOT_FOUND for an
   // unknown UUID, RESOURCE_EXHAUSTED beyond the GPU's byte budget.
   virtual absl::StatusOr<std::unique_ptr<DeviceRing>> AllocateRing(const std::string& gpu_uuid,
                                                                    int slots, uint64_t stride,

@@ -1,6 +1,7 @@
 #include "server/staging/staging_pool.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,14 @@ absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
         total_bytes_, " bytes free at most); start gpufeedd with a larger --staging_bytes"));
   }
   const uint64_t size = static_cast<uint64_t>(rounded);
+  absl::StatusOr<StagingRegion> region = Take(size);
+  // A new ring never shows the previous owner's bytes: zeroed outside the pool's lock (a
+  // 64 MiB ring takes a few milliseconds, once per Attach).
+  if (region.ok()) std::memset(region->data(), 0, region->size());
+  return region;
+}
+
+absl::StatusOr<StagingRegion> StagingPool::Take(uint64_t size) {
   absl::MutexLock lock(&mu_);
   uint64_t largest = 0;
   for (size_t s = 0; s < free_.size(); ++s) {

@@ -51,8 +51,8 @@ class StagingPool {
   static absl::StatusOr<std::unique_ptr<StagingPool>> Create(uint64_t total_bytes,
                                                              uint64_t max_slab_bytes);
 
-  // A region of at least `bytes` (rounded up to pages). RESOURCE_EXHAUSTED stating the bytes
-  // asked and free when it does not fit.
+  // A region of at least `bytes` (rounded up to pages), zeroed. RESOURCE_EXHAUSTED stating
+  // the bytes asked and free when it does not fit.
   absl::StatusOr<StagingRegion> Allocate(uint64_t bytes);
 
   uint64_t total_bytes() const { return total_bytes_; }
@@ -64,6 +64,8 @@ class StagingPool {
 
  private:
   friend class StagingRegion;
+  // The first free range of `size` bytes (page-rounded), not yet zeroed.
+  absl::StatusOr<StagingRegion> Take(uint64_t size);
   struct Slab {
     UniqueFd fd;
     Mapping mapping;

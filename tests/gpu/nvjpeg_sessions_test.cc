@@ -42,7 +42,7 @@ using server::ResizeStep;
 using ::testing::HasSubstr;
 
 // The issue's comparison pipeline: resize(256), center_crop(224), uint8, NCHW.
-constexpr char kEvalUint8[] = R"({"ops": [{"resize": {"size": 256}}, {"center_crop": {"size": 224}},
+constexpr char kEvalUint8[] = R"({"ops": [{"resize": {"shorter_side": 256}}, {"center_crop": {"size": 224}},
   {"cast": {"dtype": "DTYPE_UINT8"}}, {"layout": {"layout": "IMAGE_LAYOUT_NCHW"}}]})";
 std::vector<PipelineStep> EvalUint8() {
   return {ResizeStep{256}, CenterCropStep{224}, CastStep{DType::kUInt8},
@@ -100,7 +100,8 @@ class NvjpegSessionsTest : public ::testing::Test {
       }
     }
     daemon_ = std::make_unique<Daemon>(
-        dir_, std::vector<std::string>{"--threads=4", "--device_bytes=17179869184"});
+        dir_, std::vector<std::string>{"--threads=4", "--staging_bytes=2147483648",
+                                       "--device_bytes=17179869184"});
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
     server::DatasetSpec spec;
     spec.kind = server::DatasetKind::kImageFolder;

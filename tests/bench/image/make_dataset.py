@@ -279,8 +279,9 @@ def next_sigma(tried: list[tuple[float, int]], target: int, lo: float, hi: float
         guess = x[1] + (target - y[1]) * (x[1] - x[0]) / (y[1] - y[0])
     else:  # one point: size grows about 25 % per unit of log(1 + sigma) near the target
         guess = x[-1] + math.log(target / y[-1]) / 0.25
-    sigma = math.expm1(guess)
-    return sigma if lo < sigma < hi else (lo + hi) / 2
+    if not math.log1p(lo) < guess < math.log1p(hi):  # also keeps expm1 from overflowing
+        return (lo + hi) / 2
+    return math.expm1(guess)
 
 
 def search_sigma(base: np.ndarray, noise: np.ndarray, quality: int, target: int, low: int,

@@ -323,3 +323,39 @@ TEST(StagingPoolTest, ManyAllocationsAndFreesReturnEverything) {
 
 }  // namespace
 }  // namespace gpufeed::server
+
+namespace gpufeed::server {
+namespace {
+
+// Issue 10: a new ring never shows the previous session's bytes, whether it takes the freed
+// range exactly, a part of it, or a range that spans two freed ones.
+TEST(StagingPoolTest, ANewRegionIsZeroedWhateverTheLastOwnerWrote) {
+  auto pool = StagingPool::Create(16 * PageSize(), 16 * PageSize());
+  ASSERT_TRUE(pool.ok());
+  auto all_zero = [](const StagingRegion& r) {
+    for (uint64_t i = 0; i < r.size(); ++i) {
+      if (r.data()[i] != std::byte{0}) return false;
+    }
+    return true;
+  };
+  {
+    auto a = (*pool)->Allocate(4 * PageSize());
+    auto b = (*pool)->Allocate(4 * PageSize());
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::memset(a->data(), 0xAB, a->size());
+    std::memset(b->data(), 0xCD, b->size());
+  }
+  auto exact = (*pool)->Allocate(4 * PageSize());
+  ASSERT_TRUE(exact.ok());
+  EXPECT_EQ(exact->offset(), 0u);  // the first owner's range
+  EXPECT_TRUE(all_zero(*exact));
+  std::memset(exact->data(), 0xEF, exact->size());
+  exact = StagingRegion();
+  auto spanning = (*pool)->Allocate(7 * PageSize());  // both old ranges, in part
+  ASSERT_TRUE(spanning.ok());
+  EXPECT_EQ(spanning->offset(), 0u);
+  EXPECT_TRUE(all_zero(*spanning));
+}
+
+}  // namespace
+}  // namespace gpufeed::server

@@ -102,6 +102,8 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.world_size = static_cast<int32_t>(value);
   } else if (k == "seq_len") {
     o.seq_len = value;
+  } else if (k == "vocab_size") {
+    o.vocab_size = value;
   } else if (k == "batch_size") {
     o.batch_size = value;
   } else if (k == "seed") {

@@ -101,13 +101,19 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     v1::DatasetSpec* d = request.mutable_dataset();
     if (o.kind == "tokens") {
       d->set_kind(v1::DATASET_KIND_TOKENS);
-      const DType t = DTypeFromName(o.token_dtype);
-      if (t != DType::kUInt16 && t != DType::kUInt32) {
+      const DType t = o.token_dtype.empty() ? DType::kUnspecified : DTypeFromName(o.token_dtype);
+      if (!o.token_dtype.empty() && t != DType::kUInt16 && t != DType::kUInt32) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "token_dtype: must be uint16 or uint32, got '", o.token_dtype, "'"));
+            "token_dtype: must be uint16 or uint32 (or empty: the .npy header's, else uint16), "
+            "got '", o.token_dtype, "'"));
       }
       d->set_token_dtype(static_cast<v1::DType>(t));
       d->set_seq_len(o.seq_len);
+      if (o.vocab_size < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("vocab_size: must be >= 0 (0: not checked), got ", o.vocab_size));
+      }
+      d->set_vocab_size(static_cast<uint64_t>(o.vocab_size));
     } else if (o.kind == "records") {
       d->set_kind(v1::DATASET_KIND_RECORDS);
     } else if (o.kind == "image_folder") {

@@ -59,8 +59,9 @@ consume flags:
   --world-size W        ranks in the job (default 1)
   --kind KIND           tokens (default), records or image_folder
   --dataset PATH        dataset file, absolute path as the daemon sees it
-  --token-dtype T       uint16 or uint32 (tokens; default uint16)
+  --token-dtype T       uint16 or uint32 (tokens; default: a .npy file's header, else uint16)
   --seq-len L           tokens per sample (tokens)
+  --vocab-size V        tokens: refuse the file if a sample of it holds a token >= V
   --batch-size B        samples per rank per step
   --seed S              shuffle seed (default 0)
   --no-shuffle          visit samples in order
@@ -99,7 +100,7 @@ struct Args {
 const std::vector<std::string> kValueFlags = {
     "--job",        "--rank",        "--world-size",  "--kind",       "--dataset",
     "--token-dtype", "--seq-len",    "--batch-size",  "--seed",       "--epochs",
-    "--max-batches", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
+    "--max-batches", "--vocab-size", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
     "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample",
     "--decode",     "--augment",     "--dump",        "--interval",   "--count",
     "--timeout"};
@@ -548,7 +549,7 @@ int Consume(const Args& args) {
   o.job = StringFlag(args, "--job", "default");
   o.kind = StringFlag(args, "--kind", "tokens");
   o.dataset = StringFlag(args, "--dataset", "");
-  o.token_dtype = StringFlag(args, "--token-dtype", "uint16");
+  o.token_dtype = StringFlag(args, "--token-dtype", "");
   o.bad_sample = StringFlag(args, "--bad-sample", "skip");
   o.decode = StringFlag(args, "--decode", "auto");
   o.augment = StringFlag(args, "--augment", "auto");
@@ -559,6 +560,7 @@ int Consume(const Args& args) {
           timeout_ms = 60000;
   for (const auto& [flag, target] : std::vector<std::pair<std::string, int64_t*>>{
            {"--rank", &rank}, {"--world-size", &world}, {"--seq-len", &o.seq_len},
+           {"--vocab-size", &o.vocab_size},
            {"--batch-size", &o.batch_size}, {"--seed", &seed}, {"--epochs", &epochs},
            {"--max-batches", &max_batches}, {"--start-epoch", &o.start.epoch},
            {"--start-step", &o.start.step}, {"--ring-slots", &ring}, {"--step-ms", &step_ms},

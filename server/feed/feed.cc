@@ -23,7 +23,8 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 std::string FeedSpec::Canonical() const {
   std::string out = absl::StrCat(
       "kind=", static_cast<int>(dataset.kind), ";path=", dataset.path, ";token_dtype=",
-      DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len, ";batch_size=", batch_size,
+      DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len, ";vocab_size=",
+      dataset.vocab_size, ";batch_size=", batch_size,
       ";world_size=", world_size, ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last);
   if (dataset.kind == DatasetKind::kImageFolder) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",

@@ -1,9 +1,11 @@
 #include "server/reader/dataset.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
@@ -16,9 +18,10 @@ namespace {
 // last token of one sample is the first of the next (inputs and shifted targets in one row).
 class TokensDataset final : public Dataset {
  public:
-  TokensDataset(std::unique_ptr<RandomAccessFile> file, DType dtype, int64_t seq_len,
-                uint64_t num_samples)
+  TokensDataset(std::unique_ptr<RandomAccessFile> file, uint64_t data_offset, DType dtype,
+                int64_t seq_len, uint64_t num_samples)
       : file_(std::move(file)),
+        data_offset_(data_offset),
         token_bytes_(DTypeSize(dtype)),
         seq_len_(static_cast<uint64_t>(seq_len)),
         num_samples_(num_samples) {
@@ -30,12 +33,13 @@ class TokensDataset final : public Dataset {
   const std::vector<SampleTensor>& tensors() const override { return tensors_; }
 
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
-    return file_->ReadAt(id * seq_len_ * token_bytes_, rows[0]);
+    return file_->ReadAt(data_offset_ + id * seq_len_ * token_bytes_, rows[0]);
   }
   absl::Status CheckNotShrunk() const override { return file_->CheckNotShrunk(); }
 
  private:
   const std::unique_ptr<RandomAccessFile> file_;
+  const uint64_t data_offset_;  // after a .npy header; 0 for a raw file
   const uint64_t token_bytes_;
   const uint64_t seq_len_;
   const uint64_t num_samples_;
@@ -72,9 +76,50 @@ class RecordsDataset final : public Dataset {
   std::vector<SampleTensor> tensors_;
 };
 
+bool IsTokenDType(DType t) { return t == DType::kUInt16 || t == DType::kUInt32; }
+
+// With a declared vocab_size: every token of a sample of the file (64 spans of 4 KiB spread
+// over it, the first and the last included) must be below it. A uint16 file read as uint32,
+// or float data read as tokens, shows values far beyond any vocabulary.
+absl::Status CheckVocabulary(const DatasetSpec& spec, const RandomAccessFile& file,
+                             uint64_t data_offset, DType dtype, uint64_t tokens) {
+  if (spec.vocab_size == 0) return absl::OkStatus();
+  const uint64_t token_bytes = DTypeSize(dtype);
+  constexpr uint64_t kSpans = 64, kSpanTokens = 4096 / 4;
+  std::vector<std::byte> buffer(kSpanTokens * token_bytes);
+  for (uint64_t k = 0; k < kSpans; ++k) {
+    const uint64_t span = std::min(kSpanTokens, tokens);
+    const uint64_t first = (tokens - span) * k / (kSpans - 1);
+    std::span<std::byte> bytes(buffer.data(), span * token_bytes);
+    GPUFEED_RETURN_IF_ERROR(file.ReadAt(data_offset + first * token_bytes, bytes));
+    for (uint64_t i = 0; i < span; ++i) {
+      uint64_t v = 0;
+      if (dtype == DType::kUInt16) {
+        uint16_t t;
+        std::memcpy(&t, bytes.data() + i * 2, 2);
+        v = t;
+      } else {
+        uint32_t t;
+        std::memcpy(&t, bytes.data() + i * 4, 4);
+        v = t;
+      }
+      if (v >= spec.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dataset.vocab_size: ", spec.path, " holds token ", v, " at index ", first + i,
+            ", not below vocab_size ", spec.vocab_size, " (read as ", DTypeName(dtype),
+            "): is token_dtype right? A uint16 file read as uint32, or float data, looks so"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A raw file of uint16/uint32 tokens (token_dtype given, uint16 when unset), or a .npy file
+// written by np.save, read through its header: its dtype is the token type, and a token_dtype
+// that contradicts it is refused.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const DatasetSpec& spec,
                                                     std::unique_ptr<RandomAccessFile> file) {
-  if (spec.token_dtype != DType::kUInt16 && spec.token_dtype != DType::kUInt32) {
+  if (spec.token_dtype != DType::kUnspecified && !IsTokenDType(spec.token_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.token_dtype: tokens must be uint16 or uint32, got ",
         DTypeName(spec.token_dtype)));
@@ -83,23 +128,61 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const DatasetSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.seq_len: must be >= 1, got ", spec.seq_len));
   }
-  const uint64_t token_bytes = DTypeSize(spec.token_dtype);
   if (file->size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", spec.path, " is empty"));
   }
-  if (file->size() % token_bytes != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.path: ", spec.path, " holds ", file->size(), " bytes, not a whole number of ",
-        DTypeName(spec.token_dtype), " tokens"));
+  std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
+  GPUFEED_RETURN_IF_ERROR(file->ReadAt(
+      0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
+  DType dtype = spec.token_dtype == DType::kUnspecified ? DType::kUInt16 : spec.token_dtype;
+  uint64_t offset = 0, tokens = 0;
+  if (absl::StartsWith(prefix, kNpyMagic)) {
+    absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
+    if (!header.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", spec.path, ": ", header.status().message()));
+    }
+    if (!IsTokenDType(header->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", spec.path, " is a .npy array of ", DTypeName(header->dtype),
+          "; tokens must be uint16 or uint32"));
+    }
+    if (spec.token_dtype != DType::kUnspecified && spec.token_dtype != header->dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.token_dtype: ", DTypeName(spec.token_dtype), ", but ", spec.path,
+          " is a .npy array of ", DTypeName(header->dtype),
+          " (its header says so); leave token_dtype unset or set it to ",
+          DTypeName(header->dtype)));
+    }
+    dtype = header->dtype;
+    __uint128_t count = 1;
+    for (int64_t d : header->shape) count *= static_cast<uint64_t>(d);
+    const __uint128_t need = header->data_offset + count * DTypeSize(dtype);
+    if (need > file->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", spec.path, " is truncated: its .npy header promises ",
+          static_cast<uint64_t>(count), " tokens, the file holds ",
+          (file->size() - header->data_offset) / DTypeSize(dtype)));
+    }
+    offset = header->data_offset;
+    tokens = static_cast<uint64_t>(count);
+  } else {
+    const uint64_t token_bytes = DTypeSize(dtype);
+    if (file->size() % token_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", spec.path, " holds ", file->size(), " bytes, not a whole number of ",
+          DTypeName(dtype), " tokens"));
+    }
+    tokens = file->size() / token_bytes;
   }
-  const uint64_t tokens = file->size() / token_bytes;
+  if (tokens < 2 || (tokens - 1) / static_cast<uint64_t>(spec.seq_len) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.seq_len: ", spec.seq_len, " needs at least ",
+        static_cast<uint64_t>(spec.seq_len) + 1, " tokens, but ", spec.path, " holds ", tokens));
+  }
+  GPUFEED_RETURN_IF_ERROR(CheckVocabulary(spec, *file, offset, dtype, tokens));
   const uint64_t num_samples = (tokens - 1) / static_cast<uint64_t>(spec.seq_len);
-  if (num_samples == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.seq_len: ", spec.seq_len, " needs at least ", spec.seq_len + 1,
-        " tokens, but ", spec.path, " holds ", tokens));
-  }
-  return std::make_unique<TokensDataset>(std::move(file), spec.token_dtype, spec.seq_len,
+  return std::make_unique<TokensDataset>(std::move(file), offset, dtype, spec.seq_len,
                                          num_samples);
 }
 

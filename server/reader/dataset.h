@@ -25,8 +25,9 @@ enum class BadSamplePolicy { kSkip = 1, kFail = 2 };
 struct DatasetSpec {
   DatasetKind kind = DatasetKind::kUnspecified;
   std::string path;
-  DType token_dtype = DType::kUnspecified;  // tokens
+  DType token_dtype = DType::kUnspecified;  // tokens: unset = the .npy header's, or uint16
   int64_t seq_len = 0;                      // tokens
+  uint64_t vocab_size = 0;                  // tokens: checked on a sample at open; 0 = not
   std::vector<PipelineStep> pipeline;       // image_folder
   BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
   uint64_t max_pixels = 64'000'000;                      // image_folder

@@ -18,6 +18,9 @@ struct NpyHeader {
   uint64_t data_offset = 0;  // first byte of the array data
 };
 
+// The first bytes of every .npy file.
+inline constexpr char kNpyMagic[] = "\x93NUMPY";
+
 // Bytes to read from the start of a file to be sure to hold any header we accept.
 inline constexpr uint64_t kNpyMaxHeaderBytes = 1 << 16;
 

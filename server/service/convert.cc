@@ -114,9 +114,11 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   if (spec.feed.dataset.kind == DatasetKind::kTokens) {
     spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
     spec.feed.dataset.seq_len = d.seq_len();
-  } else if (d.token_dtype() != v1::DTYPE_UNSPECIFIED || d.seq_len() != 0) {
+    spec.feed.dataset.vocab_size = d.vocab_size();
+  } else if (d.token_dtype() != v1::DTYPE_UNSPECIFIED || d.seq_len() != 0 ||
+             d.vocab_size() != 0) {
     return absl::InvalidArgumentError(
-        "dataset.token_dtype, dataset.seq_len: only for kind tokens");
+        "dataset.token_dtype, dataset.seq_len, dataset.vocab_size: only for kind tokens");
   }
 
   switch (r.delivery().kind()) {
@@ -228,6 +230,7 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
   d->set_path(f.spec.dataset.path);
   d->set_token_dtype(static_cast<v1::DType>(f.spec.dataset.token_dtype));
   d->set_seq_len(f.spec.dataset.seq_len);
+  d->set_vocab_size(f.spec.dataset.vocab_size);
   out->set_num_samples(static_cast<int64_t>(f.num_samples));
   out->set_batch_size(f.spec.batch_size);
   out->set_world_size(f.spec.world_size);

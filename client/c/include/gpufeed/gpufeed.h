@@ -102,7 +102,7 @@ const char* gpufeed_last_error(void);
  * "device"), gpu ("" = current device, "cuda:N" or a "GPU-..." UUID), ipc ("auto", "vmm",
  * "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto", "cpu", "nvjpeg") and
  * augment ("auto", "cpu", "gpu") for image datasets (strings);
- * rank, world_size, seq_len, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
+ * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
  * start_step, stop_epoch, rpc_timeout_ms (integers). An unknown key is INVALID_ARGUMENT. */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
 void gpufeed_options_destroy(gpufeed_options* options);

@@ -41,7 +41,11 @@ struct AttachOptions {
   int32_t world_size = 1;
   std::string kind = "tokens";  // tokens | records | image_folder
   std::string dataset;          // absolute path as the daemon sees it
-  std::string token_dtype = "uint16";  // tokens: uint16 | uint32
+  // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
+  std::string token_dtype;
+  // tokens: when > 0, Attach checks a sample of the file's tokens against it (a wrong
+  // token_dtype shows as tokens beyond any vocabulary).
+  int64_t vocab_size = 0;
   int64_t seq_len = 0;                 // tokens
   int64_t batch_size = 0;              // per rank
   uint64_t seed = 0;

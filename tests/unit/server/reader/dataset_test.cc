@@ -250,8 +250,6 @@ TEST(DatasetErrorsTest, TokenDtypeMustBeUint16OrUint32) {
       OpenDataset(TokensSpec("/t", DType::kFloat32, 4), &fs);
   ExpectError(ds, absl::StatusCode::kInvalidArgument, "dataset.token_dtype");
   EXPECT_THAT(ds.status().message(), HasSubstr("float32"));
-  ExpectError(OpenDataset(TokensSpec("/t", DType::kUnspecified, 4), &fs),
-              absl::StatusCode::kInvalidArgument, "dataset.token_dtype");
   ExpectError(OpenDataset(TokensSpec("/t", DType::kUInt8, 4), &fs),
               absl::StatusCode::kInvalidArgument, "dataset.token_dtype");
 }
@@ -564,6 +562,117 @@ TEST_P(RealFileDatasetTest, CheckNotShrunkIsOkForAnIntactOrGrownFile) {
   }
   EXPECT_TRUE((*ds)->CheckNotShrunk().ok());
   EXPECT_EQ((*ds)->num_samples(), 10u);
+}
+
+}  // namespace
+}  // namespace gpufeed::server
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::FakeFileSystem;
+using ::gpufeed::testing::NpyFile;
+using ::testing::HasSubstr;
+
+// Issue 10, section 4: tokens files are checked, not guessed.
+
+// A .npy of tokens (np.save) is read through its header: the same samples as the raw file,
+// the dtype from the header whether token_dtype is unset or agrees.
+TEST(TokensNpyTest, ReadThroughItsHeaderWithTheHeadersDtype) {
+  FakeFileSystem fs;
+  const std::string raw16 = TokenBytes(101, 2), raw32 = TokenBytes(101, 4);
+  fs.AddFile("/t16.npy", NpyFile("<u2", "(101,)", raw16));
+  fs.AddFile("/t32.npy", NpyFile("<u4", "(101,)", raw32));
+  ExpectTokensDataset(&fs, "/t16.npy", raw16, DType::kUInt16, 2, 10);
+  ExpectTokensDataset(&fs, "/t32.npy", raw32, DType::kUInt32, 4, 10);
+  for (const char* path : {"/t16.npy", "/t32.npy"}) {
+    auto ds = OpenDataset(TokensSpec(path, DType::kUnspecified, 2), &fs);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const DType want = std::string(path) == "/t16.npy" ? DType::kUInt16 : DType::kUInt32;
+    EXPECT_EQ((*ds)->tensors()[0].dtype, want) << path;
+    EXPECT_EQ((*ds)->num_samples(), 50u);
+    // Sample 3: tokens 6..8, read after the header, not from byte 0.
+    const std::string& raw = want == DType::kUInt16 ? raw16 : raw32;
+    const size_t w = want == DType::kUInt16 ? 2 : 4;
+    EXPECT_EQ(*ReadOne(**ds, 3), raw.substr(6 * w, 3 * w)) << path;
+  }
+  // A raw file with token_dtype unset is uint16, as before.
+  fs.AddFile("/raw", raw16);
+  auto raw = OpenDataset(TokensSpec("/raw", DType::kUnspecified, 2), &fs);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ((*raw)->tensors()[0].dtype, DType::kUInt16);
+}
+
+TEST(TokensNpyTest, AHeaderThatContradictsTokenDtypeIsRefused) {
+  FakeFileSystem fs;
+  fs.AddFile("/t.npy", NpyFile("<u2", "(101,)", TokenBytes(101, 2)));
+  auto ds = OpenDataset(TokensSpec("/t.npy", DType::kUInt32, 2), &fs);
+  ExpectError(ds, absl::StatusCode::kInvalidArgument, "dataset.token_dtype: uint32");
+  EXPECT_THAT(ds.status().message(), HasSubstr("/t.npy is a .npy array of uint16"));
+  EXPECT_THAT(ds.status().message(), HasSubstr("set it to uint16"));
+}
+
+TEST(TokensNpyTest, AFloatOrSignedNpyIsNotTokens) {
+  FakeFileSystem fs;
+  fs.AddFile("/f.npy", NpyFile("<f4", "(100,)", std::string(400, '\0')));
+  fs.AddFile("/i.npy", NpyFile("<i8", "(100,)", std::string(800, '\0')));
+  auto f = OpenDataset(TokensSpec("/f.npy", DType::kUnspecified, 2), &fs);
+  ExpectError(f, absl::StatusCode::kInvalidArgument, "/f.npy is a .npy array of float32");
+  EXPECT_THAT(f.status().message(), HasSubstr("tokens must be uint16 or uint32"));
+  ExpectError(OpenDataset(TokensSpec("/i.npy", DType::kUInt16, 2), &fs),
+              absl::StatusCode::kInvalidArgument, "/i.npy is a .npy array of int64");
+}
+
+TEST(TokensNpyTest, ATruncatedNpyIsRefusedNamingTheCounts) {
+  FakeFileSystem fs;
+  fs.AddFile("/t.npy", NpyFile("<u2", "(101,)", TokenBytes(90, 2)));
+  auto ds = OpenDataset(TokensSpec("/t.npy", DType::kUnspecified, 2), &fs);
+  ExpectError(ds, absl::StatusCode::kInvalidArgument, "/t.npy is truncated");
+  EXPECT_THAT(ds.status().message(), HasSubstr("promises 101 tokens, the file holds 90"));
+}
+
+DatasetSpec WithVocabulary(DatasetSpec spec, uint64_t vocab_size) {
+  spec.vocab_size = vocab_size;
+  return spec;
+}
+
+// A uint16 file read as uint32, and float32 data read as tokens, show tokens no vocabulary
+// has: with vocab_size declared they are refused at open, naming the token and its index.
+TEST(TokensVocabularyTest, WrongTokenDtypeIsCaughtByTheVocabularyCheck) {
+  FakeFileSystem fs;
+  std::string gpt2;  // uint16 tokens below GPT-2's 50257
+  for (uint32_t t = 0; t < 100000; ++t) {
+    const uint16_t v = static_cast<uint16_t>((t * 7919u) % 50257u);
+    gpt2.append(reinterpret_cast<const char*>(&v), 2);
+  }
+  fs.AddFile("/gpt2.bin", gpt2);
+  EXPECT_TRUE(OpenDataset(WithVocabulary(TokensSpec("/gpt2.bin", DType::kUInt16, 64), 50257), &fs).ok());
+  auto wide = OpenDataset(WithVocabulary(TokensSpec("/gpt2.bin", DType::kUInt32, 64), 50257), &fs);
+  ExpectError(wide, absl::StatusCode::kInvalidArgument, "dataset.vocab_size: /gpt2.bin holds token ");
+  EXPECT_THAT(wide.status().message(), HasSubstr("not below vocab_size 50257 (read as uint32)"));
+  EXPECT_THAT(wide.status().message(), HasSubstr("is token_dtype right?"));
+
+  std::string floats;
+  for (int i = 0; i < 4096; ++i) {
+    const float f = 1.0f + static_cast<float>(i) / 4096;
+    floats.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  fs.AddFile("/floats.bin", floats);
+  ExpectError(OpenDataset(WithVocabulary(TokensSpec("/floats.bin", DType::kUInt32, 8), 50257), &fs),
+              absl::StatusCode::kInvalidArgument, "dataset.vocab_size: /floats.bin holds token 1065353216 at index 0");
+  // Without vocab_size nothing is checked (the raw file cannot say).
+  EXPECT_TRUE(OpenDataset(TokensSpec("/floats.bin", DType::kUInt32, 8), &fs).ok());
+}
+
+// The sample reaches the end of the file: a bad token in the last span is found.
+TEST(TokensVocabularyTest, TheLastTokensAreSampledToo) {
+  FakeFileSystem fs;
+  std::string bytes(2 * 300000, '\0');
+  const uint16_t big = 60000;
+  std::memcpy(bytes.data() + bytes.size() - 2, &big, 2);
+  fs.AddFile("/t.bin", bytes);
+  ExpectError(OpenDataset(WithVocabulary(TokensSpec("/t.bin", DType::kUInt16, 64), 50257), &fs),
+              absl::StatusCode::kInvalidArgument, "holds token 60000 at index 299999");
 }
 
 }  // namespace

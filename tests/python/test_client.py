@@ -385,3 +385,34 @@ def test_a_forked_child_does_not_release_the_parents_slots(daemon, job, datasets
             b.release()
         assert np.array_equal(held.numpy()["data"], before)
         assert np.array_equal(before, expected[held.ids])
+
+
+def test_a_forked_child_can_neither_read_nor_detach_the_parents_session(daemon, job, datasets):
+    # The child's copy of the session is the parent's: next() says so instead of hanging on
+    # the parent's connection, and close() forgets it without detaching the parent.
+    expected = np.load(datasets.records)
+    with gpufeed.Client(daemon.socket).attach(datasets.records, kind="records", batch_size=10,
+                                              ring_slots=2, job=job) as s:
+        first = s.next(timeout=20)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                try:
+                    s.next(timeout=1)
+                except gpufeed.FailedPrecondition as e:
+                    if str(e) == (f"the session belongs to process {os.getppid()}; a forked "
+                                  "child cannot use it (attach in the child)"):
+                        code = 2
+                s.close()
+                code = 0 if code == 2 and s.closed else 3
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not s.closed
+        assert np.array_equal(first.numpy()["data"], expected[first.ids])
+        for step in range(1, 20):  # still attached: the parent's stream goes on
+            batch = s.next(timeout=20)
+            assert (batch.epoch, batch.step) == divmod(step, 15)
+            assert np.array_equal(batch.numpy()["data"], expected[batch.ids])
+            del batch

@@ -13,8 +13,8 @@ delivery) or in the GPU (device delivery); nothing is copied::
 
 Lifetime: a batch holds one slot of the ring. The slot returns to the daemon when the
 :class:`Batch`, its :class:`Tensor` objects and every array made from them are all garbage,
-or at once on :meth:`Batch.release` (after which those arrays must not be read: the daemon
-refills the slot). The daemon never writes a slot the consumer still holds, so a session
+or at once on :meth:`Batch.release` (you are done with those arrays: the daemon refills the
+slot). The daemon never writes a slot the consumer still holds, so a session
 holding every slot of its ring gets no further batch until it lets one go.
 """
 
@@ -298,7 +298,7 @@ class Batch:
 
     @property
     def released(self) -> bool:
-        """Whether the slot was returned (explicitly); its tensors must not be read then."""
+        """Whether :meth:`release` returned the slot (the daemon may have refilled it)."""
         return self._lease.released
 
     def valid_mask(self) -> np.ndarray:
@@ -362,6 +362,9 @@ class Session:
     def _live(self) -> _SessionHandle:
         if self._handle is None:
             raise FailedPrecondition("the session is closed")
+        if self._handle.pid != os.getpid():
+            raise FailedPrecondition(f"the session belongs to process {self._handle.pid}; a "
+                                     "forked child cannot use it (attach in the child)")
         return self._handle
 
     def next(self, timeout: Optional[float] = None) -> Batch:
@@ -415,10 +418,16 @@ class Session:
 
     def close(self) -> None:
         """Detaches from the daemon (idempotent). Batches still held stay readable; the
-        mapping goes away with the last of them."""
+        mapping goes away with the last of them. In a forked child it only forgets the
+        parent's session."""
         handle, self._handle = self._handle, None
-        if handle is not None:
+        if handle is not None and handle.pid == os.getpid():
             _check(handle.lib, handle.lib.gpufeed_detach(handle.ptr))
+
+    def _abandon(self) -> None:
+        """Closes this object without detaching: the session stays attached, its slots held,
+        until the last batch that refers to it is garbage (its handle then detaches)."""
+        self._handle = None
 
     def __enter__(self) -> "Session":
         return self

@@ -18,20 +18,26 @@ Rank and world size come from torchrun's ``RANK`` / ``WORLD_SIZE``, the job name
 (device delivery: the batch lands in that GPU), else host memory.
 
 **Lifetime of a batch's tensors.** The tensors are views of one slot of the session's ring
-(``ring_slots`` deep). The slot goes back to the daemon
+(``ring_slots`` deep). The slot goes back to the daemon only when nothing can read it any
+more: when the batch and every tensor and view of it are garbage, or on
+:meth:`Batch.release` (also on leaving ``with batch:``). Nothing else recycles it:
 
-- when every tensor of the batch (and every view of them) has been garbage collected, or
-- at the latest when the iterator has yielded ``ring_slots - 1`` further batches (so the
-  daemon always has a slot to fill ahead of the consumer).
+- When the loader needs a slot for the next batch and the batches you hold fill the ring, it
+  moves the oldest held batch whose tensors are referenced only by its :class:`Batch` dict
+  into owned memory (the dict's values become copies, equal to the slot's bytes) and returns
+  that slot. So ``list(loader)``, or holding batches for later, gives exact batches.
+- If every held batch has tensors or views referenced outside its dict (``x = batch["data"]``
+  kept), nothing can be moved: :class:`~gpufeed.ResourceExhausted` says how many batches are
+  held; the loader's position stays at the batch not yielded.
+- Closing the loader moves its held batches the same way; a batch whose tensors are
+  referenced elsewhere keeps the session, and its ring, until they are garbage. Iterating
+  after :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to another position (which
+  attaches anew) does the same, or raises :class:`~gpufeed.FailedPrecondition` when a batch
+  cannot be moved.
 
-From then on the daemon refills the slot: **old tensors must not be read** after that; keep
-``.clone()`` of what you need, or pass ``copy=True`` to get owned tensors (the slot then
-goes back at once). A slot whose tensors are still referenced is never refilled before that
-point. Closing the loader (or :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to
-another position, which attaches anew) ends the old session: its batches stay readable
-memory but are no longer protected. Host tensors are views of memory the consumer maps
-writable: an in-place operation on a batch you hold (``x.add_(1)``) changes that slot only,
-which the daemon neither reads back nor refills before its release.
+Host tensors are views of memory the consumer maps writable: an in-place operation on a batch
+you hold (``x.add_(1)``) changes that slot only, which the daemon neither reads back nor
+refills before its release.
 
 Device delivery: before yielding a batch the loader makes the current CUDA stream wait for
 it (no host synchronisation); its slot is released after the work queued on that stream, so
@@ -45,10 +51,12 @@ per batch, and the slot goes back at once.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import os
 import warnings
 import weakref
-from typing import Any, Deque, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -56,7 +64,7 @@ import torch
 from gpufeed.client import Batch as _CoreBatch
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
-from gpufeed.errors import FailedPrecondition, InvalidArgument
+from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 
 __all__ = ["Batch", "Loader"]
 
@@ -87,13 +95,21 @@ class Batch(dict):
     """Sample ids of the rows (int64 numpy array)."""
     valid_count: int
     """Rows ``[0, valid_count)`` are real samples; the rest pad the epoch's last batch."""
-    _lease: Optional[_Lease] = None  # the slot its tensors view; None for owned copies
+    _lease: Optional[_Lease] = None  # the slot its tensors view; None for owned tensors
+    # name -> the tensor put there that views the slot (weak: the dict holds it)
+    _slot_tensors: Dict[str, "weakref.ref[torch.Tensor]"] = {}
+    _stream: Optional["torch.cuda.Stream"] = None  # device: the stream the batch was ready on
+
+    @property
+    def in_place(self) -> bool:
+        """True while the tensors are views of the session's ring slot; False for owned
+        tensors (``copy=True``, widened types, or a batch the loader moved into owned memory
+        to return its slot)."""
+        return self._lease is not None
 
     @property
     def released(self) -> bool:
-        """True once the slot these tensors view went back to the daemon (the loader moved
-        ``ring_slots - 1`` batches on, or :meth:`release`): they must not be read then.
-        Always False for owned tensors (``copy=True``, widened types)."""
+        """True once :meth:`release` returned the slot these tensors view."""
         return self._lease is not None and self._lease.released
 
     def __reduce__(self):
@@ -101,12 +117,48 @@ class Batch(dict):
         return (_restore_batch, (dict(self), self.epoch, self.step, self.ids, self.valid_count))
 
     def release(self) -> None:
-        """Returns the slot now, before garbage collection would (e.g. once the batch was
-        copied to the GPU); the tensors must not be read afterwards. Device delivery: the
-        daemon refills the slot only after the work queued so far on the stream that was
-        current when the batch was yielded."""
+        """Returns the slot now, without waiting for garbage collection (e.g. once the batch
+        was copied to the GPU): you are done with the tensors, and the daemon writes the next
+        batch there. Device delivery: the daemon writes the slot only after the work queued
+        so far on the stream that was current when the batch was yielded."""
         if self._lease is not None:
             self._lease.release()
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _own(self) -> bool:
+        """Moves the tensors that view the slot into owned memory, in this dict, and drops
+        the dict's hold on the slot; True if that returned the slot (nothing else referred
+        to it). Otherwise the dict is left as it was (False)."""
+        lease = self._lease
+        if lease is None or lease.released:
+            return True
+        # The copies are ordered after the batch's arrival (device: on its stream), and the
+        # slot's release after the copies (the lease's release follows the same stream).
+        stream = self._stream
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            copies = {name: tensor.clone() for name, tensor in self.items()
+                      if name in self._slot_tensors and tensor is self._slot_tensors[name]()}
+        originals = {name: weakref.ref(self[name]) for name in copies}
+        held = weakref.ref(lease)
+        self.update(copies)
+        self._lease, self._slot_tensors, self._stream = None, {}, None
+        del lease, copies
+        if held() is None:  # nothing else referred to the slot: released by its finalizer
+            return True
+        # A tensor or view taken out of the dict still reads the slot: put the dict back.
+        for name, ref in originals.items():
+            tensor = ref()
+            if tensor is not None:
+                self[name] = tensor
+                self._slot_tensors[name] = ref
+        self._lease, self._stream = held(), stream
+        return False
 
 
 def _restore_batch(tensors: Dict[str, Any], epoch: int, step: int, ids: np.ndarray,
@@ -116,9 +168,40 @@ def _restore_batch(tensors: Dict[str, Any], epoch: int, step: int, ids: np.ndarr
     return batch
 
 
-def _leased(ref: "weakref.ref[_Lease]") -> bool:
-    lease = ref()
-    return lease is not None and not lease.released
+class _Held(NamedTuple):
+    """A batch the loader yielded in place, while its slot may still be held."""
+
+    epoch: int
+    step: int
+    batch: "weakref.ref[Batch]"
+    lease: "weakref.ref[_Lease]"
+
+    def holds_slot(self) -> bool:
+        lease = self.lease()
+        return lease is not None and not lease.released
+
+
+def _describe(held: Sequence[_Held]) -> str:
+    """``"2 batches: epoch 0 steps 3, 4"``."""
+    by_epoch: Dict[int, List[str]] = {}
+    for h in held:
+        by_epoch.setdefault(h.epoch, []).append(str(h.step))
+    where = "; ".join(f"epoch {e} step{'s' if len(steps) > 1 else ''} {', '.join(steps)}"
+                      for e, steps in by_epoch.items())
+    return f"{len(held)} batch{'es' if len(held) != 1 else ''}: {where}"
+
+
+# Sessions a closed Loader left attached because batches of theirs are still referenced
+# outside their dicts (the session ends with the last of them): (socket, job, rank) -> the
+# batches, to explain the daemon's ALREADY_EXISTS when that job and rank attach again.
+_LINGERING: List[Tuple[Tuple[str, Optional[str], int], List[_Held]]] = []
+
+
+def _lingering(key: Tuple[str, Optional[str], int]) -> List[_Held]:
+    """The batches still holding a closed loader's session for ``key`` (pruned)."""
+    _LINGERING[:] = [(k, [h for h in held if h.holds_slot()]) for k, held in _LINGERING]
+    _LINGERING[:] = [(k, held) for k, held in _LINGERING if held]
+    return [h for k, held in _LINGERING if k == key for h in held]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -189,8 +272,9 @@ class Loader:
         job: the job's name, shared by its ranks; defaults to ``$TORCHELASTIC_RUN_ID``, else
             the daemon's ``"default"``. Two loaders of one process (train and eval) need
             different job names.
-        ring_slots: slots in the ring (1-64); ``None``: the daemon's default. Bounds how many
-            batches stay valid at once (``ring_slots - 1``).
+        ring_slots: slots in the ring (1-64); ``None``: the daemon's default. How many
+            batches you can hold in place at once; beyond, held batches are copied (see the
+            module's notes on lifetime).
         decode: image_folder, device delivery: ``"auto"`` (nvJPEG where the daemon has it),
             ``"cpu"`` or ``"nvjpeg"``. Passed to the C library only when not ``"auto"``.
         augment: image_folder, device delivery: where the crop/resize/flip/normalize ops
@@ -200,7 +284,7 @@ class Loader:
             ``"fail"`` (:class:`~gpufeed.DataLoss` naming the file).
         socket: gpufeedd's socket; default ``$GPUFEED_SOCKET``, then
             ``/run/gpufeed/gpufeed.sock``.
-        copy: yield owned copies (valid forever) and return each slot at once.
+        copy: yield owned copies and return each slot at once.
         timeout: seconds to wait for a batch before :class:`~gpufeed.DeadlineExceeded`;
             ``None`` waits as long as it takes.
 
@@ -262,7 +346,8 @@ class Loader:
         self._position = Position(0, 0)
         self._loaded: Optional[Position] = None  # a loaded position, until iteration starts
         self._session: Optional[Session] = None
-        self._held: Deque["weakref.ref[_Lease]"] = collections.deque()
+        self._held: Deque[_Held] = collections.deque()  # yielded in place, oldest first
+        self._pid = os.getpid()  # the process that attached
         self._generation = 0
         self._widen_warned = False
         self.info: SessionInfo
@@ -339,37 +424,81 @@ class Loader:
         if self._session is not None and not self._session.closed:
             if self._session.position() == position:
                 return self._session
+            # Ending the session returns its ring: first every batch still held must be
+            # moved out of it.
+            if not self._own_held(0):
+                gc.collect()  # batches only reference cycles still reach
+                if not self._own_held(0):
+                    at = self._session.position()
+                    raise FailedPrecondition(
+                        f"gpufeed.torch.Loader: going to epoch {position.epoch} step "
+                        f"{position.step} attaches anew and ends the session at epoch "
+                        f"{at.epoch} step {at.step}, whose ring still holds batches you "
+                        "reference through tensors or views taken out of them "
+                        f"({_describe(self._held)}); drop those references (del, "
+                        "batch.release()) or keep .clone()s, then iterate again")
             self.close()
         start = (position.epoch, position.step)
-        self._session = self._client.attach(self._dataset, start=start, **self._options)
+        key = (self._client.socket, self.job, self.rank)
+        try:
+            self._session = self._client.attach(self._dataset, start=start, **self._options)
+        except AlreadyExists as e:
+            if not _lingering(key):
+                raise
+            gc.collect()  # the batches holding that session may be garbage in cycles
+            held = _lingering(key)
+            if held:
+                raise AlreadyExists(
+                    f"{e.message}: by a closed gpufeed.torch.Loader of this process, which "
+                    "stays attached while you reference its batches through tensors or views "
+                    f"taken out of them ({_describe(held)}); drop those references or keep "
+                    ".clone()s") from None
+            self._session = self._client.attach(self._dataset, start=start, **self._options)
+        self._pid = os.getpid()
         self.info = self._session.info
         return self._session
 
     def _next(self, session: Session) -> Batch:
-        ring = session.info.ring_slots
-        # The slot for this batch is free once at most ring - 1 are held (ring 1: none).
-        self._prune()
-        while len(self._held) >= ring:
-            self._release_oldest()
+        self._make_room(session.info.ring_slots)
         core = session.next(timeout=self.timeout)
         step = core.step + 1
         self._position = (Position(core.epoch, step) if step < session.info.steps_per_epoch
                           else Position(core.epoch + 1, 0))
         batch, zero_copy = self._to_torch(core)
         if zero_copy:
-            self._held.append(weakref.ref(core._lease))
-            while len(self._held) > max(1, ring - 1):
-                self._release_oldest()
+            self._held.append(_Held(core.epoch, core.step, weakref.ref(batch),
+                                    weakref.ref(core._lease)))
         return batch
 
-    def _prune(self) -> None:
-        """Forgets batches already returned (garbage collected or released)."""
-        self._held = collections.deque(r for r in self._held if _leased(r))
+    def _make_room(self, ring: int) -> None:
+        """Leaves the daemon a slot for the next batch: when the batches still referenced fill
+        the ring, moves the oldest one it can into owned memory; raises
+        :class:`~gpufeed.ResourceExhausted` when none can be."""
+        if self._own_held(ring - 1):
+            return
+        gc.collect()  # batches only reference cycles still reach
+        if self._own_held(ring - 1):
+            return
+        raise ResourceExhausted(
+            f"gpufeed.torch.Loader: every slot of the ring ({ring}) holds a batch you still "
+            "reference through tensors or views taken out of it "
+            f"({_describe(self._held)}), so the next batch has nowhere to go; drop those "
+            "references (del, batch.release(), 'with batch:'), keep .clone()s, or pass "
+            "copy=True or more ring_slots")
 
-    def _release_oldest(self) -> None:
-        lease = self._held.popleft()()
-        if lease is not None:
-            lease.release()
+    def _own_held(self, most: int) -> bool:
+        """Moves held batches, oldest first, into owned memory until at most ``most`` slots
+        are held; whether that was reached. A batch whose tensors or views are referenced
+        outside its dict stays as it is."""
+        self._held = collections.deque(h for h in self._held if h.holds_slot())
+        for held in list(self._held):
+            if len(self._held) <= most:
+                break
+            batch = held.batch()
+            if batch is not None and batch._own():
+                self._held = collections.deque(h for h in self._held if h.holds_slot())
+            del batch
+        return len(self._held) <= most
 
     # ---- conversion ----
 
@@ -382,13 +511,15 @@ class Loader:
             core.wait_ready(stream)
             core._lease.stream = stream  # a release by garbage collection follows this stream
         out = Batch()
-        zero_copy = False
+        in_place: Dict[str, "weakref.ref[torch.Tensor]"] = {}
         for name, tensor in core.tensors.items():
             x, viewing = self._tensor(tensor, cuda)
             if viewing and self.copy:
                 x, viewing = x.clone(), False
             out[name] = x
-            zero_copy = zero_copy or viewing
+            if viewing:
+                in_place[name] = weakref.ref(x)
+        zero_copy = bool(in_place)
         if not self.drop_last:
             if cuda:
                 out["valid"] = torch.arange(core.batch_size, device=self.device) < core.valid_count
@@ -397,7 +528,9 @@ class Loader:
         out.epoch, out.step, out.ids, out.valid_count = (core.epoch, core.step, core.ids,
                                                          core.valid_count)
         if zero_copy:
-            out._lease = core._lease
+            out._lease, out._slot_tensors = core._lease, in_place
+            if cuda:
+                out._stream = torch.cuda.current_stream(self.device)
         else:
             core.release(stream)  # every tensor is a copy: the slot can go back now
         return out, zero_copy
@@ -434,12 +567,26 @@ class Loader:
     # ---- lifetime ----
 
     def close(self) -> None:
-        """Detaches from the daemon (idempotent). Batches still held stay readable memory,
-        but their slots are no longer protected from reuse. Iterating again attaches anew."""
+        """Detaches from the daemon (idempotent). Batches still held are moved into owned
+        memory first; one whose tensors or views are referenced outside its dict keeps the
+        session attached, and its slot unchanged, until they are garbage. Iterating again
+        attaches anew."""
         session, self._session = self._session, None
-        self._held.clear()
-        if session is not None:
-            session.close()
+        held, self._held = self._held, collections.deque()
+        if session is None:
+            return
+        if os.getpid() == self._pid:  # a forked child leaves the parent's batches alone
+            self._held = held
+            try:
+                self._own_held(0)
+            finally:
+                held, self._held = self._held, collections.deque()
+            if held:
+                _lingering((self._client.socket, self.job, self.rank))  # prunes
+                _LINGERING.append(((self._client.socket, self.job, self.rank), list(held)))
+                session._abandon()  # detached by the last of those batches
+                return
+        session.close()
 
     def __enter__(self) -> "Loader":
         return self

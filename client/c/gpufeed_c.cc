@@ -13,6 +13,7 @@ struct gpufeed_options {
 
 struct gpufeed_session {
   std::unique_ptr<gpufeed::client::Session> session;
+  std::string fingerprint;  // the feed's, from Attach
 };
 
 struct gpufeed_batch {
@@ -85,6 +86,8 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.decode = value;
   } else if (k == "augment") {
     o.augment = value;
+  } else if (k == "start_fingerprint") {
+    o.start.fingerprint = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }
@@ -139,7 +142,8 @@ gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** 
   *out_session = nullptr;
   auto session = gpufeed::client::Session::Attach(options->attach);
   if (!session.ok()) return Fail(session.status());
-  *out_session = new gpufeed_session{std::move(*session)};
+  std::string fingerprint = (*session)->position().fingerprint;
+  *out_session = new gpufeed_session{std::move(*session), std::move(fingerprint)};
   return Ok();
 }
 
@@ -174,6 +178,14 @@ gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epo
   const gpufeed::client::Position p = session->session->position();
   *out_epoch = p.epoch;
   *out_step = p.step;
+  return Ok();
+}
+
+gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** out_fingerprint) {
+  if (session == nullptr || out_fingerprint == nullptr) {
+    return Invalid("session and out_fingerprint must not be NULL");
+  }
+  *out_fingerprint = session->fingerprint.c_str();
   return Ok();
 }
 

@@ -179,6 +179,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     request.mutable_start()->set_epoch(o.start.epoch);
     request.mutable_start()->set_step(o.start.step);
+    request.mutable_start()->set_fingerprint(o.start.fingerprint);
     request.set_stop_epoch(o.stop_epoch);
     if (!o.pipeline_json.empty()) {
       v1::Pipeline pipeline;
@@ -198,7 +199,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     steps_per_epoch_ = response.steps_per_epoch();
     stride_ = response.slot_stride_bytes();
     ring_slots_ = response.ring_slots();
-    position_ = {response.start().epoch(), response.start().step()};
+    position_ = {response.start().epoch(), response.start().step(), response.start().fingerprint()};
+    fingerprint_ = response.start().fingerprint();
 
     SessionInfo info;
     info.session_id = session_id_;
@@ -344,7 +346,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     }
     {
       absl::MutexLock lock(&mu_);
-      position_ = Advance({b.epoch(), b.step()}, steps_per_epoch_);
+      position_ = Advance({b.epoch(), b.step(), fingerprint_}, steps_per_epoch_);
     }
     return batch;
   }
@@ -411,7 +413,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
     v1::GetPositionResponse response;
     GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::GetPosition, request, &response,
                                  rpc_timeout_, "position"));
-    return Position{response.delivered().epoch(), response.delivered().step()};
+    return Position{response.delivered().epoch(), response.delivered().step(),
+                    response.delivered().fingerprint()};
   }
 
   absl::Status WaitReady(int32_t slot, void* stream) const {
@@ -506,6 +509,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   absl::Status end_ ABSL_GUARDED_BY(mu_);  // not OK once the stream is over
   Position position_ ABSL_GUARDED_BY(mu_);
+  std::string fingerprint_;  // the feed's, set once at Attach
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rejection_ ABSL_GUARDED_BY(mu_);
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
@@ -675,7 +679,7 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
     info.feed_key = s.feed_key();
     info.delivery = s.delivery() == v1::DELIVERY_KIND_DEVICE ? "device" : "host";
     info.gpu_uuid = s.gpu_uuid();
-    info.delivered = {s.delivered().epoch(), s.delivered().step()};
+    info.delivered = {s.delivered().epoch(), s.delivered().step(), ""};
     info.ring_slots = s.ring_slots();
     info.slots_leased = s.slots_leased();
     info.ring_bytes = s.ring_bytes();

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -70,6 +71,8 @@ consume flags:
   --max-batches N       stop after N batches (default: no limit)
   --start-epoch E0      resume at epoch E0 (default 0)
   --start-step S0       resume at step S0 of E0 (default 0)
+  --start-fingerprint F the fingerprint printed by the run that reached (E0, S0): refuses,
+                        naming each difference, a dataset or settings other than that run's
   --ring-slots K        ring depth (default: the daemon's)
   --step-ms MS          hold each batch MS milliseconds, as a training step would
   --timeout-ms MS       give up when no batch comes for MS milliseconds (default 60000)
@@ -103,7 +106,7 @@ const std::vector<std::string> kValueFlags = {
     "--max-batches", "--vocab-size", "--start-epoch", "--start-step", "--ring-slots", "--step-ms",
     "--timeout-ms",  "--ids",        "--device",      "--ipc",        "--pipeline",   "--bad-sample",
     "--decode",     "--augment",     "--dump",        "--interval",   "--count",
-    "--timeout"};
+    "--timeout",    "--start-fingerprint"};
 const std::vector<std::string> kSwitches = {"--no-shuffle", "--no-drop-last", "--checksum"};
 
 bool Contains(const std::vector<std::string>& v, const std::string& s) {
@@ -583,6 +586,7 @@ int Consume(const Args& args) {
     if (!ids_out) return Fail(absl::PermissionDeniedError(absl::StrCat("--ids: cannot write ", path)));
   }
   const bool checksum = args.values.contains("--checksum");
+  o.start.fingerprint = StringFlag(args, "--start-fingerprint", "");
   if (const std::string path = StringFlag(args, "--pipeline", ""); !path.empty()) {
     std::ifstream in(path);
     if (!in) return Fail(absl::NotFoundError(absl::StrCat("--pipeline: cannot read ", path)));
@@ -686,9 +690,10 @@ int Consume(const Args& args) {
     std::printf(
         "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
         "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
-        "\"position\":{\"epoch\":%ld,\"step\":%ld}%s}\n",
+        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":\"%s\"}%s}\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
         absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
+        absl::CHexEscape(pos.fingerprint).c_str(),
         checksum ? absl::StrCat(",\"checksum\":", sum).c_str() : "");
   } else {
     std::printf("rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
@@ -696,6 +701,8 @@ int Consume(const Args& args) {
                 o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs / 1e6,
                 absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step);
     if (checksum) std::printf("checksum %lu\n", sum);
+    // To resume: --start-epoch/--start-step from the line above, and this.
+    std::printf("fingerprint %s\n", pos.fingerprint.c_str());
   }
   return 0;
 }

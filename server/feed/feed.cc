@@ -1,11 +1,15 @@
 #include "server/feed/feed.h"
 
+#include <sys/stat.h>
+
 #include <stdlib.h>
 
 #include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "common/os/fd.h"
@@ -82,6 +86,104 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
   layout_.used_bytes = offset;
   layout_.stride_bytes = AlignUp(offset, PageSize());
   staged_layout_ = dataset_->StagedLayoutFor(spec_.batch_size);
+  fingerprint_ = MakeFingerprint();
+}
+
+namespace {
+
+// %-escapes the fingerprint's separators (and '%') in a value.
+std::string EscapeValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    switch (c) {
+      case '%': out += "%25"; break;
+      case ';': out += "%3B"; break;
+      case '=': out += "%3D"; break;
+      case '\n': out += "%0A"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> ParseFingerprint(absl::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view field : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    const size_t eq = field.find('=');
+    if (eq == absl::string_view::npos) {
+      out.emplace_back(std::string(field), "");
+    } else {
+      out.emplace_back(std::string(field.substr(0, eq)), std::string(field.substr(eq + 1)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Feed::MakeFingerprint() const {
+  std::vector<std::pair<std::string, std::string>> f;
+  const DatasetSpec& d = spec_.dataset;
+  const char* kinds[] = {"unspecified", "tokens", "records", "image_folder"};
+  const int kind = static_cast<int>(d.kind);
+  f.emplace_back("kind", kind >= 0 && kind < 4 ? kinds[kind] : absl::StrCat(kind));
+  f.emplace_back("path", d.path);
+  // The dataset's identity: what it holds, and when it last changed where the path is a
+  // real file or folder (a test's fake file system has no such thing).
+  struct stat st;
+  if (::stat(d.path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) f.emplace_back("bytes", absl::StrCat(st.st_size));
+    f.emplace_back("mtime_ns", absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                                            st.st_mtim.tv_nsec));
+  }
+  f.emplace_back("samples", absl::StrCat(dataset_->num_samples()));
+  std::vector<std::string> tensors;
+  for (const SampleTensor& t : dataset_->tensors()) {
+    tensors.push_back(absl::StrCat(t.name, ":", DTypeName(t.dtype), "[",
+                                   absl::StrJoin(t.shape, ","), "]"));
+  }
+  f.emplace_back("tensors", absl::StrJoin(tensors, " "));
+  if (d.kind == DatasetKind::kTokens) {
+    f.emplace_back("seq_len", absl::StrCat(d.seq_len));
+    f.emplace_back("vocab_size", absl::StrCat(d.vocab_size));
+  }
+  f.emplace_back("batch_size", absl::StrCat(spec_.batch_size));
+  f.emplace_back("world_size", absl::StrCat(spec_.world_size));
+  f.emplace_back("seed", absl::StrCat(spec_.seed));
+  f.emplace_back("shuffle", spec_.shuffle ? "true" : "false");
+  f.emplace_back("drop_last", spec_.drop_last ? "true" : "false");
+  if (d.kind == DatasetKind::kImageFolder) {
+    f.emplace_back("pipeline", PipelineCanonical(d.pipeline));
+    f.emplace_back("bad_sample", d.bad_sample == BadSamplePolicy::kFail ? "fail" : "skip");
+    f.emplace_back("max_pixels", absl::StrCat(d.max_pixels));
+  }
+  std::string out;
+  for (const auto& [name, value] : f) {
+    absl::StrAppend(&out, out.empty() ? "" : ";", name, "=", EscapeValue(value));
+  }
+  return out;
+}
+
+absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current) {
+  if (saved == current) return absl::OkStatus();
+  const auto a = ParseFingerprint(saved), b = ParseFingerprint(current);
+  std::vector<std::string> differ;
+  for (const auto& [name, value] : b) {
+    auto it = std::find_if(a.begin(), a.end(), [&](const auto& p) { return p.first == name; });
+    if (it == a.end()) {
+      differ.push_back(absl::StrCat(name, " (not in the saved position)"));
+    } else if (it->second != value) {
+      differ.push_back(absl::StrCat(name, " was ", it->second, ", is ", value));
+    }
+  }
+  for (const auto& [name, value] : a) {
+    auto it = std::find_if(b.begin(), b.end(), [&](const auto& p) { return p.first == name; });
+    if (it == b.end()) differ.push_back(absl::StrCat(name, " (no longer part of the feed)"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "start.fingerprint: the position was saved from another feed: ",
+      absl::StrJoin(differ, "; "),
+      ". Resume with the settings and data it was saved with, or start without it"));
 }
 
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode, std::byte* slot,

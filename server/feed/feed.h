@@ -58,6 +58,11 @@ class Feed {
 
   const FeedSpec& spec() const { return spec_; }
   const std::string& key() const { return key_; }
+  // What a saved position belongs to: the dataset's identity (path, size, mtime, samples,
+  // the resolved token dtype) and every setting that shapes the sample order or the batches,
+  // as "name=value;..." (values %-escaped). A position resumes only a feed of the same
+  // fingerprint (CompareFingerprints).
+  const std::string& fingerprint() const { return fingerprint_; }
   const Sampler& sampler() const { return *sampler_; }
   const Dataset& dataset() const { return *dataset_; }
   const SlotLayout& layout() const { return layout_; }
@@ -93,6 +98,8 @@ class Feed {
 
   const FeedSpec spec_;
   const std::string key_;
+  std::string fingerprint_;
+  std::string MakeFingerprint() const;
   const std::unique_ptr<Dataset> dataset_;
   const std::unique_ptr<Sampler> sampler_;
   SlotLayout layout_;
@@ -116,6 +123,10 @@ class FeedRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };
+
+// OK when a position saved with fingerprint `saved` may resume the feed of `current`;
+// FAILED_PRECONDITION naming every field that differs otherwise.
+absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current);
 
 // The stable, printable key of a canonical spec text (FNV-1a, 64 bits, hex).
 std::string FeedKeyOf(const std::string& canonical);

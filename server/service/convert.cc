@@ -64,6 +64,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   spec.feed.drop_last = r.drop_last();
   spec.ring_slots = r.ring_slots();
   spec.start = {r.start().epoch(), r.start().step()};
+  spec.start_fingerprint = r.start().fingerprint();
   spec.stop_epoch = r.stop_epoch();
 
   const v1::DatasetSpec& d = r.dataset();
@@ -178,6 +179,7 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     p->set_byte_size(t.byte_size);
   }
   ToProto(a.start, out->mutable_start());
+  out->mutable_start()->set_fingerprint(a.fingerprint);
   if (a.device) {
     v1::DeviceRing* d = out->mutable_device();
     d->set_ipc(a.device_ring.ipc == IpcKind::kLegacy ? v1::IPC_KIND_LEGACY : v1::IPC_KIND_VMM);

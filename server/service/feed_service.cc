@@ -273,7 +273,10 @@ grpc::ServerUnaryReactor* FeedService::GetPosition(grpc::CallbackServerContext* 
   auto* reactor = ctx->DefaultReactor();
   absl::StatusOr<std::shared_ptr<Session>> session =
       sessions_->Find(request->session_id(), request->token());
-  if (session.ok()) ToProto((*session)->delivered(), response->mutable_delivered());
+  if (session.ok()) {
+    ToProto((*session)->delivered(), response->mutable_delivered());
+    response->mutable_delivered()->set_fingerprint((*session)->feed().fingerprint());
+  }
   reactor->Finish(ToGrpcStatus(session.status()));
   return reactor;
 }

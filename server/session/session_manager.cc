@@ -160,6 +160,9 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed));
+  if (!spec.start_fingerprint.empty()) {
+    GPUFEED_RETURN_IF_ERROR(CompareFingerprints(spec.start_fingerprint, feed->fingerprint()));
+  }
   const int64_t steps = feed->sampler().steps_per_epoch();
   if (spec.start.step >= steps) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -243,6 +246,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   out.ring_slots = slots;
   out.layout = feed->layout();
   out.start = spec.start;
+  out.fingerprint = feed->fingerprint();
   out.device = spec.delivery == DeliveryKind::kDevice;
   if (out.device) out.device_ring = session->device_export();
   out.stage = stage;

@@ -34,6 +34,8 @@ struct AttachSpec {
   std::string gpu_uuid;
   IpcKind ipc = IpcKind::kUnspecified;
   Position start;
+  // The fingerprint saved with `start`; empty: not checked. A different one is refused.
+  std::string start_fingerprint;
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;
@@ -54,6 +56,7 @@ struct Attachment {
   int32_t ring_slots = 0;
   SlotLayout layout;
   Position start;
+  std::string fingerprint;  // the feed's (Feed::fingerprint)
   bool device = false;
   DeviceRingExport device_ring;  // when device
   StageMode stage = StageMode::kNone;

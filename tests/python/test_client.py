@@ -137,7 +137,8 @@ def test_token_options_name_the_field(daemon, job, datasets):
     e = _attach_error(daemon, job, datasets.tokens_u16, kind="tokens", batch_size=1, seq_len=4,
                       token_dtype="uint8")
     assert type(e) is gpufeed.InvalidArgument
-    assert str(e) == "token_dtype: must be uint16 or uint32, got 'uint8'"
+    assert str(e) == ("token_dtype: must be uint16 or uint32 (or empty: the .npy header's, "
+                      "else uint16), got 'uint8'")
 
 
 def test_missing_dataset_is_not_found(daemon, job, tmp_path):

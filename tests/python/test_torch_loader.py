@@ -135,8 +135,12 @@ def test_state_dict_resumes_exactly(daemon, job, datasets):
         with _loader(daemon, datasets.tokens_u16, **opts) as first:
             head = run(first, [0, 1, 2], stop_after=cut)
             state = first.state_dict()
+        fingerprint = state.pop("fingerprint")
         assert state == {"epoch": cut // 16, "step": cut % 16, "world_size": 2,
                          "batch_size": 6, "seed": 77}
+        assert f"path={datasets.tokens_u16};" in fingerprint
+        assert f";seq_len={datasets.seq_len};" in fingerprint
+        state["fingerprint"] = fingerprint
         state = json.loads(json.dumps(state))  # as a checkpoint stores it
         with _loader(daemon, datasets.tokens_u16, **opts) as second:
             second.load_state_dict(state)
@@ -147,6 +151,68 @@ def test_state_dict_resumes_exactly(daemon, job, datasets):
         resumed = head + tail
         assert [r[:3] for r in resumed] == [f[:3] for f in full]
         assert all(torch.equal(r[3], f[3]) for r, f in zip(resumed, full))
+
+
+def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_path):
+    """Issue 10, section 3: seq_len 32's position does not load into a seq_len 16 loader;
+    neither does one saved before the dataset changed. The message names each difference."""
+    opts = dict(kind="tokens", token_dtype="uint16", batch_size=2, seed=3, job=job)
+    with _loader(daemon, datasets.tokens_u16, seq_len=32, **opts) as loader:
+        next(iter(loader))
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert ";seq_len=32;" in state["fingerprint"]
+    with _loader(daemon, datasets.tokens_u16, seq_len=16, **opts) as other:
+        with pytest.raises(gpufeed.FailedPrecondition) as e:
+            other.load_state_dict(state)
+        message = str(e.value)
+        assert message.startswith("state_dict: the position was saved from another feed: ")
+        assert "seq_len was 32, is 16" in message
+        assert "tensors was tokens:uint16[33], is tokens:uint16[17]" in message
+        assert other.position == (0, 1) or other.position == (0, 0)
+    # The same feed resumes, at the step after the saved one.
+    with _loader(daemon, datasets.tokens_u16, seq_len=32, **opts) as same:
+        same.load_state_dict(state)
+        assert next(iter(same)).step == 1
+    # The daemon checks it too: a position handed to attach with another feed's fingerprint.
+    client = gpufeed.Client(daemon.socket)
+    with pytest.raises(gpufeed.FailedPrecondition) as e:
+        client.attach(datasets.tokens_u16, kind="tokens", seq_len=16, batch_size=2, seed=3,
+                      job=job + "-raw", start=(0, 1), start_fingerprint=state["fingerprint"])
+    assert "start.fingerprint: the position was saved from another feed: " in str(e.value)
+    assert "seq_len was 32, is 16" in str(e.value)
+    # A dataset rewritten since (other bytes): refused as well.
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(np.arange(4000, dtype=np.uint16).tobytes())
+    with _loader(daemon, path, seq_len=32, **opts) as loader:
+        next(iter(loader))
+        saved = loader.state_dict()
+    path.write_bytes(np.arange(4002, dtype=np.uint16).tobytes())
+    with _loader(daemon, path, seq_len=32, **opts) as loader:
+        with pytest.raises(gpufeed.FailedPrecondition, match=r"bytes was 8000, is 8004"):
+            loader.load_state_dict(saved)
+
+
+def test_npy_tokens_and_vocab_size(daemon, job, tmp_path):
+    """Issue 10, section 4: a .npy token file is read through its header; vocab_size catches a
+    uint16 file read as uint32."""
+    values = (np.arange(1002, dtype=np.uint32) * 7919 % 50257).astype(np.uint16)
+    npy = tmp_path / "tokens.npy"
+    np.save(npy, values)
+    with _loader(daemon, npy, kind="tokens", seq_len=10, batch_size=4, shuffle=False,
+                 job=job) as loader:
+        b = next(iter(loader))
+        want = np.stack([values[i * 10:i * 10 + 11] for i in range(4)]).astype(np.int64)
+        assert np.array_equal(b["tokens"].numpy().astype(np.int64), want)
+    with pytest.raises(gpufeed.InvalidArgument) as e:
+        _loader(daemon, npy, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
+                job=job + "-u32")
+    assert "is a .npy array of uint16" in str(e.value)
+    raw = tmp_path / "tokens.bin"
+    raw.write_bytes(values.tobytes())
+    with pytest.raises(gpufeed.InvalidArgument) as e:
+        _loader(daemon, raw, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
+                vocab_size=50257, job=job + "-vocab")
+    assert "dataset.vocab_size: " in str(e.value) and "not below vocab_size 50257" in str(e.value)
 
 
 def test_epochs_follow_each_other_and_set_epoch_jumps(daemon, job, datasets):

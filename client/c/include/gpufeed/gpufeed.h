@@ -101,7 +101,9 @@ const char* gpufeed_last_error(void);
 /* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery ("host" or
  * "device"), gpu ("" = current device, "cuda:N" or a "GPU-..." UUID), ipc ("auto", "vmm",
  * "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto", "cpu", "nvjpeg") and
- * augment ("auto", "cpu", "gpu") for image datasets (strings);
+ * augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
+ * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
+ * refused with FAILED_PRECONDITION naming the fields that differ) (strings);
  * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
  * start_step, stop_epoch, rpc_timeout_ms (integers). An unknown key is INVALID_ARGUMENT. */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
@@ -119,6 +121,9 @@ gpufeed_status gpufeed_next(gpufeed_session* session, int64_t timeout_ms,
 /* The position after the last batch gpufeed_next returned: what to checkpoint. */
 gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epoch,
                                 int64_t* out_step);
+/* The feed's fingerprint, to save beside the position: a NUL-terminated string owned by the
+ * session, valid until gpufeed_session_destroy. */
+gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** out_fingerprint);
 gpufeed_status gpufeed_detach(gpufeed_session* session);
 /* Detaches if needed and frees the handle. Batches still held stay valid memory. */
 void gpufeed_session_destroy(gpufeed_session* session);

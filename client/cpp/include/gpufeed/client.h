@@ -32,6 +32,10 @@ inline constexpr char kDefaultSocket[] = "/run/gpufeed/gpufeed.sock";
 struct Position {
   int64_t epoch = 0;
   int64_t step = 0;
+  // The feed the position belongs to (dataset identity and the settings that shape the
+  // batches), from the daemon. Attaching with a start whose fingerprint is set resumes only
+  // the same feed: a different one is FAILED_PRECONDITION naming each differing field.
+  std::string fingerprint;
 };
 
 struct AttachOptions {

@@ -95,6 +95,7 @@ _PROTOTYPES = {
         _status,
         [_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
     ),
+    "gpufeed_fingerprint": (_status, [_p, ctypes.POINTER(ctypes.c_char_p)]),
     "gpufeed_detach": (_status, [_p]),
     "gpufeed_session_destroy": (None, [_p]),
     "gpufeed_batch_get_info": (_status, [_p, ctypes.POINTER(BatchInfo)]),

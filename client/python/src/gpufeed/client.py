@@ -403,6 +403,16 @@ class Session:
             # must be enough to return the slot (a 1-slot ring would wait forever otherwise).
             del batch
 
+    @property
+    def fingerprint(self) -> str:
+        """The feed's fingerprint (dataset identity and every setting that shapes the
+        batches): save it with :meth:`position` and pass it back as ``start_fingerprint``, so
+        that a position resumes only the feed it came from."""
+        handle = self._live()
+        text = ctypes.c_char_p()
+        _check(handle.lib, handle.lib.gpufeed_fingerprint(handle.ptr, ctypes.byref(text)))
+        return (text.value or b"").decode("utf-8", "replace")
+
     def position(self) -> Position:
         """The position after the last batch :meth:`next` returned: what to checkpoint."""
         handle = self._live()
@@ -517,6 +527,8 @@ class Client:
         decode: str = "auto",
         augment: str = "auto",
         rpc_timeout: Optional[float] = None,
+        start_fingerprint: Optional[str] = None,
+        vocab_size: Optional[int] = None,
     ) -> Session:
         """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
 
@@ -535,6 +547,11 @@ class Client:
         to the C library only when not ``"auto"`` (its default), so a library without these
         options still serves every other case.
         ``rpc_timeout``: seconds for each call to the daemon (default 10).
+        ``start_fingerprint``: the :attr:`Session.fingerprint` saved with ``start``; a feed
+        with another one is refused (FailedPrecondition naming each differing field).
+        ``vocab_size`` (tokens): refuse a file whose sampled tokens reach it (a wrong
+        ``token_dtype`` shows so). ``token_dtype`` ``None``: a ``.npy`` file's header, else
+        ``uint16``.
 
         Errors: the daemon's, as :class:`~gpufeed.Error` subclasses (InvalidArgument naming
         the field, NotFound naming the path, Unavailable naming the socket, ...).
@@ -554,6 +571,7 @@ class Client:
             "pipeline_json": None if pipeline is None else pipeline_json(pipeline),
             "decode": None if decode == "auto" else decode,
             "augment": None if augment == "auto" else augment,
+            "start_fingerprint": start_fingerprint or None,
         }
         seed = _int("seed", seed)
         if not 0 <= seed < 1 << 64:
@@ -563,6 +581,7 @@ class Client:
             "world_size": world_size,
             "batch_size": batch_size,
             "seq_len": seq_len,
+            "vocab_size": vocab_size,
             "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,  # the C ABI's int64 bits
             "shuffle": int(bool(shuffle)),
             "drop_last": int(bool(drop_last)),

@@ -204,6 +204,18 @@ def _lingering(key: Tuple[str, Optional[str], int]) -> List[_Held]:
     return [h for k, held in _LINGERING if k == key for h in held]
 
 
+def _fingerprint_differences(saved: str, current: str) -> List[str]:
+    """The fields of two feed fingerprints ("name=value;...") that differ, as the daemon
+    names them."""
+    def fields(text: str) -> Dict[str, str]:
+        return dict(f.partition("=")[::2] for f in text.split(";") if f)
+    a, b = fields(saved), fields(current)
+    out = [f"{k} was {a[k]}, is {v}" if k in a else f"{k} (not in the saved position)"
+           for k, v in b.items() if a.get(k) != v]
+    out += [f"{k} (no longer part of the feed)" for k in a if k not in b]
+    return out
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     if value == "":
@@ -306,6 +318,7 @@ class Loader:
         seed: int = 0,
         drop_last: bool = True,
         device: Union[None, str, int, "torch.device"] = None,
+        vocab_size: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         job: Optional[str] = None,
@@ -339,12 +352,14 @@ class Loader:
             kind=kind, batch_size=batch_size, seq_len=seq_len, token_dtype=token_dtype,
             pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last,
             rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
-            decode=decode, augment=augment, bad_sample=bad_sample)
+            decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size)
         if self.device.type == "cuda":
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset
         self._position = Position(0, 0)
         self._loaded: Optional[Position] = None  # a loaded position, until iteration starts
+        self._fingerprint: str = ""  # the feed's, from the daemon at each attach
+        self._loaded_fingerprint: Optional[str] = None  # from load_state_dict, checked at attach
         self._session: Optional[Session] = None
         self._held: Deque[_Held] = collections.deque()  # yielded in place, oldest first
         self._pid = os.getpid()  # the process that attached
@@ -386,13 +401,16 @@ class Loader:
         the last batch yielded, and the feed's shape it is valid for."""
         return {"epoch": self._position.epoch, "step": self._position.step,
                 "world_size": self.world_size, "batch_size": int(self._options["batch_size"]),
-                "seed": int(self._options["seed"])}
+                "seed": int(self._options["seed"]), "fingerprint": self._fingerprint}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at the position of :meth:`state_dict`: the next ``iter()`` yields exactly
         the batches the saved loader would have yielded next. The state must come from a
         loader with the same world size, batch size and seed (:class:`~gpufeed.InvalidArgument`
-        otherwise: a position means nothing for another feed)."""
+        otherwise: a position means nothing for another feed), and its ``fingerprint`` (the
+        dataset's identity and every other setting that shapes the batches: ``seq_len``,
+        dtype, shuffle, drop_last, the pipeline...) must be this feed's: the next ``iter()``
+        raises :class:`~gpufeed.FailedPrecondition` naming each field that differs."""
         for key in ("epoch", "step"):
             if key not in state:
                 raise InvalidArgument(f"state_dict: no '{key}' in {dict(state)!r}")
@@ -405,6 +423,16 @@ class Loader:
         self._generation += 1  # a running iterator ends: it belongs to the old position
         self._position = Position(int(state["epoch"]), int(state["step"]))
         self._loaded = self._position  # kept by a set_epoch of the same epoch
+        fingerprint = state.get("fingerprint")
+        self._loaded_fingerprint = str(fingerprint) if fingerprint else None
+        if self._loaded_fingerprint and self._fingerprint:
+            # The daemon checks it again at the next attach; say it here, where it was loaded.
+            differ = _fingerprint_differences(self._loaded_fingerprint, self._fingerprint)
+            if differ:
+                self._loaded_fingerprint = None
+                raise FailedPrecondition(
+                    "state_dict: the position was saved from another feed: " + "; ".join(differ)
+                    + ". Resume with the settings and data it was saved with")
 
     # ---- iteration ----
 
@@ -440,8 +468,9 @@ class Loader:
             self.close()
         start = (position.epoch, position.step)
         key = (self._client.socket, self.job, self.rank)
+        options = dict(self._options, start_fingerprint=self._loaded_fingerprint)
         try:
-            self._session = self._client.attach(self._dataset, start=start, **self._options)
+            self._session = self._client.attach(self._dataset, start=start, **options)
         except AlreadyExists as e:
             if not _lingering(key):
                 raise
@@ -453,9 +482,10 @@ class Loader:
                     "stays attached while you reference its batches through tensors or views "
                     f"taken out of them ({_describe(held)}); drop those references or keep "
                     ".clone()s") from None
-            self._session = self._client.attach(self._dataset, start=start, **self._options)
+            self._session = self._client.attach(self._dataset, start=start, **options)
         self._pid = os.getpid()
         self.info = self._session.info
+        self._fingerprint = self._session.fingerprint
         return self._session
 
     def _next(self, session: Session) -> Batch:

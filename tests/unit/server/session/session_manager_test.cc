@@ -983,3 +983,88 @@ TEST_F(SessionManagerTest, FileShrinkingUnderAMappedSessionEndsItWithDataLoss) {
 
 }  // namespace
 }  // namespace gpufeed::server
+
+namespace gpufeed::server {
+namespace {
+
+// Issue 10, section 3: a position resumes only the feed it came from. The fingerprint of a
+// feed names the dataset's identity and every setting that shapes its batches; a different
+// one is refused, naming each field that differs.
+TEST_F(SessionManagerTest, APositionResumesOnlyTheFeedItCameFrom) {
+  StartManager();
+  AttachSpec saved = Spec();
+  saved.job = "saved";
+  saved.feed.dataset.seq_len = 32;
+  saved.feed.world_size = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(saved);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string fingerprint = a->fingerprint;
+  EXPECT_THAT(fingerprint, HasSubstr("kind=tokens;path=" + path_ + ";bytes=2002;mtime_ns="));
+  EXPECT_THAT(fingerprint, HasSubstr(";samples=31;tensors=tokens:uint16[33];seq_len=32;"));
+  EXPECT_THAT(fingerprint, HasSubstr(";batch_size=4;world_size=1;seed=1234;shuffle=true;"));
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+
+  // The same feed resumes.
+  saved.start = {1, 3};
+  saved.start_fingerprint = fingerprint;
+  absl::StatusOr<Attachment> same = manager_->Attach(saved);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->fingerprint, fingerprint);
+  ASSERT_TRUE(manager_->Detach(same->session_id, same->token).ok());
+
+  // seq_len 16 (and so the sample count and row shape) differs: refused, naming them.
+  AttachSpec shorter = saved;
+  shorter.feed.dataset.seq_len = 16;
+  absl::StatusOr<Attachment> refused = manager_->Attach(shorter);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("start.fingerprint: the position was saved from another feed: "));
+  EXPECT_THAT(refused.status().message(), HasSubstr("seq_len was 32, is 16"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("samples was 31, is 62"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("tensors was tokens:uint16[33], is tokens:uint16[17]"));
+
+  // Each setting that shapes the batches, one at a time.
+  struct Change {
+    const char* want;
+    std::function<void(AttachSpec&)> apply;
+  };
+  const Change changes[] = {
+      {"batch_size was 4, is 8", [](AttachSpec& s) { s.feed.batch_size = 8; }},
+      {"world_size was 1, is 2", [](AttachSpec& s) { s.feed.world_size = 2; }},
+      {"seed was 1234, is 99", [](AttachSpec& s) { s.feed.seed = 99; }},
+      {"shuffle was true, is false", [](AttachSpec& s) { s.feed.shuffle = false; }},
+      {"drop_last was true, is false", [](AttachSpec& s) { s.feed.drop_last = false; }},
+      {"vocab_size was 0, is 65536", [](AttachSpec& s) { s.feed.dataset.vocab_size = 65536; }},
+  };
+  for (const Change& c : changes) {
+    AttachSpec other = saved;
+    c.apply(other);
+    absl::StatusOr<Attachment> r = manager_->Attach(other);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << c.want;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.want));
+  }
+
+  // The dataset rewritten with other bytes: its size and mtime differ. (Once the detached
+  // session's fills have let go of the feed: a live feed keeps what it opened.)
+  ASSERT_TRUE(Eventually([&] { return manager_->ListFeeds().empty(); }));
+  const std::string longer = TokenFile(1201);
+  std::ofstream(path_, std::ios::binary | std::ios::trunc).write(longer.data(), static_cast<std::streamsize>(longer.size()));
+  absl::StatusOr<Attachment> rewritten = manager_->Attach(saved);
+  ASSERT_EQ(rewritten.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(rewritten.status().message(), HasSubstr("bytes was 2002, is 2402"));
+  EXPECT_THAT(rewritten.status().message(), HasSubstr("mtime_ns was "));
+  // Without a saved fingerprint nothing is checked (a position typed by hand).
+  saved.start_fingerprint.clear();
+  EXPECT_TRUE(manager_->Attach(saved).ok());
+}
+
+TEST(FingerprintTest, ValuesWithSeparatorsRoundTripAndCompareByField) {
+  EXPECT_TRUE(CompareFingerprints("a=1;b=x%3By", "a=1;b=x%3By").ok());
+  absl::Status s = CompareFingerprints("a=1;b=x%3By;gone=1", "a=2;b=x%3By;new=3");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("a was 1, is 2; new (not in the saved position); "
+                                     "gone (no longer part of the feed)"));
+}
+
+}  // namespace
+}  // namespace gpufeed::server

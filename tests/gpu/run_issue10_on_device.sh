@@ -97,5 +97,33 @@ for tool in memcheck racecheck synccheck; do
   log "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
 done
 
+log "5. pytest tests/python on the GPU (device variants of the batch lifetime tests included)"
+export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
+export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  mkdir -p /tmp/pywheels
+  for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
+  export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
+fi
+timeout 600 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1
+tail -6 "$out/pytest.log" | tee -a "$out/summary.log"
+
+if [ -x "$bundle/old/gpufeedd" ]; then
+  log "6. throughput before/after (image_bench feed, imagenet_train, B=256, the step-3 dataset)"
+  bench=$bundle/bin/image_bench
+  for name in old new old new; do
+    d=$GPUFEEDD; [ $name = old ] && d=$bundle/old/gpufeedd
+    sock=/tmp/gf-bench.sock; rm -f "$sock"
+    "$d" --listen="unix://$sock" --threads=3 --staging_bytes=$((4 << 30)) \
+        --device_bytes=$((16 << 30)) >>"$out/daemon-bench.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+    "$bench" feed --socket "$sock" --data "$data" --pipeline "$root/deploy/pipelines/imagenet_train.json" \
+        --decode nvjpeg --augment gpu --seconds 12 --label "$name nvJPEG + kernel (3 threads)" \
+        2>>"$out/bench.err" | tee -a "$out/summary.log"
+    kill -TERM $pid; wait $pid
+  done
+fi
+
 cp "$out/summary.log" "$final/"
 tar czf "$final/logs.tgz" -C "$out" . 2>/dev/null

@@ -167,18 +167,24 @@ std::string Feed::MakeFingerprint() const {
 absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current) {
   if (saved == current) return absl::OkStatus();
   const auto a = ParseFingerprint(saved), b = ParseFingerprint(current);
+  auto find = [](const std::vector<std::pair<std::string, std::string>>& fields,
+                 const std::string& name) {
+    return std::find_if(fields.begin(), fields.end(),
+                        [&name](const auto& p) { return p.first == name; });
+  };
   std::vector<std::string> differ;
-  for (const auto& [name, value] : b) {
-    auto it = std::find_if(a.begin(), a.end(), [&](const auto& p) { return p.first == name; });
+  for (const auto& field : b) {
+    auto it = find(a, field.first);
     if (it == a.end()) {
-      differ.push_back(absl::StrCat(name, " (not in the saved position)"));
-    } else if (it->second != value) {
-      differ.push_back(absl::StrCat(name, " was ", it->second, ", is ", value));
+      differ.push_back(absl::StrCat(field.first, " (not in the saved position)"));
+    } else if (it->second != field.second) {
+      differ.push_back(absl::StrCat(field.first, " was ", it->second, ", is ", field.second));
     }
   }
-  for (const auto& [name, value] : a) {
-    auto it = std::find_if(b.begin(), b.end(), [&](const auto& p) { return p.first == name; });
-    if (it == b.end()) differ.push_back(absl::StrCat(name, " (no longer part of the feed)"));
+  for (const auto& field : a) {
+    if (find(b, field.first) == b.end()) {
+      differ.push_back(absl::StrCat(field.first, " (no longer part of the feed)"));
+    }
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "start.fingerprint: the position was saved from another feed: ",

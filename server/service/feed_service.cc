@@ -41,7 +41,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       return;
     }
     absl::Status problem;
-    if (session_ == nullptr) {
+    if (Opened() == nullptr) {
       problem = Open();
     } else if (request_.has_open()) {
       problem = absl::InvalidArgumentError("stream: open may only be the first message");
@@ -111,12 +111,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
   // Credits every release of the request; refused ones are answered on the stream.
   absl::Status Release() {
+    const std::shared_ptr<Session> session = Opened();
     for (const v1::Release& release : request_.releases()) {
       // A client's report, clamped: the counter it feeds must never go backwards.
       const int64_t waited = static_cast<int64_t>(
           std::min<uint64_t>(release.waited_ns(), uint64_t{1} << 62));
-      absl::Status s = session_->Release(release.slot(), release.generation(),
-                                         absl::Nanoseconds(waited));
+      absl::Status s = session->Release(release.slot(), release.generation(),
+                                        absl::Nanoseconds(waited));
       if (s.ok()) continue;
       absl::MutexLock lock(&link_->mu);
       if (rejected_.size() >= kMaxPendingRejections) {
@@ -149,13 +150,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     delete orphan;
   }
 
+  // The session the stream opened; null before its open message.
+  std::shared_ptr<Session> Opened() {
+    absl::MutexLock lock(&link_->mu);
+    return session_;
+  }
+
   void EndSession(const absl::Status& why) {
-    std::shared_ptr<Session> session;
-    {
-      absl::MutexLock lock(&link_->mu);
-      session = session_;
-    }
-    if (session != nullptr) sessions_->End(session->id(), why);
+    if (std::shared_ptr<Session> session = Opened()) sessions_->End(session->id(), why);
   }
 
   // Decides the next operation under the lock and performs it outside: a write, the one

@@ -38,6 +38,7 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       ring_data_(ring.data()),
       backend_(backend),
       device_export_(device != nullptr ? device->exported() : DeviceRingExport{}),
+      device_ring_(device.get()),
       ring_(std::move(ring)),
       device_(std::move(device)),
       slots_(static_cast<size_t>(params_.ring_slots)),
@@ -116,8 +117,7 @@ absl::Status Session::BindStream(std::function<void()> notify,
         if (self->device_ == nullptr) return;
         ++self->fills_in_flight_;
       }
-      // device_ is only reset once fills_in_flight_ is 0, so it stays valid unlocked here.
-      s = self->device_->SetReleaseEvents(release_events);
+      s = self->device_ring_->SetReleaseEvents(release_events);
       StagingRegion host;
       std::unique_ptr<DeviceRing> device;
       {
@@ -257,13 +257,13 @@ void Session::FillOne() {
   // Let another worker take this session's next free slot while this one reads.
   if (more) scheduler_->Schedule(shared_from_this());
 
-  // The slot is ours alone while kFilling: read without the lock. device_ is only reset
-  // once fills_in_flight_ is 0, so it stays valid here.
+  // The slot is ours alone while kFilling: read without the lock. device_ring_ stays valid
+  // while this fill counts in fills_in_flight_.
   const bool reused = slot->generation > 1;
   absl::StatusOr<int64_t> valid = int64_t{0};
-  if (device_ != nullptr && reused) {
+  if (device_ring_ != nullptr && reused) {
     // The previous copy out of this host slot must be done before it is overwritten.
-    if (absl::Status s = device_->WaitCopied(slot->batch.slot); !s.ok()) valid = s;
+    if (absl::Status s = device_ring_->WaitCopied(slot->batch.slot); !s.ok()) valid = s;
   }
   if (valid.ok()) {
     std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
@@ -327,7 +327,7 @@ void Session::CopyOne(Slot* slot) {
     // The consumer's GPU may still read the slot's previous batch: ask, and come back after
     // a poll interval while it does. Never a stream wait on the consumer's event: that would
     // stall everything queued behind it (and nvJPEG's hardware decode ignores such waits).
-    absl::StatusOr<bool> released = device_->Released(k);
+    absl::StatusOr<bool> released = device_ring_->Released(k);
     if (!released.ok()) return FinishCopy(slot, released.status(), false);
     if (!*released) {
       std::shared_ptr<Session> self = shared_from_this();
@@ -338,10 +338,10 @@ void Session::CopyOne(Slot* slot) {
   metrics::StageTimer timer(metrics::Stage::kDevice);
   std::byte* src = ring_data_ + static_cast<uint64_t>(k) * stride_;
   if (params_.stage == StageMode::kNone) {
-    return FinishCopy(slot, device_->CopyIn(k, src, feed_->layout().used_bytes), false);
+    return FinishCopy(slot, device_ring_->CopyIn(k, src, feed_->layout().used_bytes), false);
   }
   absl::StatusOr<std::vector<int>> refused =
-      device_->StageIn(k, src, *feed_->staged_layout(),
+      device_ring_->StageIn(k, src, *feed_->staged_layout(),
                        static_cast<int>(slot->batch.ids.size()), StagedOutputOf(feed_->layout()));
   if (!refused.ok() || refused->empty()) return FinishCopy(slot, refused.status(), false);
   // CPU work goes back to a worker: the copy thread serves every session on its GPU.
@@ -378,7 +378,7 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
   backend_->Post(params_.gpu_uuid, [self, slot, s, rows = std::move(rows), images, labels] {
     absl::Status done = s;
     if (done.ok()) {
-      done = self->device_->FinishRows(slot->batch.slot, StagedOutputOf(self->feed_->layout()),
+      done = self->device_ring_->FinishRows(slot->batch.slot, StagedOutputOf(self->feed_->layout()),
                                        rows, *images, *labels);
     }
     self->FinishCopy(slot, done, false);

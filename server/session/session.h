@@ -196,6 +196,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::byte* const ring_data_;
   DeviceBackend* const backend_;
   const DeviceRingExport device_export_;
+  // The device ring, for the fill and copy paths, which use it without the lock: each holds a
+  // count in fills_in_flight_, and device_ (its owner) lets it go only when that count is 0.
+  // Null for host delivery.
+  DeviceRing* const device_ring_;
 
   mutable absl::Mutex mu_;
   StagingRegion ring_ ABSL_GUARDED_BY(mu_);

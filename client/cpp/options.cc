@@ -1,0 +1,113 @@
+#include "client/cpp/options.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace gpufeed::client::internal {
+
+absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
+  AttachPlan plan;
+  v1::AttachRequest& request = plan.request;
+  request.set_job(o.job);
+  request.set_rank(o.rank);
+  request.set_world_size(o.world_size);
+  v1::DatasetSpec* d = request.mutable_dataset();
+  if (o.kind == "tokens") {
+    d->set_kind(v1::DATASET_KIND_TOKENS);
+    const DType t = o.token_dtype.empty() ? DType::kUnspecified : DTypeFromName(o.token_dtype);
+    if (!o.token_dtype.empty() && t != DType::kUInt16 && t != DType::kUInt32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token_dtype: must be uint16 or uint32 (or empty: the .npy header's, else uint16), "
+          "got '", o.token_dtype, "'"));
+    }
+    d->set_token_dtype(static_cast<v1::DType>(t));
+    d->set_seq_len(o.seq_len);
+    if (o.vocab_size < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab_size: must be >= 0 (0: not checked), got ", o.vocab_size));
+    }
+    d->set_vocab_size(static_cast<uint64_t>(o.vocab_size));
+  } else if (o.kind == "records") {
+    d->set_kind(v1::DATASET_KIND_RECORDS);
+  } else if (o.kind == "image_folder") {
+    d->set_kind(v1::DATASET_KIND_IMAGE_FOLDER);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind: unknown dataset kind '", o.kind, "' (want tokens, records or image_folder)"));
+  }
+  if (o.bad_sample == "skip") {
+    request.set_bad_sample(v1::BAD_SAMPLE_POLICY_SKIP);
+  } else if (o.bad_sample == "fail") {
+    request.set_bad_sample(v1::BAD_SAMPLE_POLICY_FAIL);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad_sample: want skip or fail, got '", o.bad_sample, "'"));
+  }
+  static const std::pair<const char*, v1::ImageDecode> kDecode[] = {
+      {"auto", v1::IMAGE_DECODE_AUTO}, {"cpu", v1::IMAGE_DECODE_CPU},
+      {"nvjpeg", v1::IMAGE_DECODE_NVJPEG}};
+  static const std::pair<const char*, v1::ImageAugment> kAugment[] = {
+      {"auto", v1::IMAGE_AUGMENT_AUTO}, {"cpu", v1::IMAGE_AUGMENT_CPU},
+      {"gpu", v1::IMAGE_AUGMENT_GPU}};
+  bool known = false;
+  for (const auto& [name, value] : kDecode) {
+    if (o.decode == name) request.set_decode(value), known = true;
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode: want auto, cpu or nvjpeg, got '", o.decode, "'"));
+  }
+  known = false;
+  for (const auto& [name, value] : kAugment) {
+    if (o.augment == name) request.set_augment(value), known = true;
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("augment: want auto, cpu or gpu, got '", o.augment, "'"));
+  }
+  d->set_path(o.dataset);
+  request.set_batch_size(o.batch_size);
+  request.set_seed(o.seed);
+  request.set_shuffle(o.shuffle);
+  request.set_drop_last(o.drop_last);
+  request.set_ring_slots(o.ring_slots);
+  if (o.delivery == "host") {
+    request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_HOST);
+  } else if (o.delivery == "device") {
+    request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_DEVICE);
+    GPUFEED_ASSIGN_OR_RETURN(plan.gpu, ResolveGpu(o.gpu));
+    request.mutable_delivery()->set_gpu_uuid(plan.gpu.uuid);
+    if (o.ipc == "vmm") {
+      request.mutable_delivery()->set_ipc(v1::IPC_KIND_VMM);
+    } else if (o.ipc == "legacy") {
+      request.mutable_delivery()->set_ipc(v1::IPC_KIND_LEGACY);
+    } else if (o.ipc != "auto" && !o.ipc.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ipc: unknown kind '", o.ipc, "' (want auto, vmm or legacy)"));
+    }
+    plan.device = true;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delivery: unknown kind '", o.delivery, "' (want host or device)"));
+  }
+  request.mutable_start()->set_epoch(o.start.epoch);
+  request.mutable_start()->set_step(o.start.step);
+  request.mutable_start()->set_fingerprint(o.start.fingerprint);
+  request.set_stop_epoch(o.stop_epoch);
+  if (!o.pipeline_json.empty()) {
+    v1::Pipeline pipeline;
+    const auto parsed = google::protobuf::util::JsonStringToMessage(o.pipeline_json, &pipeline);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline: not a pipeline in JSON: ", std::string(parsed.message())));
+    }
+    *request.mutable_pipeline() = pipeline.ops();
+  }
+  return plan;
+}
+
+}  // namespace gpufeed::client::internal

@@ -1,0 +1,36 @@
+// Internal to the client: the gRPC plumbing that sessions and the admin client share (the
+// socket check, the channel, a unary call with a deadline, grpc::Status -> absl::Status).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace gpufeed::client::internal {
+
+// The daemon's status with `context` prepended to its message, keeping its code.
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view context);
+
+// UNAVAILABLE naming `socket` when no Unix socket is there (no daemon to talk to).
+absl::Status CheckSocket(const std::string& socket);
+
+// A channel to gpufeedd's gRPC socket at `socket`.
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket);
+
+// One unary call with a deadline; a failure carries `what` as context.
+template <typename Stub, typename Request, typename Response>
+absl::Status Call(Stub* stub,
+                  grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& request, Response* response, absl::Duration timeout,
+                  absl::string_view what) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
+  return FromGrpc((stub->*method)(&ctx, request, response), what);
+}
+
+}  // namespace gpufeed::client::internal

@@ -1,0 +1,334 @@
+#include "client/cpp/session_core.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/options.h"
+#include "client/cpp/rpc.h"
+#include "common/os/unix_socket.h"
+#include "common/status.h"
+
+namespace gpufeed::client::internal {
+namespace {
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string BaseOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+Position Advance(Position p, int64_t steps_per_epoch) {
+  if (++p.step >= steps_per_epoch) {
+    p.step = 0;
+    ++p.epoch;
+  }
+  return p;
+}
+
+}  // namespace
+
+SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
+                         absl::Duration rpc_timeout)
+    : channel_(std::move(channel)),
+      stub_(v1::Feed::NewStub(channel_)),
+      socket_(std::move(socket)),
+      rpc_timeout_(rpc_timeout) {}
+
+SessionCore::~SessionCore() { Stop(); }
+
+absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
+  GPUFEED_ASSIGN_OR_RETURN(AttachPlan plan, AttachPlanFromOptions(options));
+  device_ = plan.device;
+  gpu_ = plan.gpu;
+
+  v1::AttachResponse response;
+  GPUFEED_RETURN_IF_ERROR(
+      Call(stub_.get(), &v1::Feed::Stub::Attach, plan.request, &response, rpc_timeout_, "attach"));
+  session_id_ = response.session_id();
+  token_ = response.token();
+  steps_per_epoch_ = response.steps_per_epoch();
+  stride_ = response.slot_stride_bytes();
+  ring_slots_ = response.ring_slots();
+  fingerprint_ = response.start().fingerprint();
+  {
+    absl::MutexLock lock(&mu_);  // no reader yet; position_ is only ever written under mu_
+    position_ = {response.start().epoch(), response.start().step(), fingerprint_};
+  }
+
+  SessionInfo info;
+  info.session_id = session_id_;
+  info.feed_key = response.feed_key();
+  info.num_samples = response.num_samples();
+  info.steps_per_epoch = steps_per_epoch_;
+  info.ring_slots = ring_slots_;
+  info.slot_stride_bytes = stride_;
+  for (const v1::TensorLayout& t : response.tensors()) {
+    Tensor tensor;
+    tensor.name = t.name();
+    tensor.dtype = static_cast<DType>(t.dtype());
+    tensor.shape.assign(t.shape().begin(), t.shape().end());
+    tensor.byte_size = t.byte_size();
+    // Never trust the layout blindly: every tensor must lie inside its slot.
+    if (t.byte_offset() > stride_ || t.byte_size() > stride_ - t.byte_offset()) {
+      return absl::InternalError("attach: daemon sent a tensor layout outside the slot");
+    }
+    offsets_.push_back(t.byte_offset());
+    info.layout.push_back(std::move(tensor));
+  }
+  layout_ = info.layout;
+  info.decode = response.decode();
+  info.augment = response.augment();
+  if (device_) {
+    if (!response.has_device()) return absl::InternalError("attach: no device ring in reply");
+    device_reply_ = response.device();
+    info.device = true;
+    info.gpu_uuid = device_reply_.gpu_uuid();
+    info.gpu_ordinal = gpu_.ordinal;
+    info.ipc = device_reply_.ipc() == v1::IPC_KIND_LEGACY ? "legacy" : "vmm";
+    if (device_reply_.alloc_bytes() < stride_ * static_cast<uint64_t>(ring_slots_) ||
+        device_reply_.ready_event_handles_size() != ring_slots_) {
+      return absl::InternalError("attach: daemon sent a device ring smaller than its slots");
+    }
+  }
+  // The memory socket lies beside the gRPC socket as this process sees it (a container may
+  // mount the directory elsewhere than the daemon does).
+  mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
+  return info;
+}
+
+absl::Status SessionCore::MapRing() {
+  if (device_ && device_reply_.ipc() == v1::IPC_KIND_LEGACY) {
+    GPUFEED_ASSIGN_OR_RETURN(
+        device_ring_, DeviceRingMapping::MapLegacy(gpu_.ordinal, device_reply_.legacy_mem_handle(),
+                                                   ReadyEvents()));
+    return absl::OkStatus();
+  }
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
+  v1::MemRequest request;
+  request.set_session_id(session_id_);
+  request.set_token(token_);
+  GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), request.SerializeAsString()));
+  GPUFEED_ASSIGN_OR_RETURN(Frame frame, RecvFrame(conn.get(), 1 << 16));
+  v1::MemResponse response;
+  if (!response.ParseFromString(frame.bytes)) {
+    return absl::InternalError("memory socket: malformed reply");
+  }
+  if (response.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response.code()),
+                        absl::StrCat("memory socket: ", response.message()));
+  }
+  if (!frame.fd.valid()) return absl::InternalError("memory socket: no descriptor came");
+  if (device_) {
+    if (!response.device()) {
+      return absl::InternalError("memory socket: host memory for a device session");
+    }
+    GPUFEED_ASSIGN_OR_RETURN(device_ring_,
+                             DeviceRingMapping::MapVmm(gpu_.ordinal, std::move(frame.fd),
+                                                       response.map_bytes(), ReadyEvents()));
+    return absl::OkStatus();
+  }
+  if (response.map_bytes() < stride_ * static_cast<uint64_t>(ring_slots_)) {
+    return absl::InternalError("memory socket: ring smaller than its slots");
+  }
+  // Writable and shared: a consumer may transform a batch it holds in place (torch's `x.add_`
+  // on a host batch); the daemon never reads a slot back nor writes one that is leased.
+  GPUFEED_ASSIGN_OR_RETURN(
+      mapping_, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), true));
+  return absl::OkStatus();
+}
+
+absl::Status SessionCore::OpenStream() {
+  stream_ctx_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Stream(stream_ctx_.get());
+  v1::StreamRequest open;
+  open.mutable_open()->set_session_id(session_id_);
+  open.mutable_open()->set_token(token_);
+  if (device_ring_ != nullptr) {
+    for (const std::string& h : device_ring_->release_event_handles()) {
+      open.mutable_open()->add_release_event_handles(h);
+    }
+  }
+  if (!stream_->Write(open)) {
+    return FromGrpc(stream_->Finish(), "opening stream");
+  }
+  reader_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "gpufeed-rx");
+    ReadLoop();
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
+  Event event;
+  const auto asked = std::chrono::steady_clock::now();  // a wall-clock step is no wait
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty() || !end_.ok(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no batch within ", absl::FormatDuration(timeout)));
+    }
+    if (events_.empty()) return end_;
+    event = std::move(events_.front());
+    events_.pop_front();
+    if (event.end) {
+      end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+      return end_;
+    }
+  }
+  const v1::BatchReady& b = event.batch;
+  if (b.slot() < 0 || b.slot() >= ring_slots_) {
+    return absl::InternalError(absl::StrCat("daemon named slot ", b.slot(), " outside the ring"));
+  }
+  Batch batch;
+  batch.core_ = shared_from_this();
+  batch.slot_ = b.slot();
+  batch.generation_ = b.generation();
+  batch.epoch_ = b.epoch();
+  batch.step_ = b.step();
+  batch.valid_ = b.valid_count();
+  batch.waited_ = absl::FromChrono(std::chrono::steady_clock::now() - asked);
+  batch.ids_.assign(b.ids().begin(), b.ids().end());
+  batch.tensors_ = layout_;
+  const std::byte* base = device_ring_ != nullptr ? device_ring_->base() : mapping_.data();
+  const std::byte* slot = base + static_cast<uint64_t>(b.slot()) * stride_;
+  for (size_t i = 0; i < batch.tensors_.size(); ++i) {
+    batch.tensors_[i].data = slot + offsets_[i];
+    batch.tensors_[i].device = device_ring_ != nullptr ? device_ring_->ordinal() : -1;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    position_ = Advance({b.epoch(), b.step(), fingerprint_}, steps_per_epoch_);
+  }
+  return batch;
+}
+
+// Whoever finds no write in progress becomes the writer and sends every release queued
+// meanwhile in one message, so releases that arrive while a write is under way share the next.
+void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream) {
+  if (device_ring_ != nullptr) {
+    // The daemon's next copy into this slot waits for the work queued on `stream` so far.
+    absl::Status s = device_ring_->RecordRelease(slot, stream);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (end_.ok()) end_ = s;  // a CUDA error: the next Next() reports it
+    }
+  }
+  {
+    absl::MutexLock lock(&release_mu_);
+    v1::Release* r = releases_.add_releases();
+    r->set_slot(slot);
+    r->set_generation(generation);
+    r->set_waited_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(waited)));
+    if (release_writer_active_) return;
+    release_writer_active_ = true;
+  }
+  while (true) {
+    v1::StreamRequest request;
+    {
+      absl::MutexLock lock(&release_mu_);
+      if (releases_.releases().empty()) {
+        release_writer_active_ = false;
+        return;
+      }
+      request.Swap(&releases_);
+    }
+    absl::MutexLock lock(&write_mu_);
+    if (writes_done_ || stream_ == nullptr) continue;  // session over: nothing to return
+    stream_->Write(request);
+  }
+}
+
+absl::Status SessionCore::Detach() {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (detached_) return absl::OkStatus();
+    detached_ = true;
+  }
+  v1::DetachRequest request;
+  request.set_session_id(session_id_);
+  request.set_token(token_);
+  v1::DetachResponse response;
+  status = Call(stub_.get(), &v1::Feed::Stub::Detach, request, &response, rpc_timeout_, "detach");
+  // A session the daemon already ended (shutdown, failure) is detached all the same.
+  if (absl::IsNotFound(status) || absl::IsUnavailable(status)) status = absl::OkStatus();
+  Stop();
+  return status;
+}
+
+absl::StatusOr<Position> SessionCore::DaemonPosition() {
+  v1::GetPositionRequest request;
+  request.set_session_id(session_id_);
+  request.set_token(token_);
+  v1::GetPositionResponse response;
+  GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::GetPosition, request, &response,
+                               rpc_timeout_, "position"));
+  return Position{response.delivered().epoch(), response.delivered().step(),
+                  response.delivered().fingerprint()};
+}
+
+absl::Status SessionCore::WaitReady(int32_t slot, void* stream) const {
+  if (device_ring_ == nullptr) return absl::OkStatus();
+  return device_ring_->WaitReady(slot, stream);
+}
+
+Position SessionCore::position() const {
+  absl::MutexLock lock(&mu_);
+  return position_;
+}
+
+int64_t SessionCore::rejected() const {
+  absl::MutexLock lock(&mu_);
+  return rejected_;
+}
+
+std::vector<std::string> SessionCore::ReadyEvents() const {
+  return {device_reply_.ready_event_handles().begin(), device_reply_.ready_event_handles().end()};
+}
+
+void SessionCore::ReadLoop() {
+  v1::StreamResponse response;
+  while (stream_->Read(&response)) {
+    absl::MutexLock lock(&mu_);
+    for (v1::BatchReady& b : *response.mutable_batches()) {
+      events_.push_back(Event{false, std::move(b)});
+    }
+    for (const v1::ReleaseRejected& r : response.rejected()) {
+      ++rejected_;
+      last_rejection_ = r.message();
+    }
+    if (response.has_end()) events_.push_back(Event{true, {}});
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    writes_done_ = true;
+  }
+  absl::Status status = FromGrpc(stream_->Finish(), "stream");
+  if (status.ok()) status = absl::CancelledError("stream: the session was detached");
+  absl::MutexLock lock(&mu_);
+  if (end_.ok()) end_ = status;
+}
+
+void SessionCore::Stop() {
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ != nullptr && !writes_done_) {
+      writes_done_ = true;
+      stream_->WritesDone();
+    }
+  }
+  if (stream_ctx_ != nullptr) stream_ctx_->TryCancel();
+  if (reader_.joinable()) reader_.join();
+}
+
+}  // namespace gpufeed::client::internal

@@ -1,0 +1,125 @@
+// AttachOptions -> AttachRequest, checked without a daemon: what a good set of options asks
+// for, and that each bad option is refused with a message that starts with its field's name.
+#include "client/cpp/options.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace gpufeed::client::internal {
+namespace {
+
+AttachOptions TokenOptions() {
+  AttachOptions o;
+  o.job = "gpt";
+  o.rank = 1;
+  o.world_size = 4;
+  o.kind = "tokens";
+  o.dataset = "/data/train.bin";
+  o.token_dtype = "uint32";
+  o.vocab_size = 50257;
+  o.seq_len = 1024;
+  o.batch_size = 16;
+  o.seed = 7;
+  o.shuffle = false;
+  o.ring_slots = 3;
+  o.start = {2, 5, "fp"};
+  o.stop_epoch = 9;
+  return o;
+}
+
+TEST(AttachPlanFromOptionsTest, TokensOnTheHost) {
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(TokenOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->device);
+  const v1::AttachRequest& r = plan->request;
+  EXPECT_EQ(r.job(), "gpt");
+  EXPECT_EQ(r.rank(), 1);
+  EXPECT_EQ(r.world_size(), 4);
+  EXPECT_EQ(r.dataset().kind(), v1::DATASET_KIND_TOKENS);
+  EXPECT_EQ(r.dataset().path(), "/data/train.bin");
+  EXPECT_EQ(r.dataset().token_dtype(), v1::DTYPE_UINT32);
+  EXPECT_EQ(r.dataset().vocab_size(), 50257u);
+  EXPECT_EQ(r.dataset().seq_len(), 1024);
+  EXPECT_EQ(r.batch_size(), 16);
+  EXPECT_EQ(r.seed(), 7u);
+  EXPECT_FALSE(r.shuffle());
+  EXPECT_TRUE(r.drop_last());
+  EXPECT_EQ(r.ring_slots(), 3);
+  EXPECT_EQ(r.delivery().kind(), v1::DELIVERY_KIND_HOST);
+  EXPECT_EQ(r.start().epoch(), 2);
+  EXPECT_EQ(r.start().step(), 5);
+  EXPECT_EQ(r.start().fingerprint(), "fp");
+  EXPECT_EQ(r.stop_epoch(), 9);
+  EXPECT_EQ(r.bad_sample(), v1::BAD_SAMPLE_POLICY_SKIP);
+  EXPECT_EQ(r.decode(), v1::IMAGE_DECODE_AUTO);
+  EXPECT_EQ(r.augment(), v1::IMAGE_AUGMENT_AUTO);
+  EXPECT_EQ(r.pipeline_size(), 0);
+}
+
+TEST(AttachPlanFromOptionsTest, AnEmptyTokenDtypeIsLeftToTheDaemon) {
+  AttachOptions o = TokenOptions();
+  o.token_dtype = "";
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->request.dataset().token_dtype(), v1::DTYPE_UNSPECIFIED);
+}
+
+TEST(AttachPlanFromOptionsTest, ImagesWithAPipeline) {
+  AttachOptions o;
+  o.kind = "image_folder";
+  o.dataset = "/data/imagenet/train";
+  o.bad_sample = "fail";
+  o.decode = "cpu";
+  o.augment = "gpu";
+  o.pipeline_json =
+      R"({"ops": [{"resize": {"shorter_side": 256}}, {"center_crop": {"size": 224}}]})";
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::AttachRequest& r = plan->request;
+  EXPECT_EQ(r.dataset().kind(), v1::DATASET_KIND_IMAGE_FOLDER);
+  EXPECT_EQ(r.bad_sample(), v1::BAD_SAMPLE_POLICY_FAIL);
+  EXPECT_EQ(r.decode(), v1::IMAGE_DECODE_CPU);
+  EXPECT_EQ(r.augment(), v1::IMAGE_AUGMENT_GPU);
+  ASSERT_EQ(r.pipeline_size(), 2);
+  EXPECT_EQ(r.pipeline(0).resize().shorter_side(), 256);
+  EXPECT_EQ(r.pipeline(1).center_crop().size(), 224);
+}
+
+TEST(AttachPlanFromOptionsTest, EachBadOptionIsRefusedByName) {
+  struct Case {
+    std::string field;
+    std::function<void(AttachOptions&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"token_dtype", [](AttachOptions& o) { o.token_dtype = "float32"; }},
+      {"vocab_size", [](AttachOptions& o) { o.vocab_size = -1; }},
+      {"kind", [](AttachOptions& o) { o.kind = "parquet"; }},
+      {"bad_sample", [](AttachOptions& o) { o.bad_sample = "ignore"; }},
+      {"decode", [](AttachOptions& o) { o.decode = "gpu"; }},
+      {"augment", [](AttachOptions& o) { o.augment = "nvjpeg"; }},
+      {"delivery", [](AttachOptions& o) { o.delivery = "disk"; }},
+      {"pipeline", [](AttachOptions& o) { o.pipeline_json = "{\"ops\": 3}"; }},
+  };
+  for (const Case& c : cases) {
+    AttachOptions o = TokenOptions();
+    c.spoil(o);
+    absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_TRUE(absl::StartsWith(plan.status().message(), c.field + ": "))
+        << c.field << ": " << plan.status();
+  }
+}
+
+TEST(AttachPlanFromOptionsTest, TheMessageSaysWhatIsWanted) {
+  AttachOptions o = TokenOptions();
+  o.delivery = "disk";
+  EXPECT_EQ(AttachPlanFromOptions(o).status().message(),
+            "delivery: unknown kind 'disk' (want host or device)");
+}
+
+}  // namespace
+}  // namespace gpufeed::client::internal

@@ -17,6 +17,8 @@ packages=(
 if [ "${1:-}" != "--build-only" ]; then
   packages+=(
     libgtest-dev libgmock-dev prometheus
+    # .ci/thread-safety.sh: clang's -Wthread-safety (GCC ignores ABSL_GUARDED_BY)
+    clang
     python3-numpy python3-pytest python3-torch
     # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
     systemd python3-yaml

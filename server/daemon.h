@@ -45,6 +45,11 @@ struct DaemonConfig {
   // Streams get this long to end at shutdown; the whole teardown, this plus 5 s, after which
   // main() exits regardless (a GPU stage that never returns must not keep a stopped daemon).
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // nvJPEG: the library ("" = the usual names) and interpolated chroma upsampling. Their
+  // defaults come from $GPUFEED_NVJPEG_LIBRARY and $GPUFEED_NVJPEG_INTERPOLATION (0 = off),
+  // read once by main(), so older deployments keep working.
+  std::string nvjpeg_library;
+  bool nvjpeg_interpolation = true;
   // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);
   std::string log_level = "info";

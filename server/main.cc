@@ -48,6 +48,17 @@ ABSL_FLAG(absl::Duration, stall_timeout, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
           "teardown takes 5 s longer than this");
+// Defaults from the environment variables older deployments set (read here, once).
+ABSL_FLAG(std::string, nvjpeg_library,
+          std::getenv("GPUFEED_NVJPEG_LIBRARY") != nullptr ? std::getenv("GPUFEED_NVJPEG_LIBRARY")
+                                                          : "",
+          "nvJPEG's library (default $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13/.12 on the "
+          "loader path or under /usr/local/cuda)");
+ABSL_FLAG(bool, nvjpeg_interpolation,
+          std::getenv("GPUFEED_NVJPEG_INTERPOLATION") == nullptr ||
+              std::string(std::getenv("GPUFEED_NVJPEG_INTERPOLATION")) != "0",
+          "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
+          "$GPUFEED_NVJPEG_INTERPOLATION=0)");
 ABSL_FLAG(std::string, config, "",
           "a gpufeed.v1.DaemonConfig file (text format or JSON; deploy/gpufeedd.textproto); "
           "flags given on the command line override it");
@@ -106,6 +117,8 @@ int main(int argc, char** argv) {
   apply(FLAGS_health_listen, &config.health_listen);
   apply(FLAGS_stall_timeout, &config.stall_timeout);
   apply(FLAGS_shutdown_grace, &config.shutdown_grace);
+  apply(FLAGS_nvjpeg_library, &config.nvjpeg_library);
+  apply(FLAGS_nvjpeg_interpolation, &config.nvjpeg_interpolation);
 
   absl::StatusOr<std::unique_ptr<gpufeed::server::Daemon>> daemon =
       gpufeed::server::Daemon::Start(config);

@@ -31,6 +31,7 @@ struct Gpu {
   std::string uuid;
   bool vmm = false;
   int lowest_priority = 0;  // of a stream: the daemon's work yields to training kernels
+  const CudaBackendOptions* options = nullptr;  // the backend's
   std::unique_ptr<CopyThread> thread;
   absl::Mutex mu;
   uint64_t used ABSL_GUARDED_BY(mu) = 0;
@@ -38,7 +39,8 @@ struct Gpu {
   absl::Mutex nvjpeg_mu;
   bool nvjpeg_tried ABSL_GUARDED_BY(nvjpeg_mu) = false;
   absl::Status nvjpeg_status ABSL_GUARDED_BY(nvjpeg_mu);
-  const nvjpeg::Api* nvjpeg = nullptr;
+  const nvjpeg::Api* nvjpeg = nullptr;  // &nvjpeg_api once loaded
+  nvjpeg::Api nvjpeg_api;
   nvjpeg::Handle nvjpeg_handle = nullptr;
   unsigned nvjpeg_flags = 0;
 
@@ -48,8 +50,10 @@ struct Gpu {
     absl::MutexLock lock(&nvjpeg_mu);
     if (nvjpeg_tried) return nvjpeg_status;
     nvjpeg_tried = true;
-    absl::StatusOr<const nvjpeg::Api*> api = nvjpeg::Load();
-    if (!api.ok()) return nvjpeg_status = api.status();
+    absl::StatusOr<nvjpeg::Api> loaded = nvjpeg::Load(options->nvjpeg_library);
+    if (!loaded.ok()) return nvjpeg_status = loaded.status();
+    nvjpeg_api = *loaded;
+    const nvjpeg::Api* api = &nvjpeg_api;
     cuda::DeviceGuard guard(ordinal);
     // Chroma upsampling by interpolation, as libjpeg-turbo's default ("fancy") upsampling
     // does, where the library takes the flag; the hardware backend where the GPU has JPEG
@@ -64,14 +68,12 @@ struct Gpu {
         {nvjpeg::kHardware, 0, "hardware"},
         {nvjpeg::kGpuHybrid, nvjpeg::kFlagUpsamplingWithInterpolation, "GPU-hybrid"},
         {nvjpeg::kGpuHybrid, 0, "GPU-hybrid"}};
-    // GPUFEED_NVJPEG_INTERPOLATION=0: nvJPEG's own (faster, less libjpeg-like) upsampling.
-    const char* interpolation = std::getenv("GPUFEED_NVJPEG_INTERPOLATION");
-    const bool interpolate = interpolation == nullptr || std::string(interpolation) != "0";
+    const bool interpolate = options->nvjpeg_interpolation;
     const char* backend = "";
     int rc = -1;
     for (const Choice& c : choices) {
       if (!interpolate && c.flags != 0) continue;
-      rc = (*api)->CreateEx(c.backend, nullptr, nullptr, c.flags, &nvjpeg_handle);
+      rc = api->CreateEx(c.backend, nullptr, nullptr, c.flags, &nvjpeg_handle);
       if (rc == 0) {
         backend = c.name;
         nvjpeg_flags = c.flags;
@@ -79,12 +81,12 @@ struct Gpu {
       }
     }
     if (rc != 0) {
-      if (nvjpeg_handle != nullptr) (*api)->Destroy(nvjpeg_handle);
+      if (nvjpeg_handle != nullptr) api->Destroy(nvjpeg_handle);
       nvjpeg_handle = nullptr;
       return nvjpeg_status = absl::FailedPreconditionError(absl::StrCat(
-          "decode: nvJPEG (", (*api)->library, ") on ", uuid, ": ", nvjpeg::StatusName(rc)));
+          "decode: nvJPEG (", api->library, ") on ", uuid, ": ", nvjpeg::StatusName(rc)));
     }
-    nvjpeg = *api;
+    nvjpeg = api;
     spdlog::info("GPU {} {}: nvJPEG {} backend from {}{}", ordinal, uuid, backend, nvjpeg->library,
                  nvjpeg_flags != 0 ? ", chroma upsampling by interpolation" : "");
     return nvjpeg_status = absl::OkStatus();
@@ -450,7 +452,8 @@ class CudaRing final : public DeviceRing {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  explicit CudaBackend(uint64_t budget) : budget_(budget) {}
+  explicit CudaBackend(CudaBackendOptions options)
+      : options_(std::move(options)), budget_(options_.budget_bytes) {}
 
   ~CudaBackend() override {
     for (auto& gpu : gpus_) gpu->thread->Stop();
@@ -466,6 +469,7 @@ class CudaBackend final : public DeviceBackend {
       gpu->ordinal = d.ordinal;
       gpu->uuid = d.uuid;
       gpu->vmm = cuda::SupportsVmmFd(d.ordinal);
+      gpu->options = &options_;
       {
         cuda::DeviceGuard guard(d.ordinal);
         int greatest = 0;
@@ -548,14 +552,16 @@ class CudaBackend final : public DeviceBackend {
     return nullptr;
   }
 
+  const CudaBackendOptions options_;
   const uint64_t budget_;
   std::vector<std::unique_ptr<Gpu>> gpus_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceBackend>> CreateCudaBackend(uint64_t budget_bytes) {
-  auto backend = std::make_unique<CudaBackend>(budget_bytes);
+absl::StatusOr<std::unique_ptr<DeviceBackend>> CreateCudaBackend(
+    const CudaBackendOptions& options) {
+  auto backend = std::make_unique<CudaBackend>(options);
   GPUFEED_RETURN_IF_ERROR(backend->Start());
   return std::unique_ptr<DeviceBackend>(std::move(backend));
 }

@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +16,12 @@ bool Bind(void* lib, const char* name, F* out) {
   return *out != nullptr;
 }
 
-absl::StatusOr<Api> LoadOnce() {
+}  // namespace
+
+absl::StatusOr<Api> Load(const std::string& library) {
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("GPUFEED_NVJPEG_LIBRARY"); env != nullptr && *env != '\0') {
-    candidates.push_back(env);
+  if (!library.empty()) {
+    candidates.push_back(library);
   } else {
     candidates = {"libnvjpeg.so.13", "libnvjpeg.so.12", "/usr/local/cuda/lib64/libnvjpeg.so.13",
                   "/usr/local/cuda/lib64/libnvjpeg.so.12",
@@ -52,15 +53,8 @@ absl::StatusOr<Api> LoadOnce() {
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "decode: nvJPEG is not available to gpufeedd (", absl::StrJoin(errors, "; "),
-      "); set GPUFEED_NVJPEG_LIBRARY or attach with decode cpu"));
-}
-
-}  // namespace
-
-absl::StatusOr<const Api*> Load() {
-  static const absl::StatusOr<Api>* const api = new absl::StatusOr<Api>(LoadOnce());
-  if (!api->ok()) return api->status();
-  return &**api;
+      "); set gpufeedd's --nvjpeg_library (or $GPUFEED_NVJPEG_LIBRARY) or attach with decode "
+      "cpu"));
 }
 
 std::string StatusName(int status) {

@@ -40,9 +40,10 @@ struct Api {
   int (*GetHardwareDecoderInfo)(Handle handle, unsigned* engines, unsigned* cores_per_engine);
 };
 
-// The loaded library: $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13 / .so.12 on the loader
-// path or under /usr/local/cuda/lib64. FAILED_PRECONDITION naming what was tried when absent.
-absl::StatusOr<const Api*> Load();
+// Loads `library` (the config's nvjpeg_library), or when empty libnvjpeg.so.13 / .so.12 on
+// the loader path or under /usr/local/cuda. FAILED_PRECONDITION naming what was tried when
+// absent. The library is never unloaded: handles may outlive any owner we could name.
+absl::StatusOr<Api> Load(const std::string& library);
 
 // "NVJPEG_STATUS_BAD_JPEG (3)" and the like.
 std::string StatusName(int status);

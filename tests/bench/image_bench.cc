@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -233,8 +234,10 @@ int Feed(const Flags& f) {
 int Nvjpeg(const Flags& f) {
   absl::StatusOr<server::ImageFolderIndex> index = server::IndexImageFolder(Get(f, "--data"));
   if (!index.ok()) Die(index.status().ToString());
-  absl::StatusOr<const server::nvjpeg::Api*> api = server::nvjpeg::Load();
-  if (!api.ok()) Die(api.status().ToString());
+  const char* library = std::getenv("GPUFEED_NVJPEG_LIBRARY");
+  absl::StatusOr<server::nvjpeg::Api> loaded = server::nvjpeg::Load(library != nullptr ? library : "");
+  if (!loaded.ok()) Die(loaded.status().ToString());
+  const server::nvjpeg::Api* api = &*loaded;
   const int batch = static_cast<int>(GetInt(f, "--batch", 256));
   const double seconds = static_cast<double>(GetInt(f, "--seconds", 10));
   const std::string backend_name = Get(f, "--backend", "hardware");
@@ -267,13 +270,13 @@ int Nvjpeg(const Flags& f) {
   server::nvjpeg::Handle handle = nullptr;
   server::nvjpeg::State state = nullptr;
   const unsigned flags = static_cast<unsigned>(GetInt(f, "--flags", 0));
-  if (int rc = (*api)->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
+  if (int rc = api->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
     Die(absl::StrCat("nvjpegCreateEx(", backend_name, "): ", server::nvjpeg::StatusName(rc)));
   }
-  (*api)->JpegStateCreate(handle, &state);
+  api->JpegStateCreate(handle, &state);
   unsigned engines = 0, cores = 0;
-  (*api)->GetHardwareDecoderInfo(handle, &engines, &cores);
-  if ((*api)->DecodeBatchedInitialize(handle, state, batch, 1, server::nvjpeg::kRgbInterleaved) != 0) {
+  api->GetHardwareDecoderInfo(handle, &engines, &cores);
+  if (api->DecodeBatchedInitialize(handle, state, batch, 1, server::nvjpeg::kRgbInterleaved) != 0) {
     Die("nvjpegDecodeBatchedInitialize failed");
   }
   unsigned char* out = nullptr;
@@ -295,7 +298,7 @@ int Nvjpeg(const Flags& f) {
       images[i].channel[0] = out + static_cast<size_t>(i) * max_decoded;
       images[i].pitch[0] = static_cast<size_t>(headers[next].width) * 3;
     }
-    if (int rc = (*api)->DecodeBatched(handle, state, d.data(), l.data(), images.data(), stream); rc != 0) {
+    if (int rc = api->DecodeBatched(handle, state, d.data(), l.data(), images.data(), stream); rc != 0) {
       Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
     }
     ++calls;

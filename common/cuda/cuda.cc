@@ -43,7 +43,11 @@ absl::Status Check(cudaError_t error, absl::string_view context) {
 
 absl::Status Check(CUresult result, absl::string_view context) {
   if (result == CUDA_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(context, ": CUresult ", static_cast<int>(result)));
+  const char* name = nullptr;
+  absl::StatusOr<const DriverApi*> api = Driver();
+  if (api.ok() && (*api)->cuGetErrorName != nullptr) (*api)->cuGetErrorName(result, &name);
+  return absl::InternalError(absl::StrCat(context, ": ", name != nullptr ? name : "CUresult", " (",
+                                          static_cast<int>(result), ")"));
 }
 
 std::string UuidString(const cudaUUID_t& uuid) {
@@ -100,7 +104,8 @@ absl::StatusOr<const DriverApi*> Driver() {
           get("cuMemExportToShareableHandle", &api.cuMemExportToShareableHandle),
           get("cuMemImportFromShareableHandle", &api.cuMemImportFromShareableHandle),
           get("cuMemGetAllocationGranularity", &api.cuMemGetAllocationGranularity),
-          get("cuDeviceGetAttribute", &api.cuDeviceGetAttribute)}) {
+          get("cuDeviceGetAttribute", &api.cuDeviceGetAttribute),
+          get("cuGetErrorName", &api.cuGetErrorName)}) {
       if (!s.ok() && status.ok()) status = s;
     }
   });

@@ -62,6 +62,7 @@ struct DriverApi {
   PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
   PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
+  PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
 };
 // The resolved entry points; UNAVAILABLE when the driver lacks them.
 absl::StatusOr<const DriverApi*> Driver();

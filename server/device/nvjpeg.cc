@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cuda/cuda.h"
 
 namespace gpufeed::server::nvjpeg {
 namespace {
@@ -55,6 +56,25 @@ absl::StatusOr<Api> Load(const std::string& library) {
       "decode: nvJPEG is not available to gpufeedd (", absl::StrJoin(errors, "; "),
       "); set gpufeedd's --nvjpeg_library (or $GPUFEED_NVJPEG_LIBRARY) or attach with decode "
       "cpu"));
+}
+
+absl::StatusOr<UniqueState> UniqueState::Create(const Api* api, Handle handle, int device) {
+  cuda::DeviceGuard guard(device);
+  UniqueState out;
+  const int rc = api->JpegStateCreate(handle, &out.state_);
+  if (rc != 0) {
+    out.state_ = nullptr;
+    return absl::InternalError(absl::StrCat("nvjpegJpegStateCreate: ", StatusName(rc)));
+  }
+  out.api_ = api;
+  out.device_ = device;
+  return out;
+}
+
+void UniqueState::reset() {
+  if (state_ == nullptr) return;
+  cuda::DeviceGuard guard(device_);
+  api_->JpegStateDestroy(std::exchange(state_, nullptr));
 }
 
 std::string StatusName(int status) {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -47,5 +48,33 @@ absl::StatusOr<Api> Load(const std::string& library);
 
 // "NVJPEG_STATUS_BAD_JPEG (3)" and the like.
 std::string StatusName(int status);
+
+// Owns a decoder state (nvjpegJpegStateCreate), destroyed with `device` current.
+class UniqueState {
+ public:
+  static absl::StatusOr<UniqueState> Create(const Api* api, Handle handle, int device);
+  UniqueState() = default;
+  ~UniqueState() { reset(); }
+  UniqueState(UniqueState&& other) noexcept { *this = std::move(other); }
+  UniqueState& operator=(UniqueState&& other) noexcept {
+    if (this != &other) {
+      reset();
+      api_ = std::exchange(other.api_, nullptr);
+      state_ = std::exchange(other.state_, nullptr);
+      device_ = other.device_;
+    }
+    return *this;
+  }
+  UniqueState(const UniqueState&) = delete;
+  UniqueState& operator=(const UniqueState&) = delete;
+  State get() const { return state_; }
+  explicit operator bool() const { return state_ != nullptr; }
+  void reset();
+
+ private:
+  const Api* api_ = nullptr;
+  State state_ = nullptr;
+  int device_ = 0;
+};
 
 }  // namespace gpufeed::server::nvjpeg

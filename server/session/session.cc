@@ -118,13 +118,12 @@ absl::Status Session::BindStream(std::function<void()> notify,
         ++self->fills_in_flight_;
       }
       s = self->device_ring_->SetReleaseEvents(release_events);
-      StagingRegion host;
-      std::unique_ptr<DeviceRing> device;
+      TakenRings rings;
       {
         absl::MutexLock lock(&self->mu_);
         --self->fills_in_flight_;
         if (!s.ok() && self->closed_.ok()) self->closed_ = s;
-        self->TakeRingsIfIdleLocked(&host, &device);
+        self->TakeRingsIfIdleLocked(&rings);
       }
       if (!s.ok()) self->Notify();
     });
@@ -143,10 +142,20 @@ absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
   return device_->ExportFd();
 }
 
-void Session::TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device) {
+void Session::TakeRingsIfIdleLocked(TakenRings* rings) {
   if (closed_.ok() || fills_in_flight_ > 0) return;
-  *host = std::move(ring_);
-  *device = std::move(device_);
+  rings->host = std::move(ring_);
+  rings->device = std::move(device_);
+  rings->backend = backend_;
+  rings->gpu_uuid = params_.gpu_uuid;
+}
+
+Session::TakenRings::~TakenRings() {
+  if (device == nullptr) return;
+  // The copy thread runs the reset, so the ring dies there, whoever drops the last copy of
+  // the closure.
+  auto ring = std::make_shared<std::unique_ptr<DeviceRing>>(std::move(device));
+  backend->Post(gpu_uuid, [ring] { ring->reset(); });
 }
 
 bool Session::streaming() const {
@@ -279,8 +288,7 @@ void Session::FillOne() {
 
   bool failed_here = false;
   bool copy = false;
-  StagingRegion host;
-  std::unique_ptr<DeviceRing> device;
+  TakenRings rings;
   {
     absl::MutexLock lock(&mu_);
     if (valid.ok() && closed_.ok() && device_ != nullptr) {
@@ -300,7 +308,7 @@ void Session::FillOne() {
           failed_here = true;
         }
       }
-      TakeRingsIfIdleLocked(&host, &device);
+      TakeRingsIfIdleLocked(&rings);
     }
   }
   if (failed_here) {
@@ -386,8 +394,7 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
 }
 
 void Session::FinishCopy(Slot* slot, absl::Status s, bool closed) {
-  StagingRegion host;
-  std::unique_ptr<DeviceRing> device;
+  TakenRings rings;
   {
     absl::MutexLock lock(&mu_);
     --fills_in_flight_;
@@ -398,7 +405,7 @@ void Session::FinishCopy(Slot* slot, absl::Status s, bool closed) {
       slot->state = SlotState::kFree;
       if (closed_.ok()) closed_ = s;
     }
-    TakeRingsIfIdleLocked(&host, &device);
+    TakeRingsIfIdleLocked(&rings);
   }
   if (!s.ok()) {
     spdlog::error("session {} (job {} rank {}) copy to GPU failed: {}", params_.id, params_.job,
@@ -409,8 +416,7 @@ void Session::FinishCopy(Slot* slot, absl::Status s, bool closed) {
 
 void Session::Close(absl::Status reason) {
   if (reason.ok()) reason = absl::CancelledError("session closed");
-  StagingRegion host;
-  std::unique_ptr<DeviceRing> device;
+  TakenRings rings;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return;
@@ -419,7 +425,7 @@ void Session::Close(absl::Status reason) {
     // Return the rings now unless a worker or the copy thread still uses them; the last one
     // does then. They are freed below, outside the lock (freeing device memory waits for
     // copies in flight).
-    TakeRingsIfIdleLocked(&host, &device);
+    TakeRingsIfIdleLocked(&rings);
   }
   Notify();
 }

@@ -181,9 +181,18 @@ class Session : public std::enable_shared_from_this<Session> {
   void RedoRows(Slot* slot, std::vector<int> rows);
   // The end of a slot's trip to the GPU: ready, or the session fails with `s`.
   void FinishCopy(Slot* slot, absl::Status s, bool closed);
+  // The rings of an ended session, freed when this goes: the host region back to the pool
+  // at once, the device ring on its GPU's copy thread (freeing it waits for the ring's
+  // stream, which no gRPC or other thread should).
+  struct TakenRings {
+    StagingRegion host;
+    std::unique_ptr<DeviceRing> device;
+    DeviceBackend* backend = nullptr;
+    std::string gpu_uuid;
+    ~TakenRings();
+  };
   // Once closed and nothing is in flight: hands the rings over for freeing outside the lock.
-  void TakeRingsIfIdleLocked(StagingRegion* host, std::unique_ptr<DeviceRing>* device)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeRingsIfIdleLocked(TakenRings* rings) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionParams params_;
   const std::shared_ptr<Feed> feed_;

@@ -110,18 +110,10 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.
-      work_(static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) + 16 +
-            static_cast<size_t>(std::max(1, options.threads)) * std::max(1, options.threads)) {
-  const int threads = std::max(1, options_.threads);
-  for (int i = 0; i < threads; ++i) {
-    marks_.push_back(std::make_unique<BusyMark>(absl::StrCat("read/", i)));
-  }
-  for (int i = 0; i < threads; ++i) {
-    workers_.emplace_back([this, i] {
-      pthread_setname_np(pthread_self(), marks_[static_cast<size_t>(i)]->name().c_str());
-      WorkerLoop(*marks_[static_cast<size_t>(i)]);
-    });
-  }
+      workers_("read", options.threads,
+               static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) + 16 +
+                   static_cast<size_t>(std::max(1, options.threads)) *
+                       std::max(1, options.threads)) {
   reaper_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "lease");
     ReaperLoop();
@@ -388,8 +380,8 @@ bool SessionManager::draining() const {
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
   const uint64_t id = session->id();
-  absl::Status s = work_.TryPush([session = std::move(session)] { session->FillOne(); });
-  if (!s.ok() && !work_.closed()) {
+  absl::Status s = workers_.TrySubmit([session = std::move(session)] { session->FillOne(); });
+  if (!s.ok() && !workers_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
     Remove(id, absl::InternalError("gpufeedd fill queue overflow"), "abort");
@@ -397,60 +389,17 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
 }
 
 void SessionManager::Submit(std::function<void()> work) {
-  absl::Status s = work_.TryPush(work);
+  absl::Status s = workers_.TrySubmit(work);
   if (s.ok()) return;
-  if (!work_.closed()) {
+  if (!workers_.closed()) {
     // Cannot happen while the capacity bound holds.
     spdlog::error("fill queue full ({}): running a task on the caller's thread", s.ToString());
   }
   work();
 }
 
-void SessionManager::WorkerLoop(BusyMark& mark) {
-  while (true) {
-    absl::StatusOr<std::function<void()>> work = work_.Pop();
-    if (!work.ok()) return;  // closed: shutting down
-    BusyMark::Scope busy(mark);
-    (*work)();
-  }
-}
-
-std::vector<const BusyMark*> SessionManager::busy_marks() const {
-  std::vector<const BusyMark*> out;
-  for (const auto& m : marks_) out.push_back(m.get());
-  return out;
-}
-
 void SessionManager::ParallelFor(int n, const std::function<void(int)>& fn) {
-  // Chunks are claimed from a shared counter by the caller and by helpers that idle workers
-  // pick up. The caller alone can finish every chunk, so a helper queued behind busy workers
-  // costs nothing; one that starts late finds no chunk left and returns without touching fn.
-  struct Shared {
-    std::atomic<int> next{0};
-    absl::Mutex mu;
-    int done ABSL_GUARDED_BY(mu) = 0;
-    int n = 0;
-    const std::function<void(int)>* fn = nullptr;
-  };
-  auto shared = std::make_shared<Shared>();
-  shared->n = n;
-  shared->fn = &fn;
-  auto run = [shared] {
-    for (int i = shared->next.fetch_add(1); i < shared->n; i = shared->next.fetch_add(1)) {
-      (*shared->fn)(i);
-      absl::MutexLock lock(&shared->mu);
-      ++shared->done;
-    }
-  };
-  const int helpers = std::min(n, static_cast<int>(workers_.size())) - 1;
-  for (int h = 0; h < helpers; ++h) {
-    if (!work_.TryPush(run).ok()) break;  // the caller does the rest
-  }
-  run();
-  absl::MutexLock lock(&shared->mu);
-  shared->mu.Await(absl::Condition(
-      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },
-      shared.get()));
+  workers_.ParallelFor(n, fn);
 }
 
 void SessionManager::ReaperLoop() {
@@ -486,9 +435,7 @@ void SessionManager::Shutdown(const absl::Status& reason) {
     jobs_.clear();
   }
   for (const auto& session : sessions) session->Close(reason);
-  work_.Close(reason);
-  for (std::thread& t : workers_) t.join();
-  workers_.clear();
+  workers_.Shutdown(reason);
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();
 }

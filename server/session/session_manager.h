@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/bounded_queue.h"
 #include "common/progress.h"
+#include "common/thread_pool.h"
 #include "server/augment/pipeline.h"
 #include "server/feed/feed.h"
 #include "server/session/session.h"
@@ -112,7 +113,7 @@ class SessionManager final : public FillScheduler {
   std::vector<FeedSnapshot> ListFeeds() const;
   int num_sessions() const;
   // Tasks waiting for a worker (session fills and chunks of parallel fills).
-  size_t queue_depth() const { return work_.size(); }
+  size_t queue_depth() const { return workers_.queue_depth(); }
 
   // Refuses new sessions (UNAVAILABLE); those attached run on. Idempotent.
   void BeginDrain();
@@ -125,7 +126,7 @@ class SessionManager final : public FillScheduler {
   void Submit(std::function<void()> work) override;
   void ParallelFor(int n, const std::function<void(int)>& fn) override;
   // The workers' progress marks, for the liveness check (common/progress.h).
-  std::vector<const BusyMark*> busy_marks() const;
+  std::vector<const BusyMark*> busy_marks() const { return workers_.busy_marks(); }
 
  private:
   struct Job {
@@ -136,15 +137,14 @@ class SessionManager final : public FillScheduler {
 
   // Removes the session from the maps and closes it.
   void Remove(uint64_t id, const absl::Status& why, const char* verb);
-  void WorkerLoop(BusyMark& mark);
   void ReaperLoop();
 
   const SessionManagerOptions options_;
   StagingPool* const pool_;
   DeviceBackend* const devices_;
   FeedRegistry feeds_;
-  // Fills of sessions and chunks of a parallel fill.
-  BoundedQueue<std::function<void()>> work_;
+  // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
+  ThreadPool workers_;
   absl::Notification stop_reaper_;
 
   mutable absl::Mutex mu_;
@@ -154,8 +154,6 @@ class SessionManager final : public FillScheduler {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
 
-  std::vector<std::unique_ptr<BusyMark>> marks_;  // one per worker, made before they start
-  std::vector<std::thread> workers_;
   std::thread reaper_;
 };
 

@@ -1,0 +1,86 @@
+#include "common/thread_pool.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace gpufeed {
+
+ThreadPool::ThreadPool(const std::string& prefix, int threads, size_t capacity)
+    : queue_(capacity) {
+  threads = std::max(1, threads);
+  for (int i = 0; i < threads; ++i) {
+    marks_.push_back(std::make_unique<BusyMark>(absl::StrCat(prefix, "/", i)));
+  }
+  for (int i = 0; i < threads; ++i) {
+    BusyMark* mark = marks_[static_cast<size_t>(i)].get();
+    workers_.emplace_back([this, mark] {
+      pthread_setname_np(pthread_self(), mark->name().substr(0, 15).c_str());
+      Loop(*mark);
+    });
+  }
+}
+
+ThreadPool::~ThreadPool() { Shutdown(); }
+
+absl::Status ThreadPool::TrySubmit(Work work) { return queue_.TryPush(std::move(work)); }
+
+void ThreadPool::Loop(BusyMark& mark) {
+  while (true) {
+    absl::StatusOr<Work> work = queue_.Pop();
+    if (!work.ok()) return;  // closed and drained
+    BusyMark::Scope busy(mark);
+    (*work)();
+  }
+}
+
+void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
+  // Chunks are claimed from a shared counter by the caller and by helpers that idle workers
+  // pick up; one that starts late finds no chunk left and returns without touching fn.
+  struct Shared {
+    std::atomic<int> next{0};
+    absl::Mutex mu;
+    int done ABSL_GUARDED_BY(mu) = 0;
+    int n = 0;
+    const std::function<void(int)>* fn = nullptr;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->n = n;
+  shared->fn = &fn;
+  auto run = [shared] {
+    for (int i = shared->next.fetch_add(1); i < shared->n; i = shared->next.fetch_add(1)) {
+      (*shared->fn)(i);
+      absl::MutexLock lock(&shared->mu);
+      ++shared->done;
+    }
+  };
+  const int helpers = std::min(n, size()) - 1;
+  for (int h = 0; h < helpers; ++h) {
+    if (!queue_.TryPush(run).ok()) break;  // the caller does the rest
+  }
+  run();
+  absl::MutexLock lock(&shared->mu);
+  shared->mu.Await(absl::Condition(
+      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },
+      shared.get()));
+}
+
+void ThreadPool::Shutdown(const absl::Status& reason) {
+  queue_.Close(reason);
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+std::vector<const BusyMark*> ThreadPool::busy_marks() const {
+  std::vector<const BusyMark*> out;
+  for (const auto& m : marks_) out.push_back(m.get());
+  return out;
+}
+
+}  // namespace gpufeed

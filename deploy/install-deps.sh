@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev
+  libabsl-dev libspdlog-dev libcli11-dev
   libturbojpeg0-dev libpng-dev prometheus-cpp-dev libsystemd-dev
   python3
 )

@@ -1,6 +1,7 @@
 // Operating gpufeedd (issue 6), against the real binaries: Prometheus metrics (values after a
 // known run, promtool's lint), gRPC health on the TCP port, the config file and flag
-// overrides, systemd's notify protocol, drain, gpufeedctl stats/version, JSON logs.
+// overrides, systemd's notify protocol, drain, gpufeedctl stats/version and its command line,
+// JSON logs.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -377,6 +379,71 @@ TEST_F(OpsTest, StatsAndVersion) {
   CtlResult wrong = RunCtl(daemon.socket(), {"stats", "--timeout", "1s"}, dir_.File("wrong"));
   EXPECT_EQ(wrong.exit_code, 2);
   EXPECT_THAT(wrong.err, HasSubstr("stats does not take --timeout"));
+}
+
+// gpufeedctl's command line (CLI11): help, both flag forms, base-10 integers, and the exit
+// statuses: 2 for a usage error, 1 for a bad value or a failed command.
+TEST_F(OpsTest, CtlCommandLine) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  CtlResult help = RunCtl(daemon.socket(), {"--help"}, dir_.File("help"));
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  const std::vector<std::string> consume_flags = absl::StrSplit(
+      "--job --rank --world-size --kind --dataset --token-dtype --seq-len --vocab-size "
+      "--batch-size --seed --no-shuffle --no-drop-last --epochs --max-batches --start-epoch "
+      "--start-step --start-fingerprint --ring-slots --step-ms --timeout-ms --ids --checksum "
+      "--device --ipc --pipeline --bad-sample --decode --augment --dump",
+      ' ');
+  for (const char* word :
+       {"--socket", "--output", "status", "feeds", "sessions", "stats", "--interval", "--count",
+        "drain", "--timeout", "version", "consume", "GPUFEED_SOCKET"}) {
+    EXPECT_THAT(help.out, HasSubstr(word));
+  }
+  CtlResult consume_help = RunCtl(daemon.socket(), {"consume", "--help"}, dir_.File("chelp"));
+  EXPECT_EQ(consume_help.exit_code, 0) << consume_help.err;
+  for (const std::string& flag : consume_flags) {
+    EXPECT_THAT(help.out, HasSubstr(flag + " "));
+    EXPECT_THAT(consume_help.out, HasSubstr(flag + " "));
+  }
+
+  // --flag=value as --flag value; integers in base 10: --seed 010 is seed 10, not octal 8.
+  CtlResult inline_form =
+      RunCtl(daemon.socket(),
+             {"consume", "--dataset=" + tokens_, "--seq-len=32", "--batch-size=8",
+              "--max-batches=3", "--seed=010", "--ids=" + dir_.File("inline.ids"), "--output=json"},
+             dir_.File("inline"));
+  ASSERT_EQ(inline_form.exit_code, 0) << inline_form.err;
+  EXPECT_EQ(JsonInt(inline_form.out, "batches"), 3) << inline_form.out;
+  CtlResult spaced =
+      RunCtl(daemon.socket(),
+             Consume({"--max-batches", "3", "--seed", "10", "--ids", dir_.File("spaced.ids")}),
+             dir_.File("spaced"));
+  ASSERT_EQ(spaced.exit_code, 0) << spaced.err;
+  EXPECT_EQ(ReadFile(dir_.File("inline.ids")), ReadFile(dir_.File("spaced.ids")));
+
+  struct Refusal {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string message;
+  };
+  const std::vector<Refusal> refusals = {
+      {{"bogus"}, 2, "unknown command 'bogus'"},
+      {{}, 2, "gpufeedctl: "},
+      {{"status", "--bogus"}, 2, "--bogus"},
+      {{"status", "extra"}, 2, "extra"},
+      {{"consume", "--dataset"}, 2, "--dataset"},
+      {{"-o", "xml", "status"}, 2, "xml"},
+      {{"--batch-size", "8", "consume"}, 2, "--batch-size is a flag of consume"},
+      {{"drain", "--count", "1"}, 2, "drain does not take --count"},
+      {Consume({"--rank", "x"}), 1, "error: INVALID_ARGUMENT: --rank: 'x' is not an integer"},
+      {Consume({"--seed", "0x10"}), 1, "--seed: '0x10' is not an integer"},
+      {{"consume", "--batch-size", "8"}, 1, "error: INVALID_ARGUMENT: --dataset: required"},
+  };
+  for (const Refusal& r : refusals) {
+    CtlResult result = RunCtl(daemon.socket(), r.args, dir_.File("refused"));
+    EXPECT_EQ(result.exit_code, r.exit_code) << absl::StrJoin(r.args, " ") << ": " << result.err;
+    EXPECT_THAT(result.err, HasSubstr(r.message)) << absl::StrJoin(r.args, " ");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,284 @@
+// gpufeedctl consume: attach as one consumer and read batches, printing progress to stderr
+// every second and, at the end, the throughput, the next position and the feed's fingerprint.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/ctl/commands/batch_io.h"
+#include "client/ctl/commands/command.h"
+#include "client/ctl/output.h"
+#include "gpufeed/client.h"
+
+namespace gpufeed::ctl {
+namespace {
+
+struct ConsumeFlags {
+  std::string job = "default";
+  std::string kind = "tokens";
+  std::string dataset;
+  std::string token_dtype;
+  std::string start_fingerprint;
+  std::string ids;
+  std::string device;
+  std::string ipc = "auto";
+  std::string pipeline;
+  std::string bad_sample = "skip";
+  std::string decode = "auto";
+  std::string augment = "auto";
+  std::string dump;
+  bool no_shuffle = false;
+  bool no_drop_last = false;
+  bool checksum = false;
+  ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
+      start_epoch, start_step, ring_slots, step_ms, timeout_ms;
+};
+
+// What the integer flags come to, with their defaults.
+struct Limits {
+  int64_t epochs = 1;
+  int64_t max_batches = -1;  // no limit
+  int64_t step_ms = 0;
+  int64_t timeout_ms = 60000;
+};
+
+// The attach options and limits the flags ask for, or the first flag that is wrong.
+absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
+                       client::AttachOptions* o, Limits* limits) {
+  o->socket = global.socket;
+  o->job = flags.job;
+  o->kind = flags.kind;
+  o->dataset = flags.dataset;
+  o->token_dtype = flags.token_dtype;
+  o->bad_sample = flags.bad_sample;
+  o->decode = flags.decode;
+  o->augment = flags.augment;
+  o->shuffle = !flags.no_shuffle;
+  o->drop_last = !flags.no_drop_last;
+  int64_t rank = 0, world = 1, seed = 0, ring = 0;
+  for (const auto& [flag, target] : std::vector<std::pair<const ValueFlag*, int64_t*>>{
+           {&flags.rank, &rank},
+           {&flags.world_size, &world},
+           {&flags.seq_len, &o->seq_len},
+           {&flags.vocab_size, &o->vocab_size},
+           {&flags.batch_size, &o->batch_size},
+           {&flags.seed, &seed},
+           {&flags.epochs, &limits->epochs},
+           {&flags.max_batches, &limits->max_batches},
+           {&flags.start_epoch, &o->start.epoch},
+           {&flags.start_step, &o->start.step},
+           {&flags.ring_slots, &ring},
+           {&flags.step_ms, &limits->step_ms},
+           {&flags.timeout_ms, &limits->timeout_ms}}) {
+    if (absl::Status s = flag->ReadInt(target); !s.ok()) return s;
+  }
+  if (o->dataset.empty()) return absl::InvalidArgumentError("--dataset: required");
+  if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
+  o->rank = static_cast<int32_t>(rank);
+  o->world_size = static_cast<int32_t>(world);
+  o->seed = static_cast<uint64_t>(seed);
+  o->ring_slots = static_cast<int32_t>(ring);
+  o->stop_epoch = limits->epochs == 0 ? 0 : o->start.epoch + limits->epochs;
+  if (limits->epochs == 0 && limits->max_batches < 0) {
+    return absl::InvalidArgumentError("--epochs 0 (no end) needs --max-batches");
+  }
+  return absl::OkStatus();
+}
+
+int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
+  client::AttachOptions o;
+  Limits limits;
+  if (absl::Status s = ReadFlags(flags, global, &o, &limits); !s.ok()) return Fail(s);
+  std::ofstream ids_out;
+  if (!flags.ids.empty()) {
+    ids_out.open(flags.ids, std::ios::trunc);
+    if (!ids_out) {
+      return Fail(absl::PermissionDeniedError(absl::StrCat("--ids: cannot write ", flags.ids)));
+    }
+  }
+  o.start.fingerprint = flags.start_fingerprint;
+  if (!flags.pipeline.empty()) {
+    std::ifstream in(flags.pipeline);
+    if (!in) {
+      return Fail(absl::NotFoundError(absl::StrCat("--pipeline: cannot read ", flags.pipeline)));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    o.pipeline_json = text.str();
+  }
+  if (!flags.device.empty()) {
+#ifndef GPUFEED_WITH_CUDA
+    return Fail(absl::FailedPreconditionError("--device: gpufeedctl was built without CUDA"));
+#endif
+    o.delivery = "device";
+    o.gpu = flags.device;
+    o.ipc = flags.ipc;
+  }
+  const bool on_device = o.delivery == "device";
+
+  const absl::Time start = absl::Now();
+  auto session = client::Session::Attach(o);
+  if (!session.ok()) return Fail(session.status());
+  // Declared after the session: on every way out, the stream is synchronized and destroyed
+  // before the session goes.
+  ConsumerStream stream;
+  if (on_device) {
+    absl::StatusOr<ConsumerStream> created = ConsumerStream::Create((*session)->info().gpu_ordinal);
+    if (!created.ok()) return Fail(created.status());
+    stream = std::move(*created);
+  }
+  if (!(*session)->info().decode.empty()) {
+    std::fprintf(stderr, "images: decode on %s, augment on %s\n", (*session)->info().decode.c_str(),
+                 (*session)->info().augment.c_str());
+  }
+  int64_t batches = 0, samples = 0;
+  uint64_t bytes = 0, sum = 0;
+  absl::Duration first_batch = absl::ZeroDuration();
+  absl::Time last_report = absl::Now();
+  absl::Status end;
+  while (limits.max_batches < 0 || batches < limits.max_batches) {
+    absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Milliseconds(limits.timeout_ms));
+    if (!batch.ok()) {
+      end = batch.status();
+      break;
+    }
+    if (batches == 0) first_batch = absl::Now() - start;
+    ++batches;
+    samples += batch->valid_count();
+    for (const auto& t : batch->tensors()) bytes += t.byte_size;
+    if (ids_out.is_open()) {
+      ids_out << "{\"rank\":" << o.rank << ",\"epoch\":" << batch->epoch()
+              << ",\"step\":" << batch->step() << ",\"ids\":[" << absl::StrJoin(batch->ids(), ",")
+              << "],\"valid\":" << batch->valid_count() << "}\n";
+    }
+    if (on_device) {
+      if (absl::Status s = batch->WaitReady(stream.get()); !s.ok()) return Fail(s);
+    }
+    if (!flags.dump.empty() && batches == 1) {
+      if (absl::Status s = DumpBatch(*batch, flags.dump, stream.get()); !s.ok()) return Fail(s);
+    }
+    if (flags.checksum) {
+      absl::StatusOr<uint64_t> batch_sum = BatchChecksum(*batch, stream.get());
+      if (!batch_sum.ok()) return Fail(batch_sum.status());
+      sum += *batch_sum;
+    }
+    if (limits.step_ms > 0) absl::SleepFor(absl::Milliseconds(limits.step_ms));
+    batch->Release(stream.get());
+    if (absl::Now() - last_report >= absl::Seconds(1)) {
+      last_report = absl::Now();
+      const double secs = absl::ToDoubleSeconds(last_report - start);
+      std::fprintf(stderr, "rank %d: %ld batches, %.1f batches/s, %.1f MB/s\n", o.rank, batches,
+                   batches / secs, bytes / secs / 1e6);
+    }
+  }
+  stream.Synchronize();
+  const double secs = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
+  const client::Position pos = (*session)->position();
+  if (ids_out.is_open()) ids_out.flush();
+  (void)(*session)->Detach();
+  if (!end.ok() && !absl::IsOutOfRange(end)) {
+    Fail(end);
+    std::fprintf(stderr, "stopped after %ld batches at position (%ld, %ld)\n", batches, pos.epoch,
+                 pos.step);
+    return 1;
+  }
+  if (global.json()) {
+    std::printf(
+        "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
+        "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
+        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":\"%s\"}%s}\n",
+        o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
+        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
+        absl::CHexEscape(pos.fingerprint).c_str(),
+        flags.checksum ? absl::StrCat(",\"checksum\":", sum).c_str() : "");
+  } else {
+    std::printf(
+        "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
+        "%.1f MB/s; first batch after %.1f ms; next position (%ld, %ld)\n",
+        o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs / 1e6,
+        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step);
+    if (flags.checksum) std::printf("checksum %lu\n", sum);
+    // To resume: --start-epoch/--start-step from the line above, and this.
+    std::printf("fingerprint %s\n", pos.fingerprint.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command AddConsume(CLI::App& app) {
+  CLI::App* cli = app.add_subcommand("consume", "attach as one consumer and read batches");
+  auto flags = std::make_shared<ConsumeFlags>();
+  ConsumeFlags& f = *flags;
+  cli->add_option("--job", f.job, "job name (default \"default\")")->type_name("NAME");
+  f.rank.AddTo(*cli, "--rank", "R", "this consumer's rank (default 0)");
+  f.world_size.AddTo(*cli, "--world-size", "W", "ranks in the job (default 1)");
+  cli->add_option("--kind", f.kind, "tokens (default), records or image_folder")->type_name("KIND");
+  cli->add_option("--dataset", f.dataset, "dataset file, absolute path as the daemon sees it")
+      ->type_name("PATH");
+  cli->add_option("--token-dtype", f.token_dtype,
+                  "uint16 or uint32 (tokens; default: a .npy file's header, else uint16)")
+      ->type_name("T");
+  f.seq_len.AddTo(*cli, "--seq-len", "L", "tokens per sample (tokens)");
+  f.vocab_size.AddTo(*cli, "--vocab-size", "V",
+                     "tokens: refuse the file if a sample of it holds a token >= V");
+  f.batch_size.AddTo(*cli, "--batch-size", "B", "samples per rank per step");
+  f.seed.AddTo(*cli, "--seed", "S", "shuffle seed (default 0)");
+  cli->add_flag("--no-shuffle", f.no_shuffle, "visit samples in order");
+  cli->add_flag("--no-drop-last", f.no_drop_last,
+                "pad the last batch of each epoch instead of dropping it");
+  f.epochs.AddTo(*cli, "--epochs", "E",
+                 "epochs to read from the start epoch (default 1; 0 = no end)");
+  f.max_batches.AddTo(*cli, "--max-batches", "N", "stop after N batches (default: no limit)");
+  f.start_epoch.AddTo(*cli, "--start-epoch", "E0", "resume at epoch E0 (default 0)");
+  f.start_step.AddTo(*cli, "--start-step", "S0", "resume at step S0 of E0 (default 0)");
+  cli->add_option("--start-fingerprint", f.start_fingerprint,
+                  "the fingerprint printed by the run that reached (E0, S0): refuses,\n"
+                  "naming each difference, a dataset or settings other than that run's")
+      ->type_name("F");
+  f.ring_slots.AddTo(*cli, "--ring-slots", "K", "ring depth (default: the daemon's)");
+  f.step_ms.AddTo(*cli, "--step-ms", "MS",
+                  "hold each batch MS milliseconds, as a training step would");
+  f.timeout_ms.AddTo(*cli, "--timeout-ms", "MS",
+                     "give up when no batch comes for MS milliseconds (default 60000)");
+  cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
+      ->type_name("FILE");
+  cli->add_flag("--checksum", f.checksum,
+                "print \"checksum <u64>\": sum over valid samples of sum_j (j+1)*t_j");
+  cli->add_option("--device", f.device,
+                  "device delivery to cuda:N or a GPU-... UUID: batches land in that\n"
+                  "GPU's memory; --checksum copies each batch back to compute the sum")
+      ->type_name("GPU");
+  cli->add_option("--ipc", f.ipc, "device delivery: auto (default), vmm or legacy")
+      ->type_name("KIND");
+  cli->add_option("--pipeline", f.pipeline,
+                  "image datasets: the pipeline as JSON (deploy/pipelines/*.json)")
+      ->type_name("FILE");
+  cli->add_option("--bad-sample", f.bad_sample,
+                  "image datasets: skip (default: replace, count, log) or fail")
+      ->type_name("POLICY");
+  cli->add_option("--decode", f.decode,
+                  "image datasets, device delivery: auto (default: nvJPEG where the\n"
+                  "daemon has it), cpu or nvjpeg")
+      ->type_name("WHO");
+  cli->add_option("--augment", f.augment,
+                  "image datasets, device delivery: auto (default: the GPU), cpu or gpu")
+      ->type_name("WHERE");
+  cli->add_option("--dump", f.dump,
+                  "write the first batch's tensors as PREFIX.<tensor>.npy (and its ids\n"
+                  "as PREFIX.ids.npy)")
+      ->type_name("PREFIX");
+  return {cli, [flags](const GlobalFlags& global) { return RunConsume(*flags, global); }};
+}
+
+}  // namespace gpufeed::ctl

@@ -68,6 +68,7 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
     : spec_(std::move(spec)),
       key_(FeedKeyOf(spec_.Canonical())),
       dataset_(std::move(dataset)),
+      images_(dynamic_cast<const ImageDataset*>(dataset_.get())),
       sampler_(std::move(sampler)) {
   uint64_t offset = 0;
   for (const SampleTensor& t : dataset_->tensors()) {
@@ -85,7 +86,7 @@ Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Samp
   }
   layout_.used_bytes = offset;
   layout_.stride_bytes = AlignUp(offset, PageSize());
-  staged_layout_ = dataset_->StagedLayoutFor(spec_.batch_size);
+  if (images_ != nullptr) staged_layout_ = images_->StagedLayoutFor(spec_.batch_size);
   fingerprint_ = MakeFingerprint();
 }
 
@@ -203,7 +204,7 @@ absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mod
   auto stage = [&](int i) {
     const size_t k = static_cast<size_t>(i);
     absl::StatusOr<uint64_t> used =
-        dataset_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i, target);
+        images_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i, target);
     if (!used.ok()) {
       status[k] = Annotate(used.status(),
                            absl::StrCat("sample ", ids[k], " of epoch ", p.epoch, " step ", p.step));

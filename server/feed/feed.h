@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/os/file.h"
-#include "server/reader/dataset.h"
+#include "server/pipeline/dataset.h"
 #include "server/sampler/sampler.h"
 
 namespace gpufeed::server {
@@ -101,6 +101,7 @@ class Feed {
   std::string fingerprint_;
   std::string MakeFingerprint() const;
   const std::unique_ptr<Dataset> dataset_;
+  const ImageDataset* const images_;  // dataset_ when it is an image dataset, else null
   const std::unique_ptr<Sampler> sampler_;
   SlotLayout layout_;
   std::optional<StagedLayout> staged_layout_;

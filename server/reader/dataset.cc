@@ -81,7 +81,7 @@ bool IsTokenDType(DType t) { return t == DType::kUInt16 || t == DType::kUInt32; 
 // With a declared vocab_size: every token of a sample of the file (64 spans of 4 KiB spread
 // over it, the first and the last included) must be below it. A uint16 file read as uint32,
 // or float data read as tokens, shows values far beyond any vocabulary.
-absl::Status CheckVocabulary(const DatasetSpec& spec, const RandomAccessFile& file,
+absl::Status CheckVocabulary(const FileDatasetSpec& spec, const RandomAccessFile& file,
                              uint64_t data_offset, DType dtype, uint64_t tokens) {
   if (spec.vocab_size == 0) return absl::OkStatus();
   const uint64_t token_bytes = DTypeSize(dtype);
@@ -117,7 +117,7 @@ absl::Status CheckVocabulary(const DatasetSpec& spec, const RandomAccessFile& fi
 // A raw file of uint16/uint32 tokens (token_dtype given, uint16 when unset), or a .npy file
 // written by np.save, read through its header: its dtype is the token type, and a token_dtype
 // that contradicts it is refused.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const DatasetSpec& spec,
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const FileDatasetSpec& spec,
                                                     std::unique_ptr<RandomAccessFile> file) {
   if (spec.token_dtype != DType::kUnspecified && !IsTokenDType(spec.token_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -186,7 +186,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const DatasetSpec& spec,
                                          num_samples);
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const DatasetSpec& spec,
+absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const FileDatasetSpec& spec,
                                                      std::unique_ptr<RandomAccessFile> file) {
   std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
   GPUFEED_RETURN_IF_ERROR(file->ReadAt(
@@ -222,20 +222,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const DatasetSpec& spec,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenImageFolder(const DatasetSpec& spec, FileSystem* fs);
-
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs) {
-  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kRecords &&
-      spec.kind != DatasetKind::kImageFolder) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
-                     " (want tokens, records or image_folder)"));
-  }
-  if (spec.path.empty() || spec.path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
-  }
-  if (spec.kind == DatasetKind::kImageFolder) return OpenImageFolder(spec, fs);
+absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
+                                                         FileSystem* fs) {
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, fs->OpenForRead(spec.path));
   if (spec.kind == DatasetKind::kTokens) return OpenTokens(spec, std::move(file));
   return OpenRecords(spec, std::move(file));

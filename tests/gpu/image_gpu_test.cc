@@ -16,7 +16,7 @@
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
 #include "server/augment/output.h"
-#include "server/reader/dataset.h"
+#include "server/pipeline/dataset.h"
 #include "tests/integration/harness.h"
 #include "tests/gpu/gpu_image_testing.h"
 #include "tests/testing/image_files.h"

@@ -24,6 +24,8 @@ if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
   export GPUFEED_NVJPEG_LIBRARY
 fi
 log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
+# SKIP="old sanitizer racecheck bench" leaves those steps out.
+want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |\[ measure \]|Failure|bad rows|epoch .* row' "$1" | head -${2:-60}; }
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
 
@@ -32,7 +34,7 @@ timeout 900 "$bundle/bin/gpufeed_gpu_tests" >"$out/gpu_tests.log" 2>&1
 echo "exit $?" >>"$out/gpu_tests.log"
 gtest_summary "$out/gpu_tests.log" 80 | tee -a "$out/summary.log"
 
-if [ -x "$bundle/old/gpufeedd" ]; then
+if [ -x "$bundle/old/gpufeedd" ] && want old; then
   log "2. the multi-session nvJPEG tests against the previous daemon (expected to fail)"
   GPUFEEDD=$bundle/old/gpufeedd timeout 300 "$bundle/bin/gpufeed_gpu_tests" \
       --gtest_filter='NvjpegSessionsTest.*' >"$out/old_tests.log" 2>&1
@@ -71,11 +73,13 @@ repro() {  # repro NAME DAEMON [consume flags]
 }
 repro new "$GPUFEEDD"
 repro new-ring4 "$GPUFEEDD" --ring-slots 4
-[ -x "$bundle/old/gpufeedd" ] && repro old "$bundle/old/gpufeedd"
+[ -x "$bundle/old/gpufeedd" ] && want old && repro old "$bundle/old/gpufeedd"
 
 log "4. compute-sanitizer on a daemon serving sequential and concurrent nvJPEG sessions"
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-for tool in memcheck racecheck synccheck; do
+tools=""
+want sanitizer && tools="memcheck synccheck" && want racecheck && tools="$tools racecheck"
+for tool in $tools; do
   sock=/tmp/gf-san.sock; rm -f "$sock"
   "$sanitizer" --tool $tool --print-limit 20 "$GPUFEEDD" --listen="unix://$sock" --threads=4 \
       --staging_bytes=$((2 << 30)) --device_bytes=$((8 << 30)) >"$out/sanitizer-$tool.log" 2>&1 &
@@ -108,7 +112,7 @@ fi
 timeout 600 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1
 tail -6 "$out/pytest.log" | tee -a "$out/summary.log"
 
-if [ -x "$bundle/old/gpufeedd" ]; then
+if [ -x "$bundle/old/gpufeedd" ] && want bench; then
   log "6. throughput before/after (image_bench feed, imagenet_train, B=256, the step-3 dataset)"
   bench=$bundle/bin/image_bench
   for name in old new old new; do

@@ -1,4 +1,4 @@
-#include "server/reader/dataset.h"
+#include "server/pipeline/dataset.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -13,7 +13,7 @@
 #include "server/augment/pipeline.h"
 #include "server/augment/resize.h"
 #include "server/decode/image_decoder.h"
-#include "server/reader/dataset.h"
+#include "server/pipeline/dataset.h"
 #include "server/reader/image_folder.h"
 #include "spdlog/spdlog.h"
 
@@ -23,7 +23,7 @@ namespace {
 // A bad sample is replaced by the next one; a run this long of bad files ends the feed.
 constexpr int kMaxReplacements = 32;
 
-class ImageFolderDataset final : public Dataset {
+class ImageFolderDataset final : public ImageDataset {
  public:
   ImageFolderDataset(ImageFolderIndex index, PipelinePlan plan, const DatasetSpec& spec,
                      FileSystem* fs)
@@ -65,7 +65,7 @@ class ImageFolderDataset final : public Dataset {
     });
   }
 
-  std::optional<StagedLayout> StagedLayoutFor(int64_t batch) const override {
+  StagedLayout StagedLayoutFor(int64_t batch) const override {
     return MakeStagedLayout(batch, plan_.output, plan_.out_height, plan_.out_width);
   }
 
@@ -346,7 +346,8 @@ class ImageFolderDataset final : public Dataset {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenImageFolder(const DatasetSpec& spec, FileSystem* fs) {
+absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec& spec,
+                                                              FileSystem* fs) {
   absl::StatusOr<PipelinePlan> plan = CompilePipeline(spec.pipeline);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(spec.path);

@@ -4,7 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/reader/dataset.h"
+#include "server/pipeline/dataset.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/temp_dir.h"
 

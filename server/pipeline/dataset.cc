@@ -1,0 +1,26 @@
+#include "server/pipeline/dataset.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace gpufeed::server {
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs) {
+  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kRecords &&
+      spec.kind != DatasetKind::kImageFolder) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
+                     " (want tokens, records or image_folder)"));
+  }
+  if (spec.path.empty() || spec.path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
+  }
+  if (spec.kind == DatasetKind::kImageFolder) {
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<ImageDataset> images, OpenImageFolder(spec, fs));
+    return std::unique_ptr<Dataset>(std::move(images));
+  }
+  return OpenFileDataset(spec, fs);
+}
+
+}  // namespace gpufeed::server

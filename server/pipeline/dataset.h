@@ -1,0 +1,63 @@
+// The feed's datasets as the pipeline sees them: the full dataset spec (a file dataset's, plus
+// an image dataset's pipeline and bad-sample policy), image datasets with their staged form
+// for the GPU paths, and OpenDataset for every kind. Readers (server/reader/) only count,
+// describe and read samples; decoding, augmenting and staging are this module's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/os/file.h"
+#include "server/augment/pipeline.h"
+#include "server/augment/stage_arena.h"
+#include "server/augment/staged.h"
+#include "server/reader/dataset.h"
+
+namespace gpufeed::server {
+
+enum class BadSamplePolicy { kSkip = 1, kFail = 2 };
+
+struct DatasetSpec : FileDatasetSpec {
+  std::vector<PipelineStep> pipeline;                   // image_folder
+  BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
+  uint64_t max_pixels = 64'000'000;                     // image_folder
+};
+
+// How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the
+// GPU (augment/staged.h), decoded on the CPU (kCpuDecode) or by nvJPEG where it can (kNvjpeg).
+enum class StageMode { kNone = 0, kCpuDecode = 1, kNvjpeg = 2 };
+// What Attach asks for; resolved to a StageMode by the session manager.
+enum class DecodeChoice { kAuto = 0, kCpu = 1, kNvjpeg = 2 };
+enum class AugmentChoice { kAuto = 0, kCpu = 1, kGpu = 2 };
+
+// One row of a staged batch being written: the host slot, its layout and its arena.
+struct StageTarget {
+  StageMode mode = StageMode::kCpuDecode;
+  const StagedLayout* layout = nullptr;
+  std::byte* slot = nullptr;
+  StageArena* arena = nullptr;
+};
+
+// A dataset of images: finished on the CPU through ReadSampleAt, or staged for the GPU.
+class ImageDataset : public Dataset {
+ public:
+  // The staged layout of a batch of `batch` samples.
+  virtual StagedLayout StagedLayoutFor(int64_t batch) const = 0;
+  // Stages sample `id` as row `row` of a staged batch (its record, label and arena bytes) and
+  // returns the id actually staged, as ReadSampleAt does.
+  virtual absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context,
+                                                 int64_t row, const StageTarget& target) const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec& spec,
+                                                              FileSystem* fs);
+
+// Opens and validates a dataset of any kind: NOT_FOUND / PERMISSION_DENIED naming the path,
+// and INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be served.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, FileSystem* fs);
+
+}  // namespace gpufeed::server

@@ -44,28 +44,13 @@ class JsonFormatter final : public spdlog::formatter {
 
 }  // namespace
 
-absl::Status SetLogLevel(std::string_view level) {
-  const std::string name(level);
-  const spdlog::level::level_enum parsed = spdlog::level::from_str(name);
-  // from_str maps unknown names to `off`; only "off" itself may mean off.
-  if (parsed == spdlog::level::off && name != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "log_level: unknown level '", name, "' (want trace, debug, info, warn, error or off)"));
-  }
-  spdlog::set_level(parsed);
-  return absl::OkStatus();
-}
-
-absl::Status SetLogFormat(std::string_view format) {
-  if (format == "json") {
+void ConfigureLogging(spdlog::level::level_enum level, LogFormat format) {
+  spdlog::set_level(level);
+  if (format == LogFormat::kJson) {
     spdlog::set_formatter(std::make_unique<JsonFormatter>());
-  } else if (format == "text") {
-    spdlog::set_pattern("%+");
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log_format: want text or json, got '", std::string(format), "'"));
+    spdlog::set_pattern("%+");
   }
-  return absl::OkStatus();
 }
 
 }  // namespace gpufeed

@@ -1,27 +1,17 @@
 #include "server/daemon.h"
 
-#include <signal.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/os/file.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
-#include "google/protobuf/util/json_util.h"
-#include "gpufeed/v1/config.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/notify.h"
@@ -38,153 +28,15 @@
 
 namespace gpufeed::server {
 
-absl::StatusOr<std::string> UnixPathOf(const std::string& listen) {
-  std::string path;
-  if (absl::StartsWith(listen, "unix://")) {
-    path = listen.substr(7);
-  } else if (absl::StartsWith(listen, "unix:")) {
-    path = listen.substr(5);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "listen: '", listen, "' is not a unix socket address (want unix:///path/to.sock)"));
-  }
-  if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen: '", listen, "' must name an absolute socket path"));
-  }
-  return path;
-}
+Daemon::Daemon(DaemonConfig config, std::function<void(StopReason)> request_stop)
+    : config_(std::move(config)), request_stop_(std::move(request_stop)) {}
 
-namespace {
-
-// Collects protobuf's text-format errors with their line and column.
-class ParseErrors final : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first.empty()) first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
-  }
-  std::string first;
-};
-
-absl::Status CheckHostPort(const std::string& field, const std::string& value) {
-  const size_t colon = value.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": want HOST:PORT (e.g. 0.0.0.0:9090), got '", value, "'"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* c) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string body = text.str();
-  v1::DaemonConfig file;
-  const size_t first = body.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && body[first] == '{') {
-    const auto parsed = google::protobuf::util::JsonStringToMessage(body, &file);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config ", path, ": ", std::string(parsed.message())));
-    }
-  } else {
-    google::protobuf::TextFormat::Parser parser;
-    ParseErrors errors;
-    parser.RecordErrorsTo(&errors);
-    if (!parser.ParseFromString(body, &file)) {
-      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", errors.first));
-    }
-  }
-  if (file.has_listen()) c->listen = file.listen();
-  if (file.has_mem_socket()) c->mem_socket = file.mem_socket();
-  if (file.has_staging_bytes()) c->staging_bytes = file.staging_bytes();
-  if (file.has_device_bytes()) c->device_bytes = file.device_bytes();
-  if (file.has_threads()) c->threads = file.threads();
-  if (file.has_max_sessions()) c->max_sessions = file.max_sessions();
-  if (file.has_ring_slots()) c->default_ring_slots = file.ring_slots();
-  if (file.has_attach_timeout_ms()) c->attach_timeout = absl::Milliseconds(file.attach_timeout_ms());
-  if (file.has_stall_timeout_ms()) c->stall_timeout = absl::Milliseconds(file.stall_timeout_ms());
-  if (file.has_nvjpeg_library()) c->nvjpeg_library = file.nvjpeg_library();
-  if (file.has_nvjpeg_interpolation()) c->nvjpeg_interpolation = file.nvjpeg_interpolation();
-  if (file.has_shutdown_grace_ms()) {
-    c->shutdown_grace = absl::Milliseconds(file.shutdown_grace_ms());
-  }
-  if (file.has_read_mode()) c->read_mode = file.read_mode();
-  if (file.has_log_level()) c->log_level = file.log_level();
-  if (file.has_log_format()) c->log_format = file.log_format();
-  if (file.has_metrics_listen()) c->metrics_listen = file.metrics_listen();
-  if (file.has_health_listen()) c->health_listen = file.health_listen();
-  return absl::OkStatus();
-}
-
-absl::Status ValidateConfig(DaemonConfig& c) {
-  GPUFEED_ASSIGN_OR_RETURN(std::string path, UnixPathOf(c.listen));
-  if (c.mem_socket.empty()) {
-    std::string base = path;
-    if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
-    c.mem_socket = base + ".mem.sock";
-  }
-  if (c.mem_socket[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mem_socket: must be an absolute path, got '", c.mem_socket, "'"));
-  }
-  if (c.mem_socket == path) {
-    return absl::InvalidArgumentError("mem_socket: must differ from the listen socket");
-  }
-  if (c.staging_bytes < (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staging_bytes: at least 1 MiB, got ", c.staging_bytes));
-  }
-  if (c.staging_slab_bytes < (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staging_slab_bytes: at least 1 MiB, got ", c.staging_slab_bytes));
-  }
-  if (c.threads < 0 || c.threads > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("threads: 0 to 1024, got ", c.threads));
-  }
-  if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (c.max_sessions < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_sessions: >= 1, got ", c.max_sessions));
-  }
-  if (c.default_ring_slots < 0 || c.default_ring_slots > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring_slots: 0 (auto) to 64, got ", c.default_ring_slots));
-  }
-  if (c.device_bytes == 0) {
-    return absl::InvalidArgumentError("device_bytes: must be > 0");
-  }
-  if (c.read_mode != "mmap" && c.read_mode != "pread") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("read_mode: want mmap or pread, got '", c.read_mode, "'"));
-  }
-  if (c.stall_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("stall_timeout: must be >= 0 (0 = off)");
-  }
-  if (c.shutdown_grace < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("shutdown_grace: must be >= 0");
-  }
-  if (c.attach_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("attach_timeout: must be > 0");
-  }
-  if (!c.metrics_listen.empty()) GPUFEED_RETURN_IF_ERROR(CheckHostPort("metrics_listen", c.metrics_listen));
-  if (!c.health_listen.empty()) GPUFEED_RETURN_IF_ERROR(CheckHostPort("health_listen", c.health_listen));
-  GPUFEED_RETURN_IF_ERROR(SetLogFormat(c.log_format));
-  return SetLogLevel(c.log_level);
-}
-
-Daemon::Daemon(DaemonConfig config) : config_(std::move(config)) {}
-
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
-  GPUFEED_RETURN_IF_ERROR(ValidateConfig(config));
-  std::unique_ptr<Daemon> d(new Daemon(std::move(config)));
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
+    DaemonConfig config, std::function<void(StopReason)> request_stop) {
+  ConfigureLogging(config.log_level, config.log_format);
+  std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
   const DaemonConfig& c = d->config_;
-  const std::string socket_path = *UnixPathOf(c.listen);
+  GPUFEED_ASSIGN_OR_RETURN(const std::string socket_path, UnixPathOf(c.listen));
   if (UnixSocketInUse(socket_path)) {
     return absl::AlreadyExistsError(
         absl::StrCat("listen: socket ", socket_path, " is in use by another process"));
@@ -211,14 +63,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   SessionManagerOptions options;
   options.threads = c.threads;
   options.max_sessions = c.max_sessions;
-  options.default_ring_slots = c.default_ring_slots;
+  options.default_ring_slots = c.ring_slots;
   options.attach_timeout = c.attach_timeout;
-  FileSystem* fs = c.read_mode == "pread" ? PosixFileSystem() : MappedFileSystem();
+  FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
                            MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get()));
 
-  d->feed_service_ = std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket);
+  d->feed_service_ =
+      std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket, c.attach_threads);
   Daemon* raw = d.get();
   DaemonInfo info;
   info.version = kVersion;
@@ -226,10 +79,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
   info.pool = d->pool_.get();
   info.serving = [raw] { return raw->serving_.load(); };
   info.draining = [raw] { return raw->sessions_->draining(); };
-  // A drain requested over gRPC ends the process as SIGTERM does: the main thread's sigwait
-  // takes it and shuts down in order.
+  // A drain requested over gRPC ends the process as SIGTERM does: the owner shuts down in
+  // order.
   info.drain = [raw](absl::Duration timeout) {
-    return raw->Drain(timeout, [] { ::kill(::getpid(), SIGTERM); });
+    return raw->Drain(timeout, [raw] {
+      if (raw->request_stop_) raw->request_stop_(StopReason::kDrained);
+    });
   };
   d->admin_service_ = std::make_unique<AdminService>(d->sessions_.get(), std::move(info));
 
@@ -278,14 +133,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
                                           c.staging_bytes >> 20, " MiB, ", c.threads, " threads");
   spdlog::info("gpufeedd {} serving on {} (memory socket {}), staging {} MiB, {} threads, "
                "{} reads{}{}",
-               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads, c.read_mode,
+               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads,
+               ReadModeName(c.read_mode),
                c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status, [raw] { return !raw->stalled_; });
   // A GPU context can break at any time (an illegal address in a kernel): every later CUDA
-  // call fails, so readiness goes NOT_SERVING and the daemon stops itself with exit code 1
-  // for its supervisor (systemd's Restart=on-failure, Kubernetes) to start a fresh one.
+  // call fails, so readiness goes NOT_SERVING and the daemon asks to be stopped, with exit code
+  // 1 for its supervisor (systemd's Restart=on-failure, Kubernetes) to start a fresh one.
   d->readiness_monitor_ = std::thread([raw] {
     while (!raw->stop_drain_watcher_) {
       absl::SleepFor(absl::Milliseconds(250));
@@ -295,7 +151,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonConfig config) {
                       "with status 1 to be restarted");
         raw->exit_code_ = 1;
         raw->SetServing(true);  // live, not ready, until the shutdown
-        ::kill(::getpid(), SIGTERM);
+        if (raw->request_stop_) raw->request_stop_(StopReason::kGpuFailed);
         return;
       }
     }

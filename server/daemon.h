@@ -1,5 +1,5 @@
-// gpufeedd as a library: one typed config, validated once, and the object that owns every
-// part of the running daemon in start-up order (and destroys them in reverse).
+// gpufeedd as a library: the object that owns every part of the running daemon in start-up
+// order (and destroys them in reverse). Its configuration is server/config.h's.
 #pragma once
 
 #include <atomic>
@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/config.h"
 
 namespace grpc {
 class Server;
@@ -31,56 +32,21 @@ class SystemdNotifier;
 
 inline constexpr char kVersion[] = "0.1.0";
 
-struct DaemonConfig {
-  // "unix:///path" or "unix:path": the gRPC socket.
-  std::string listen = "unix:///run/gpufeed/gpufeed.sock";
-  // The memory socket; empty: beside the gRPC socket, "<name>.mem.sock".
-  std::string mem_socket;
-  uint64_t staging_bytes = uint64_t{1} << 30;
-  uint64_t staging_slab_bytes = uint64_t{1} << 30;
-  int threads = 0;  // 0: one per core
-  int max_sessions = 256;
-  int32_t default_ring_slots = 0;  // 0: auto (2..16 slots, up to 64 MiB a ring)
-  absl::Duration attach_timeout = absl::Seconds(10);
-  // Streams get this long to end at shutdown; the whole teardown, this plus 5 s, after which
-  // main() exits regardless (a GPU stage that never returns must not keep a stopped daemon).
-  absl::Duration shutdown_grace = absl::Seconds(2);
-  // nvJPEG: the library ("" = the usual names) and interpolated chroma upsampling. Their
-  // defaults come from $GPUFEED_NVJPEG_LIBRARY and $GPUFEED_NVJPEG_INTERPOLATION (0 = off),
-  // read once by main(), so older deployments keep working.
-  std::string nvjpeg_library;
-  bool nvjpeg_interpolation = true;
-  // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
-  absl::Duration stall_timeout = absl::Seconds(60);
-  std::string log_level = "info";
-  // How readers copy samples from the page cache: "mmap" (memcpy from a mapping, guarded
-  // against SIGBUS) or "pread". Both turn a shrunken file into DATA_LOSS.
-  std::string read_mode = "mmap";
-  // Device bytes all device rings on one GPU may hold together.
-  uint64_t device_bytes = uint64_t{4} << 30;
-  std::string log_format = "text";  // or "json"
-  // TCP "host:port" for Prometheus' /metrics, and for grpc.health.v1 alone (Kubernetes'
-  // gRPC probes cannot reach a Unix socket). Empty: off.
-  std::string metrics_listen;
-  std::string health_listen;
-};
-
-// Reads a gpufeed.v1.DaemonConfig (protobuf text format, or JSON when the file starts with
-// '{') into `config`: the fields the file sets replace the defaults. NOT_FOUND for a missing
-// file, INVALID_ARGUMENT naming the file, line and field otherwise.
-absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* config);
-
-// INVALID_ARGUMENT naming the field. Fills derived fields (mem_socket, threads).
-absl::Status ValidateConfig(DaemonConfig& config);
-
-// The socket path of a "unix://" listen address.
-absl::StatusOr<std::string> UnixPathOf(const std::string& listen);
-
 class Daemon {
  public:
-  // Binds both sockets and starts serving; fatal problems (socket in use, no memory) are
-  // returned, naming what failed.
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonConfig config);
+  // Why the daemon asks the process to stop (see Start's `request_stop`).
+  enum class StopReason {
+    kDrained,    // a drain ended: the last session left or its timeout passed; exit 0
+    kGpuFailed,  // a GPU's CUDA context broke for good; exit 1 (exit_code())
+  };
+
+  // Configures logging, binds both sockets and starts serving; fatal problems (socket in use,
+  // no memory) are returned, naming what failed. `config` as LoadConfig returns it: validated.
+  // The daemon calls `request_stop`, from a thread of its own, when it wants the process to
+  // stop (once per reason at most); the owner then calls Shutdown() from another thread, as it
+  // does for SIGTERM.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(
+      DaemonConfig config, std::function<void(StopReason)> request_stop);
   ~Daemon();
 
   // Health NOT_SERVING, sessions end with UNAVAILABLE, the server stops within the grace
@@ -101,13 +67,14 @@ class Daemon {
   // NOT_SERVING, systemd watchdog pings stop).
   bool stalled() const { return stalled_; }
   // What the process should exit with: 1 once a GPU's CUDA context broke for good (the
-  // daemon then stops itself so that systemd or Kubernetes restarts it), else 0.
+  // daemon then requests a stop, so that systemd or Kubernetes restarts it), else 0.
   int exit_code() const { return exit_code_; }
 
  private:
-  explicit Daemon(DaemonConfig config);
+  Daemon(DaemonConfig config, std::function<void(StopReason)> request_stop);
 
   DaemonConfig config_;
+  const std::function<void(StopReason)> request_stop_;
   std::atomic<bool> serving_{false};
   std::unique_ptr<StagingPool> pool_;
   std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in

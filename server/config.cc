@@ -1,0 +1,377 @@
+#include "server/config.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "gpufeed/v1/config.pb.h"
+
+// gpufeedd's flags, one per DaemonConfig setting; their defaults are DefaultConfig()'s.
+// LoadConfig applies those given on the command line over the --config file.
+namespace {
+using gpufeed::server::DaemonConfig;
+using gpufeed::server::DefaultConfig;
+}  // namespace
+
+ABSL_FLAG(std::string, config, "",
+          "a gpufeed.v1.DaemonConfig file (text format or JSON; deploy/gpufeedd.textproto); "
+          "flags given on the command line override it");
+ABSL_FLAG(std::string, listen, DaemonConfig().listen,
+          "gRPC listen address: unix:///path/to/socket");
+ABSL_FLAG(std::string, mem_socket, DaemonConfig().mem_socket,
+          "Unix socket that hands over memory; default: beside --listen, NAME.mem.sock");
+ABSL_FLAG(uint64_t, staging_bytes, DaemonConfig().staging_bytes,
+          "bytes of host staging memory (memfd slabs) shared by all sessions' rings");
+ABSL_FLAG(uint64_t, staging_slab_bytes, DaemonConfig().staging_slab_bytes,
+          "the staging memory is made of memfd slabs of at most this many bytes; one session's "
+          "ring must fit in one slab");
+ABSL_FLAG(int, threads, DaemonConfig().threads, "reader threads; 0 = one per core");
+ABSL_FLAG(int, attach_threads, DaemonConfig().attach_threads,
+          "threads that run Attach (open a dataset, allocate its rings), 1 to 64");
+ABSL_FLAG(int, max_sessions, DaemonConfig().max_sessions, "most sessions served at once");
+ABSL_FLAG(int, ring_slots, DaemonConfig().ring_slots,
+          "ring depth (slots per session) when Attach gives none; 0 = auto: as many as fit "
+          "in 64 MiB, 2 to 16");
+ABSL_FLAG(absl::Duration, attach_timeout, DaemonConfig().attach_timeout,
+          "a session whose stream is not open this long after Attach is ended");
+ABSL_FLAG(std::string, read_mode, gpufeed::server::ReadModeName(DaemonConfig().read_mode),
+          "how samples are copied from the page cache: mmap (memcpy from a mapping, guarded "
+          "against a shrinking file) or pread");
+ABSL_FLAG(uint64_t, device_bytes, DaemonConfig().device_bytes,
+          "device memory all consumers' rings on one GPU may hold together (bytes)");
+ABSL_FLAG(std::string, log_level,
+          std::string(spdlog::level::to_string_view(DaemonConfig().log_level).data()),
+          "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, log_format, "text", "text, or json (one object a line, for log pipelines)");
+ABSL_FLAG(std::string, metrics_listen, DaemonConfig().metrics_listen,
+          "TCP HOST:PORT serving Prometheus metrics at /metrics; empty: off");
+ABSL_FLAG(std::string, health_listen, DaemonConfig().health_listen,
+          "TCP HOST:PORT serving grpc.health.v1 alone (Kubernetes gRPC probes); empty: off");
+ABSL_FLAG(absl::Duration, stall_timeout, DaemonConfig().stall_timeout,
+          "liveness: the daemon reports itself stalled (health NOT_SERVING, no systemd watchdog "
+          "pings) once one fill or GPU copy has run this long; 0 = never");
+ABSL_FLAG(absl::Duration, shutdown_grace, DaemonConfig().shutdown_grace,
+          "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
+          "teardown takes 5 s longer than this");
+ABSL_FLAG(std::string, nvjpeg_library, DefaultConfig().nvjpeg_library,
+          "nvJPEG's library (default $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13/.12 on the "
+          "loader path or under /usr/local/cuda)");
+ABSL_FLAG(bool, nvjpeg_interpolation, DefaultConfig().nvjpeg_interpolation,
+          "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
+          "$GPUFEED_NVJPEG_INTERPOLATION=0)");
+
+namespace gpufeed::server {
+namespace {
+
+// Where a setting's value came from, for the settings a config file set (and no flag
+// replaced): the setting's name (its flag's) -> "config FILE: file_field".
+using Sources = absl::flat_hash_map<std::string, std::string>;
+
+// INVALID_ARGUMENT "field: message", or "config FILE: file_field: message" when the value
+// came from a file.
+absl::Status Invalid(const Sources& sources, const std::string& field, absl::string_view message) {
+  const auto source = sources.find(field);
+  return absl::InvalidArgumentError(
+      absl::StrCat(source == sources.end() ? field : source->second, ": ", message));
+}
+
+// Collects protobuf's text-format errors with their line and column.
+class ParseErrors final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first.empty()) {
+      first = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    }
+  }
+  std::string first;
+};
+
+absl::StatusOr<std::string> SocketPath(const std::string& listen) {
+  std::string path;
+  if (absl::StartsWith(listen, "unix://")) {
+    path = listen.substr(7);
+  } else if (absl::StartsWith(listen, "unix:")) {
+    path = listen.substr(5);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", listen, "' is not a unix socket address (want unix:///path/to.sock)"));
+  }
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", listen, "' must name an absolute socket path"));
+  }
+  return path;
+}
+
+// An optional TCP address: "" (off) or HOST:PORT.
+absl::Status CheckHostPort(const Sources& sources, const std::string& field,
+                           const std::string& value) {
+  const size_t colon = value.rfind(':');
+  int port = 0;
+  if (value.empty() ||
+      (colon != std::string::npos && colon != 0 &&
+       absl::SimpleAtoi(value.substr(colon + 1), &port) && port >= 0 && port <= 65535)) {
+    return absl::OkStatus();
+  }
+  return Invalid(sources, field,
+                 absl::StrCat("want HOST:PORT (e.g. 0.0.0.0:9090), got '", value, "'"));
+}
+
+absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* sources) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string body = text.str();
+  v1::DaemonConfig file;
+  const size_t first = body.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && body[first] == '{') {
+    const auto parsed = google::protobuf::util::JsonStringToMessage(body, &file);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", path, ": ", std::string(parsed.message())));
+    }
+  } else {
+    google::protobuf::TextFormat::Parser parser;
+    ParseErrors errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(body, &file)) {
+      return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", errors.first));
+    }
+  }
+  // Records that `field` came from the file's `file_field`.
+  auto from_file = [&](const std::string& field, absl::string_view file_field) {
+    (*sources)[field] = absl::StrCat("config ", path, ": ", file_field);
+  };
+  // An enum's name: parsed here, so that a bad one names the file.
+  auto parse = [&](auto parsed, auto* field) {
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", path, ": ", parsed.status().message()));
+    }
+    *field = *parsed;
+    return absl::OkStatus();
+  };
+#define GPUFEED_FROM_FILE(proto_field, field, value) \
+  if (file.has_##proto_field()) {                    \
+    c->field = (value);                              \
+    from_file(#field, #proto_field);                 \
+  }
+  GPUFEED_FROM_FILE(listen, listen, file.listen());
+  GPUFEED_FROM_FILE(mem_socket, mem_socket, file.mem_socket());
+  GPUFEED_FROM_FILE(staging_bytes, staging_bytes, file.staging_bytes());
+  GPUFEED_FROM_FILE(staging_slab_bytes, staging_slab_bytes, file.staging_slab_bytes());
+  GPUFEED_FROM_FILE(device_bytes, device_bytes, file.device_bytes());
+  GPUFEED_FROM_FILE(threads, threads, file.threads());
+  GPUFEED_FROM_FILE(attach_threads, attach_threads, file.attach_threads());
+  GPUFEED_FROM_FILE(max_sessions, max_sessions, file.max_sessions());
+  GPUFEED_FROM_FILE(ring_slots, ring_slots, file.ring_slots());
+  GPUFEED_FROM_FILE(attach_timeout_ms, attach_timeout,
+                    absl::Milliseconds(file.attach_timeout_ms()));
+  GPUFEED_FROM_FILE(stall_timeout_ms, stall_timeout, absl::Milliseconds(file.stall_timeout_ms()));
+  GPUFEED_FROM_FILE(shutdown_grace_ms, shutdown_grace,
+                    absl::Milliseconds(file.shutdown_grace_ms()));
+  GPUFEED_FROM_FILE(nvjpeg_library, nvjpeg_library, file.nvjpeg_library());
+  GPUFEED_FROM_FILE(nvjpeg_interpolation, nvjpeg_interpolation, file.nvjpeg_interpolation());
+  GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
+  GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
+#undef GPUFEED_FROM_FILE
+  if (file.has_read_mode()) {
+    GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
+  }
+  if (file.has_log_level()) {
+    GPUFEED_RETURN_IF_ERROR(parse(ParseLogLevel(file.log_level()), &c->log_level));
+  }
+  if (file.has_log_format()) {
+    GPUFEED_RETURN_IF_ERROR(parse(ParseLogFormat(file.log_format()), &c->log_format));
+  }
+  return absl::OkStatus();
+}
+
+// A flag's value replaces the setting when the flag was given (named on the command line, or
+// set to other than its default through --flagfile).
+absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonConfig* c,
+                        Sources* sources) {
+  auto given = [&](const auto& flag) {
+    const absl::CommandLineFlag& handle = absl::GetFlagReflectionHandle(flag);
+    const std::string name(handle.Name());
+    if (!named.contains(name) && handle.CurrentValue() == handle.DefaultValue()) return false;
+    sources->erase(name);  // the flag's name is the field's in every message
+    return true;
+  };
+  auto apply = [&](const auto& flag, auto* field) {
+    if (given(flag)) *field = absl::GetFlag(flag);
+  };
+  apply(FLAGS_listen, &c->listen);
+  apply(FLAGS_mem_socket, &c->mem_socket);
+  apply(FLAGS_staging_bytes, &c->staging_bytes);
+  apply(FLAGS_staging_slab_bytes, &c->staging_slab_bytes);
+  apply(FLAGS_threads, &c->threads);
+  apply(FLAGS_attach_threads, &c->attach_threads);
+  apply(FLAGS_max_sessions, &c->max_sessions);
+  apply(FLAGS_ring_slots, &c->ring_slots);
+  apply(FLAGS_attach_timeout, &c->attach_timeout);
+  apply(FLAGS_device_bytes, &c->device_bytes);
+  apply(FLAGS_metrics_listen, &c->metrics_listen);
+  apply(FLAGS_health_listen, &c->health_listen);
+  apply(FLAGS_stall_timeout, &c->stall_timeout);
+  apply(FLAGS_shutdown_grace, &c->shutdown_grace);
+  apply(FLAGS_nvjpeg_library, &c->nvjpeg_library);
+  apply(FLAGS_nvjpeg_interpolation, &c->nvjpeg_interpolation);
+  if (given(FLAGS_read_mode)) {
+    GPUFEED_ASSIGN_OR_RETURN(c->read_mode, ParseReadMode(absl::GetFlag(FLAGS_read_mode)));
+  }
+  if (given(FLAGS_log_level)) {
+    GPUFEED_ASSIGN_OR_RETURN(c->log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  }
+  if (given(FLAGS_log_format)) {
+    GPUFEED_ASSIGN_OR_RETURN(c->log_format, ParseLogFormat(absl::GetFlag(FLAGS_log_format)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(DaemonConfig& c, const Sources& sources) {
+  const absl::StatusOr<std::string> path = SocketPath(c.listen);
+  if (!path.ok()) return Invalid(sources, "listen", path.status().message());
+  if (c.mem_socket.empty()) {
+    std::string base = *path;
+    if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
+    c.mem_socket = base + ".mem.sock";
+  }
+  if (c.mem_socket[0] != '/') {
+    return Invalid(sources, "mem_socket",
+                   absl::StrCat("must be an absolute path, got '", c.mem_socket, "'"));
+  }
+  if (c.mem_socket == *path) {
+    return Invalid(sources, "mem_socket", "must differ from the listen socket");
+  }
+  if (c.staging_bytes < (uint64_t{1} << 20) || c.staging_bytes > (uint64_t{1} << 48)) {
+    return Invalid(sources, "staging_bytes",
+                   absl::StrCat("1 MiB to 256 TiB, got ", c.staging_bytes));
+  }
+  if (c.staging_slab_bytes < (uint64_t{1} << 20)) {
+    return Invalid(sources, "staging_slab_bytes",
+                   absl::StrCat("at least 1 MiB, got ", c.staging_slab_bytes));
+  }
+  if (c.threads < 0 || c.threads > 1024) {
+    return Invalid(sources, "threads", absl::StrCat("0 to 1024, got ", c.threads));
+  }
+  if (c.threads == 0)
+    c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (c.attach_threads < 1 || c.attach_threads > 64) {
+    return Invalid(sources, "attach_threads", absl::StrCat("1 to 64, got ", c.attach_threads));
+  }
+  if (c.max_sessions < 1) {
+    return Invalid(sources, "max_sessions", absl::StrCat(">= 1, got ", c.max_sessions));
+  }
+  if (c.ring_slots < 0 || c.ring_slots > 64) {
+    return Invalid(sources, "ring_slots", absl::StrCat("0 (auto) to 64, got ", c.ring_slots));
+  }
+  if (c.device_bytes == 0) return Invalid(sources, "device_bytes", "must be > 0");
+  if (c.stall_timeout < absl::ZeroDuration()) {
+    return Invalid(sources, "stall_timeout", "must be >= 0 (0 = off)");
+  }
+  if (c.shutdown_grace < absl::ZeroDuration()) {
+    return Invalid(sources, "shutdown_grace", "must be >= 0");
+  }
+  if (c.attach_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "attach_timeout", "must be > 0");
+  }
+  GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
+  return CheckHostPort(sources, "health_listen", c.health_listen);
+}
+
+}  // namespace
+
+const char* ReadModeName(ReadMode mode) { return mode == ReadMode::kPread ? "pread" : "mmap"; }
+
+absl::StatusOr<ReadMode> ParseReadMode(absl::string_view name) {
+  if (name == "mmap") return ReadMode::kMmap;
+  if (name == "pread") return ReadMode::kPread;
+  return absl::InvalidArgumentError(
+      absl::StrCat("read_mode: want mmap or pread, got '", name, "'"));
+}
+
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
+  if (name == "text") return LogFormat::kText;
+  if (name == "json") return LogFormat::kJson;
+  return absl::InvalidArgumentError(
+      absl::StrCat("log_format: want text or json, got '", name, "'"));
+}
+
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name) {
+  const spdlog::level::level_enum level = spdlog::level::from_str(std::string(name));
+  // from_str maps unknown names to `off`; only "off" itself may mean off.
+  if (level == spdlog::level::off && name != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_level: want trace, debug, info, warn, error or off, got '", name, "'"));
+  }
+  return level;
+}
+
+DaemonConfig DefaultConfig() {
+  DaemonConfig c;
+  if (const char* library = std::getenv("GPUFEED_NVJPEG_LIBRARY"); library != nullptr) {
+    c.nvjpeg_library = library;
+  }
+  if (const char* on = std::getenv("GPUFEED_NVJPEG_INTERPOLATION"); on != nullptr) {
+    c.nvjpeg_interpolation = absl::string_view(on) != "0";
+  }
+  return c;
+}
+
+absl::flat_hash_set<std::string> GivenFlags(int argc, const char* const* argv) {
+  absl::flat_hash_set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // a positional argument or a flag's value
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t equals = arg.find('=');
+    std::string name(arg.substr(0, equals));
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {  // --nofoo: bool flag foo, false
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag == nullptr || !flag->IsOfType<bool>()) continue;
+      name.erase(0, 2);
+    }
+    if (flag == nullptr) continue;
+    given.insert(name);
+    // "--name value": the value is the next argument (a bool flag takes none that way).
+    if (equals == absl::string_view::npos && !flag->IsOfType<bool>()) ++i;
+  }
+  return given;
+}
+
+absl::StatusOr<DaemonConfig> LoadConfig(const absl::flat_hash_set<std::string>& given) {
+  DaemonConfig config = DefaultConfig();
+  Sources sources;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    GPUFEED_RETURN_IF_ERROR(ApplyFile(path, &config, &sources));
+  }
+  GPUFEED_RETURN_IF_ERROR(ApplyFlags(given, &config, &sources));
+  GPUFEED_RETURN_IF_ERROR(Validate(config, sources));
+  return config;
+}
+
+absl::Status ValidateConfig(DaemonConfig& config) { return Validate(config, Sources()); }
+
+absl::StatusOr<std::string> UnixPathOf(const std::string& listen) {
+  absl::StatusOr<std::string> path = SocketPath(listen);
+  if (!path.ok()) return Annotate(path.status(), "listen");
+  return path;
+}
+
+}  // namespace gpufeed::server

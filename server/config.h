@@ -1,0 +1,91 @@
+// gpufeedd's configuration: one typed object, built once at start-up from, in order, the
+// defaults, the --config file and the flags given on the command line, and validated there.
+// A bad value is fatal at start-up, with the field (and for a file, the file) named.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "spdlog/common.h"
+
+namespace gpufeed::server {
+
+// How readers copy samples from the page cache: a memcpy from a mapping (guarded against
+// SIGBUS) or pread. Both turn a shrunken file into DATA_LOSS.
+enum class ReadMode { kMmap, kPread };
+
+struct DaemonConfig {
+  // "unix:///path" or "unix:path": the gRPC socket.
+  std::string listen = "unix:///run/gpufeed/gpufeed.sock";
+  // The memory socket; empty: beside the gRPC socket, "<name>.mem.sock" (filled in by
+  // validation).
+  std::string mem_socket;
+  uint64_t staging_bytes = uint64_t{1} << 30;
+  // The staging pool is made of memfd slabs of at most this size; one ring must fit in one.
+  uint64_t staging_slab_bytes = uint64_t{1} << 30;
+  int threads = 0;  // 0: one per core (filled in by validation)
+  // Threads that run Attach (open datasets, allocate rings), off gRPC's callback threads.
+  int attach_threads = 2;
+  int max_sessions = 256;
+  int32_t ring_slots = 0;  // when Attach gives none; 0: auto (2..16 slots, up to 64 MiB a ring)
+  absl::Duration attach_timeout = absl::Seconds(10);
+  // Streams get this long to end at shutdown; the whole teardown, this plus 5 s, after which
+  // main() exits regardless (a GPU stage that never returns must not keep a stopped daemon).
+  absl::Duration shutdown_grace = absl::Seconds(2);
+  // nvJPEG: the library ("" = the usual names) and interpolated chroma upsampling. Their
+  // defaults come from $GPUFEED_NVJPEG_LIBRARY and $GPUFEED_NVJPEG_INTERPOLATION (0 = off),
+  // read by DefaultConfig() at start-up, so older deployments keep working.
+  std::string nvjpeg_library;
+  bool nvjpeg_interpolation = true;
+  // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
+  absl::Duration stall_timeout = absl::Seconds(60);
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  ReadMode read_mode = ReadMode::kMmap;
+  // Device bytes all device rings on one GPU may hold together.
+  uint64_t device_bytes = uint64_t{4} << 30;
+  LogFormat log_format = LogFormat::kText;
+  // TCP "host:port" for Prometheus' /metrics, and for grpc.health.v1 alone (Kubernetes'
+  // gRPC probes cannot reach a Unix socket). Empty: off.
+  std::string metrics_listen;
+  std::string health_listen;
+};
+
+// The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming
+// the field and the choices: "read_mode: want mmap or pread, got 'x'".
+const char* ReadModeName(ReadMode mode);
+absl::StatusOr<ReadMode> ParseReadMode(absl::string_view name);
+absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
+
+// The defaults: DaemonConfig's, with the nvJPEG settings from $GPUFEED_NVJPEG_LIBRARY and
+// $GPUFEED_NVJPEG_INTERPOLATION where set (the only environment gpufeedd reads for itself).
+DaemonConfig DefaultConfig();
+
+// The names of the flags named on the command line `argv`, as absl::ParseCommandLine reads
+// it: "--name", "-name", "--name=value", "--name value", "--noname" for a bool flag; nothing
+// after "--". Abseil 20220623 keeps its own record of this private
+// (CommandLineFlag::IsSpecifiedOnCommandLine), hence this scan.
+absl::flat_hash_set<std::string> GivenFlags(int argc, const char* const* argv);
+
+// The daemon's configuration: DefaultConfig(), then the file --config names (if any), then the
+// flags in `given` (GivenFlags) and any other whose value is not its default (set through
+// --flagfile or --fromenv), validated (ValidateConfig). The file is a
+// gpufeed.v1.DaemonConfig in protobuf text format, or JSON when it starts with '{'; the fields
+// it sets replace the defaults. NOT_FOUND for a missing file; INVALID_ARGUMENT naming the
+// field, and the file (with the line, for a syntax error) where the bad value came from it.
+absl::StatusOr<DaemonConfig> LoadConfig(const absl::flat_hash_set<std::string>& given);
+
+// INVALID_ARGUMENT naming the field. Fills the derived fields (mem_socket, threads). LoadConfig
+// calls it; a DaemonConfig built in code needs it before Daemon::Start.
+absl::Status ValidateConfig(DaemonConfig& config);
+
+// The socket path of a "unix://" listen address.
+absl::StatusOr<std::string> UnixPathOf(const std::string& listen);
+
+}  // namespace gpufeed::server

@@ -1,0 +1,276 @@
+// gpufeedd's configuration pipeline: defaults, then the --config file, then the flags given on
+// the command line (parsed by absl, as main does), validated with the field (and file) named.
+#include "server/config.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  // gpufeedd `args`: absl parses them into the flags, as main does, then LoadConfig reads
+  // those given. The flags are back at their defaults afterwards.
+  absl::StatusOr<DaemonConfig> Load(std::vector<std::string> args) {
+    absl::FlagSaver saver;
+    args.insert(args.begin(), "gpufeedd");
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+    return LoadConfig(GivenFlags(static_cast<int>(argv.size()), argv.data()));
+  }
+  // A config file with `body`; its path.
+  std::string File(const std::string& name, const std::string& body) {
+    return dir_.WriteFile(name, body);
+  }
+
+  testing::TempDir dir_;
+};
+
+int Cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+TEST_F(ConfigTest, DefaultsAreValidatedAndDerivedFieldsFilled) {
+  absl::StatusOr<DaemonConfig> c = Load({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "unix:///run/gpufeed/gpufeed.sock");
+  EXPECT_EQ(c->mem_socket, "/run/gpufeed/gpufeed.mem.sock");
+  EXPECT_EQ(c->staging_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->staging_slab_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->threads, Cores());
+  EXPECT_EQ(c->attach_threads, 2);
+  EXPECT_EQ(c->max_sessions, 256);
+  EXPECT_EQ(c->ring_slots, 0);
+  EXPECT_EQ(c->attach_timeout, absl::Seconds(10));
+  EXPECT_EQ(c->shutdown_grace, absl::Seconds(2));
+  EXPECT_EQ(c->stall_timeout, absl::Seconds(60));
+  EXPECT_EQ(c->read_mode, ReadMode::kMmap);
+  EXPECT_EQ(c->log_level, spdlog::level::info);
+  EXPECT_EQ(c->log_format, LogFormat::kText);
+  EXPECT_EQ(c->device_bytes, uint64_t{4} << 30);
+  EXPECT_EQ(c->metrics_listen, "");
+  EXPECT_EQ(c->health_listen, "");
+}
+
+TEST_F(ConfigTest, NvjpegDefaultsComeFromTheEnvironment) {
+  ::setenv("GPUFEED_NVJPEG_LIBRARY", "/opt/nvjpeg/libnvjpeg.so.12", 1);
+  ::setenv("GPUFEED_NVJPEG_INTERPOLATION", "0", 1);
+  const DaemonConfig env = DefaultConfig();
+  // With a config file that does not set them too.
+  const std::string file = File("f.textproto", "threads: 3\n");
+  absl::StatusOr<DaemonConfig> loaded = Load({"--config=" + file});
+  ::unsetenv("GPUFEED_NVJPEG_LIBRARY");
+  ::unsetenv("GPUFEED_NVJPEG_INTERPOLATION");
+  EXPECT_EQ(env.nvjpeg_library, "/opt/nvjpeg/libnvjpeg.so.12");
+  EXPECT_FALSE(env.nvjpeg_interpolation);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->nvjpeg_library, "/opt/nvjpeg/libnvjpeg.so.12");
+  EXPECT_FALSE(loaded->nvjpeg_interpolation);
+  const DaemonConfig plain = DefaultConfig();
+  EXPECT_EQ(plain.nvjpeg_library, "");
+  EXPECT_TRUE(plain.nvjpeg_interpolation);
+}
+
+TEST_F(ConfigTest, FlagsGivenOverrideTheFileWhichOverridesTheDefaults) {
+  const std::string file = File("gpufeedd.textproto",
+                                "# a comment\n"
+                                "listen: \"unix:///tmp/f.sock\"\n"
+                                "threads: 3\n"
+                                "attach_threads: 4\n"
+                                "staging_slab_bytes: 2097152\n"
+                                "log_format: \"json\"\n"
+                                "read_mode: \"pread\"\n"
+                                "nvjpeg_interpolation: true\n"
+                                "metrics_listen: \"0.0.0.0:9090\"\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "unix:///tmp/f.sock");
+  EXPECT_EQ(c->mem_socket, "/tmp/f.mem.sock");
+  EXPECT_EQ(c->threads, 3);
+  EXPECT_EQ(c->attach_threads, 4);
+  EXPECT_EQ(c->staging_slab_bytes, uint64_t{2} << 20);
+  EXPECT_EQ(c->log_format, LogFormat::kJson);
+  EXPECT_EQ(c->read_mode, ReadMode::kPread);
+  EXPECT_EQ(c->max_sessions, 256);  // the file does not set it: the default
+
+  // Flags win, in every spelling absl accepts, even where the flag's value is its default.
+  c = Load({"--config=" + file, "--threads", "0", "-attach_threads=1", "--log_format=text",
+            "--nonvjpeg_interpolation", "--metrics_listen=", "--staging_slab_bytes=4194304",
+            "--listen=unix:///tmp/g.sock"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->threads, Cores());
+  EXPECT_EQ(c->attach_threads, 1);
+  EXPECT_EQ(c->log_format, LogFormat::kText);
+  EXPECT_FALSE(c->nvjpeg_interpolation);
+  EXPECT_EQ(c->metrics_listen, "");
+  EXPECT_EQ(c->staging_slab_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(c->listen, "unix:///tmp/g.sock");
+  EXPECT_EQ(c->mem_socket, "/tmp/g.mem.sock");
+  EXPECT_EQ(c->read_mode, ReadMode::kPread);  // still the file's
+}
+
+TEST_F(ConfigTest, FlagsWithoutAFile) {
+  absl::StatusOr<DaemonConfig> c =
+      Load({"--read_mode=pread", "--log_level=debug", "--ring_slots=8", "--attach_timeout=1500ms",
+            "--stall_timeout=0", "--shutdown_grace=30s", "--device_bytes=1048576",
+            "--mem_socket=/tmp/m.sock", "--health_listen=127.0.0.1:0"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->read_mode, ReadMode::kPread);
+  EXPECT_EQ(c->log_level, spdlog::level::debug);
+  EXPECT_EQ(c->ring_slots, 8);
+  EXPECT_EQ(c->attach_timeout, absl::Milliseconds(1500));
+  EXPECT_EQ(c->stall_timeout, absl::ZeroDuration());
+  EXPECT_EQ(c->shutdown_grace, absl::Seconds(30));
+  EXPECT_EQ(c->device_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(c->mem_socket, "/tmp/m.sock");
+  EXPECT_EQ(c->health_listen, "127.0.0.1:0");
+}
+
+TEST_F(ConfigTest, JsonFile) {
+  const std::string file = File("gpufeedd.json",
+                                "  {\"threads\": 5, \"readMode\": \"pread\", \"attachTimeoutMs\": "
+                                "2500, \"logLevel\": \"warn\", \"stagingSlabBytes\": 8388608, "
+                                "\"attach_threads\": 3}");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->threads, 5);
+  EXPECT_EQ(c->read_mode, ReadMode::kPread);
+  EXPECT_EQ(c->attach_timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(c->log_level, spdlog::level::warn);
+  EXPECT_EQ(c->staging_slab_bytes, uint64_t{8} << 20);
+  EXPECT_EQ(c->attach_threads, 3);
+}
+
+TEST_F(ConfigTest, MissingFileIsNotFound) {
+  const std::string path = dir_.Join("nope.textproto");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + path});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.status().message(), "config: cannot read " + path);
+}
+
+TEST_F(ConfigTest, UnparsableFilesNameTheFileAndLine) {
+  const std::string typo = File("typo.textproto", "threads: 3\nthread: 4\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + typo});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("config " + typo + ": line 2"));
+  EXPECT_THAT(c.status().message(), HasSubstr("thread"));
+  const std::string json = File("bad.json", "{\"threads\": \"many\"}");
+  c = Load({"--config=" + json});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("config " + json + ": "));
+}
+
+// One bad value per field: the flag's refusal names the field; the same value from a file
+// names the file and the file's field.
+struct BadValue {
+  std::string flag;        // "--threads=-1"
+  std::string file_line;   // "threads: -1"
+  std::string message;     // "threads: 0 to 1024, got -1"
+  std::string file_field;  // the file's name for the field, where it differs: "..._ms"
+};
+void PrintTo(const BadValue& bad, std::ostream* os) { *os << bad.flag; }
+BadValue Bad(std::string flag, std::string file_line, std::string message,
+             std::string file_field = "") {
+  return {std::move(flag), std::move(file_line), std::move(message), std::move(file_field)};
+}
+
+class BadValueTest : public ConfigTest, public ::testing::WithParamInterface<BadValue> {};
+
+TEST_P(BadValueTest, IsRefusedNamingTheField) {
+  const BadValue& bad = GetParam();
+  absl::StatusOr<DaemonConfig> c = Load({bad.flag});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(), bad.message);
+
+  const std::string file = File("bad.textproto", bad.file_line + "\n");
+  c = Load({"--config=" + file});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  std::string expected = bad.message;
+  if (!bad.file_field.empty()) {
+    expected.replace(0, expected.find(':'), bad.file_field);
+  }
+  EXPECT_EQ(c.status().message(), "config " + file + ": " + expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryField, BadValueTest,
+    ::testing::Values(
+        Bad("--listen=tcp://0.0.0.0:1", "listen: \"tcp://0.0.0.0:1\"",
+            "listen: 'tcp://0.0.0.0:1' is not a unix socket address (want "
+            "unix:///path/to.sock)"),
+        Bad("--listen=unix:relative.sock", "listen: \"unix:relative.sock\"",
+            "listen: 'unix:relative.sock' must name an absolute socket path"),
+        Bad("--mem_socket=mem.sock", "mem_socket: \"mem.sock\"",
+            "mem_socket: must be an absolute path, got 'mem.sock'"),
+        Bad("--mem_socket=/run/gpufeed/gpufeed.sock", "mem_socket: \"/run/gpufeed/gpufeed.sock\"",
+            "mem_socket: must differ from the listen socket"),
+        Bad("--staging_bytes=1000", "staging_bytes: 1000",
+            "staging_bytes: 1 MiB to 256 TiB, got 1000"),
+        Bad("--staging_slab_bytes=4096", "staging_slab_bytes: 4096",
+            "staging_slab_bytes: at least 1 MiB, got 4096"),
+        Bad("--threads=-1", "threads: -1", "threads: 0 to 1024, got -1"),
+        Bad("--threads=1025", "threads: 1025", "threads: 0 to 1024, got 1025"),
+        Bad("--attach_threads=0", "attach_threads: 0", "attach_threads: 1 to 64, got 0"),
+        Bad("--max_sessions=0", "max_sessions: 0", "max_sessions: >= 1, got 0"),
+        Bad("--ring_slots=65", "ring_slots: 65", "ring_slots: 0 (auto) to 64, got 65"),
+        Bad("--device_bytes=0", "device_bytes: 0", "device_bytes: must be > 0"),
+        Bad("--attach_timeout=0", "attach_timeout_ms: 0", "attach_timeout: must be > 0",
+            "attach_timeout_ms"),
+        Bad("--stall_timeout=-1s", "stall_timeout_ms: -1000",
+            "stall_timeout: must be >= 0 (0 = off)", "stall_timeout_ms"),
+        Bad("--shutdown_grace=-1s", "shutdown_grace_ms: -1", "shutdown_grace: must be >= 0",
+            "shutdown_grace_ms"),
+        Bad("--metrics_listen=9090", "metrics_listen: \"9090\"",
+            "metrics_listen: want HOST:PORT (e.g. 0.0.0.0:9090), got '9090'"),
+        Bad("--health_listen=host:http", "health_listen: \"host:http\"",
+            "health_listen: want HOST:PORT (e.g. 0.0.0.0:9090), got 'host:http'"),
+        Bad("--read_mode=x", "read_mode: \"x\"", "read_mode: want mmap or pread, got 'x'"),
+        Bad("--log_format=xml", "log_format: \"xml\"", "log_format: want text or json, got 'xml'"),
+        Bad("--log_level=loud", "log_level: \"loud\"",
+            "log_level: want trace, debug, info, warn, error or off, got 'loud'")));
+
+TEST_F(ConfigTest, AFlagReplacingABadFileValueNamesNoFile) {
+  const std::string file = File("f.textproto", "threads: 3\nmax_sessions: 0\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file, "--max_sessions=-2"});
+  EXPECT_EQ(c.status().message(), "max_sessions: >= 1, got -2");
+  c = Load({"--config=" + file, "--max_sessions=2"});
+  EXPECT_TRUE(c.ok()) << c.status();
+}
+
+TEST(EnumNamesTest, RoundTripAndRefuse) {
+  EXPECT_STREQ(ReadModeName(ReadMode::kMmap), "mmap");
+  EXPECT_STREQ(ReadModeName(ReadMode::kPread), "pread");
+  EXPECT_EQ(*ParseReadMode("pread"), ReadMode::kPread);
+  EXPECT_EQ(*ParseLogFormat("json"), LogFormat::kJson);
+  EXPECT_EQ(*ParseLogLevel("off"), spdlog::level::off);
+  EXPECT_EQ(*ParseLogLevel("warn"), spdlog::level::warn);
+  EXPECT_EQ(*ParseLogLevel("error"), spdlog::level::err);
+  EXPECT_EQ(ParseReadMode("MMAP").status().message(), "read_mode: want mmap or pread, got 'MMAP'");
+  EXPECT_EQ(ParseLogFormat("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GivenFlagsTest, NamesTheFlagsOnTheCommandLineOnly) {
+  const char* argv[] = {
+      "gpufeedd",     "--threads=2", "-max_sessions", "8",     "--nonvjpeg_interpolation",
+      "--nosuchflag", "positional",  "--read_mode",   "pread", "--",
+      "--listen=x"};
+  EXPECT_THAT(GivenFlags(static_cast<int>(std::size(argv)), argv),
+              UnorderedElementsAre("threads", "max_sessions", "nvjpeg_interpolation", "read_mode"));
+}
+
+}  // namespace
+}  // namespace gpufeed::server

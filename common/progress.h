@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -48,5 +50,22 @@ class BusyMark {
   const std::string name_;
   std::atomic<int64_t> since_ns_{0};
 };
+
+// The mark busy longest at `now`, when it has been busy for `timeout` or more: what the
+// daemon reports as a stall (liveness NOT_SERVING).
+struct Stall {
+  const BusyMark* mark = nullptr;
+  absl::Duration busy;
+};
+inline std::optional<Stall> FindStall(const std::vector<const BusyMark*>& marks, absl::Time now,
+                                      absl::Duration timeout) {
+  Stall longest;
+  for (const BusyMark* m : marks) {
+    const absl::Duration busy = m->BusyFor(now);
+    if (busy > longest.busy) longest = {m, busy};
+  }
+  if (longest.mark == nullptr || longest.busy < timeout) return std::nullopt;
+  return longest;
+}
 
 }  // namespace gpufeed

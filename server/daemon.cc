@@ -165,23 +165,14 @@ void Daemon::CheckProgress() {
   if (devices_ != nullptr) {
     for (const BusyMark* m : devices_->busy_marks()) marks.push_back(m);
   }
-  const absl::Time now = absl::Now();
-  const BusyMark* stuck = nullptr;
-  absl::Duration longest;
-  for (const BusyMark* m : marks) {
-    const absl::Duration busy = m->BusyFor(now);
-    if (busy > longest) {
-      longest = busy;
-      stuck = m;
-    }
-  }
-  const bool stalled = longest >= config_.stall_timeout;
+  const std::optional<Stall> stall = FindStall(marks, absl::Now(), config_.stall_timeout);
+  const bool stalled = stall.has_value();
   if (stalled == stalled_) return;
   stalled_ = stalled;
   if (stalled) {
     spdlog::error("stalled: thread {} has been in one work item for {} (--stall_timeout {}): "
                   "liveness NOT_SERVING, systemd watchdog pings stop",
-                  stuck->name(), absl::FormatDuration(longest),
+                  stall->mark->name(), absl::FormatDuration(stall->busy),
                   absl::FormatDuration(config_.stall_timeout));
   } else {
     spdlog::warn("progress again: liveness SERVING");

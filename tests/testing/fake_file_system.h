@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/os/file.h"
 
 namespace gpufeed::testing {
@@ -68,6 +69,20 @@ class FakeFileSystem final : public FileSystem {
     open_failures_.erase(path);
   }
 
+  // Reads of `path` after the first `pass` (files open now and later) wait until the returned
+  // notification is notified: a stuck disk, for liveness tests.
+  std::shared_ptr<absl::Notification> BlockReads(const std::string& path, int pass = 0) {
+    auto gate = std::make_shared<absl::Notification>();
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(path);
+    if (it != files_.end()) {
+      absl::MutexLock contents_lock(&it->second->mu);
+      it->second->gate = gate;
+      it->second->gate_passes = pass;
+    }
+    return gate;
+  }
+
   int open_count() const {
     absl::MutexLock lock(&mu_);
     return open_count_;
@@ -95,6 +110,8 @@ class FakeFileSystem final : public FileSystem {
     absl::Mutex mu;
     std::string bytes ABSL_GUARDED_BY(mu);
     std::optional<uint64_t> size_at_open ABSL_GUARDED_BY(mu);
+    std::shared_ptr<absl::Notification> gate ABSL_GUARDED_BY(mu);  // BlockReads
+    int gate_passes ABSL_GUARDED_BY(mu) = 0;                       // reads let through first
   };
 
   class File final : public RandomAccessFile {
@@ -112,6 +129,16 @@ class FakeFileSystem final : public FileSystem {
       return absl::OkStatus();
     }
     absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
+      std::shared_ptr<absl::Notification> gate;
+      {
+        absl::MutexLock lock(&contents_->mu);
+        if (contents_->gate_passes > 0) {
+          --contents_->gate_passes;
+        } else {
+          gate = contents_->gate;
+        }
+      }
+      if (gate != nullptr) gate->WaitForNotification();
       absl::MutexLock lock(&contents_->mu);
       const std::string& bytes = contents_->bytes;
       if (offset > bytes.size() || dst.size() > bytes.size() - offset) {

@@ -1068,3 +1068,52 @@ TEST(FingerprintTest, ValuesWithSeparatorsRoundTripAndCompareByField) {
 
 }  // namespace
 }  // namespace gpufeed::server
+
+namespace gpufeed::server {
+namespace {
+
+// Issue 10: a fill stuck in a read (a disk that never answers) shows as a stall of that
+// worker once it passes the timeout, and the stall clears when the read returns, with the
+// batch delivered; an idle pool or a consumer holding its batches is never one.
+TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) {
+  char resolved[PATH_MAX];
+  ASSERT_NE(::realpath(path_.c_str(), resolved), nullptr);
+  gpufeed::testing::FakeFileSystem fs;
+  fs.AddFile(resolved, tokens_);
+  StartManager({}, &fs);
+  // Idle: no stall, whatever the timeout.
+  EXPECT_FALSE(FindStall(manager_->busy_marks(), absl::Now(), absl::ZeroDuration()).has_value());
+  // Attach reads the file's first bytes (a .npy header?); the fills' reads then hang.
+  std::shared_ptr<absl::Notification> gate = fs.BlockReads(resolved, /*pass=*/1);
+  AttachSpec spec = Spec();
+  spec.feed.world_size = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::optional<Stall> stall;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        stall = FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50));
+        return stall.has_value();
+      },
+      absl::Seconds(5)));
+  EXPECT_THAT(stall->mark->name(), ::testing::StartsWith("read/"));
+  EXPECT_GE(stall->busy, absl::Milliseconds(50));
+  gate->Notify();
+  std::shared_ptr<Session> session = MustFind(*a);
+  ASSERT_TRUE(session->BindStream([] {}).ok());
+  StreamEvent e;
+  ASSERT_TRUE(Eventually([&] { return (e = session->NextEvent()).kind == StreamEvent::kBatch; },
+                         absl::Seconds(5)));
+  EXPECT_EQ(e.batch.position.step, 0);
+  // Both slots filled and held by the "consumer": the workers are idle, not stalled.
+  ASSERT_TRUE(Eventually([&] {
+    return !FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50)).has_value();
+  }));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(
+      FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50)).has_value());
+  manager_.reset();  // stop the workers before `fs` goes away
+}
+
+}  // namespace
+}  // namespace gpufeed::server

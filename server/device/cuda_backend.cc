@@ -1,20 +1,11 @@
 #include "server/device/cuda_backend.h"
 
-#include <pthread.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda/cuda.h"
 #include "common/status.h"
-#include "server/device/augment_kernel.h"
 #include "server/device/copy_thread.h"
 #include "server/device/cuda_ring.h"
 #include "server/device/nvjpeg.h"

@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "server/augment/pipeline.h"
 #include "server/feed/feed.h"
+#include "server/session/caller.h"
 #include "server/session/session.h"
 #include "server/staging/staging_pool.h"
 
@@ -105,6 +106,10 @@ class SessionManager final : public FillScheduler {
   // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
   // token does not match.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;
+  // As Find, for a request from `caller`: a session of another uid answers as one that does
+  // not exist (docs/SECURITY.md section 1). The memory socket and the Feed service use this.
+  absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token,
+                                                const Caller& caller) const;
   absl::Status Detach(uint64_t id, absl::string_view token);
   // Ends a session whose stream is gone (cancelled, closed, finished).
   void End(uint64_t id, const absl::Status& why);

@@ -4,11 +4,21 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${GPUFEED_BUILD_DIR:-$root/build}
-rm -rf "$root/.devbundle"
-bash "$root/../shared/tools/device-bundle" "$root/.devbundle" \
-  "$build/server/gpufeedd" "$build/client/ctl/gpufeedctl" "$build/client/c/libgpufeed_c.so" \
-  "$build/tests/gpu/gpufeed_gpu_tests" "$build/tests/bench/device_bench" \
-  "$build/tests/bench/image_bench"
+out=$root/.devbundle
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+# Each binary with the shared libraries it links that the GPU machine (Ubuntu 24.04) lacks:
+# the Debian gRPC/protobuf/Abseil/spdlog/... libraries. glibc, libstdc++, libgcc and the
+# NVIDIA driver are the GPU machine's own (newer) and never copied.
+own='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libcuda\.so|libnvidia-|libgcc_s|libstdc\+\+)'
+for f in "$build/server/gpufeedd" "$build/client/ctl/gpufeedctl" "$build/client/c/libgpufeed_c.so" \
+         "$build/tests/gpu/gpufeed_gpu_tests" "$build/tests/bench/device_bench" \
+         "$build/tests/bench/image_bench"; do
+  case "$f" in *.so) cp -L "$f" "$out/lib/" ;; *) cp -L "$f" "$out/bin/" ;; esac
+  ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    [[ $name =~ $own ]] || cp -Ln "$path" "$out/lib/$name" 2>/dev/null || true
+  done
+done
 # pytest for tests/gpu/run_python_on_device.sh (the GPU machine has no pytest, no network).
 mkdir -p "$root/.devbundle/wheels"
 cp "${GPUFEED_PYTEST_WHEELS:-/tmp/wheels}"/*.whl "$root/.devbundle/wheels/" 2>/dev/null ||

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs for device delivery, in one call (see ../shared/DEVICE.md):
+# Everything the GPU machine runs for device delivery, in one call (see tests/gpu/bundle.sh for what travels):
 #   here:   tests/gpu/bundle.sh            (build must exist: tests/run.sh)
 #   device: run with carry [".devbundle"]:  bash tests/gpu/run_on_device.sh
 # Writes its logs under $OUT (default /tmp/gpufeed-out).

@@ -153,6 +153,9 @@ std::string Feed::MakeFingerprint() const {
   f.emplace_back("seed", absl::StrCat(spec_.seed));
   f.emplace_back("shuffle", spec_.shuffle ? "true" : "false");
   f.emplace_back("drop_last", spec_.drop_last ? "true" : "false");
+  // The sample-order algorithm: a position saved under another order (one without this item
+  // was saved before feistel1) names other samples, so it must not resume this feed.
+  f.emplace_back("sampler", kSamplerName);
   if (d.kind == DatasetKind::kImageFolder) {
     f.emplace_back("pipeline", PipelineCanonical(d.pipeline));
     f.emplace_back("bad_sample", d.bad_sample == BadSamplePolicy::kFail ? "fail" : "skip");
@@ -176,7 +179,11 @@ absl::Status CompareFingerprints(absl::string_view saved, absl::string_view curr
   std::vector<std::string> differ;
   for (const auto& field : b) {
     auto it = find(a, field.first);
-    if (it == a.end()) {
+    if (it == a.end() && field.first == "sampler") {
+      differ.push_back(absl::StrCat(
+          "sampler (the position was saved by a gpufeedd before ", field.second,
+          ", whose sample order differs: the same (epoch, step) names other samples now)"));
+    } else if (it == a.end()) {
       differ.push_back(absl::StrCat(field.first, " (not in the saved position)"));
     } else if (it->second != field.second) {
       differ.push_back(absl::StrCat(field.first, " was ", it->second, ", is ", field.second));

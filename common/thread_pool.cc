@@ -4,12 +4,36 @@
 
 #include <algorithm>
 #include <atomic>
+#include <new>
+#include <stdexcept>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
 
 namespace gpufeed {
+
+absl::Status StatusOfException(const std::exception_ptr& e, absl::string_view what) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc& x) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": out of memory (", x.what(), "): the request needs more memory than gpufeedd "
+        "can allocate"));
+  } catch (const std::length_error& x) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": an allocation larger than any memory (", x.what(), ")"));
+  } catch (const std::exception& x) {
+    return absl::InternalError(absl::StrCat(what, ": unexpected exception: ", x.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(what, ": unexpected exception of an unknown type"));
+  }
+}
+
+void LogCaughtException(const absl::Status& status) {
+  spdlog::error("caught at a task boundary: {}", status.ToString());
+}
 
 ThreadPool::ThreadPool(const std::string& prefix, int threads, size_t capacity)
     : queue_(capacity) {
@@ -35,7 +59,12 @@ void ThreadPool::Loop(BusyMark& mark) {
     absl::StatusOr<Work> work = queue_.Pop();
     if (!work.ok()) return;  // closed and drained
     BusyMark::Scope busy(mark);
-    (*work)();
+    // The last-resort boundary: a worker never terminates the daemon.
+    absl::Status s = CallCatching(mark.name(), [&] {
+      (*work)();
+      return absl::OkStatus();
+    });
+    if (!s.ok()) LogCaughtException(s);
   }
 }
 
@@ -48,14 +77,21 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
     int done ABSL_GUARDED_BY(mu) = 0;
     int n = 0;
     const std::function<void(int)>* fn = nullptr;
+    std::exception_ptr thrown ABSL_GUARDED_BY(mu);  // the first chunk's that threw
   };
   auto shared = std::make_shared<Shared>();
   shared->n = n;
   shared->fn = &fn;
   auto run = [shared] {
     for (int i = shared->next.fetch_add(1); i < shared->n; i = shared->next.fetch_add(1)) {
-      (*shared->fn)(i);
+      std::exception_ptr thrown;
+      try {
+        (*shared->fn)(i);
+      } catch (...) {
+        thrown = std::current_exception();  // carried to the caller: done must still count
+      }
       absl::MutexLock lock(&shared->mu);
+      if (thrown != nullptr && shared->thrown == nullptr) shared->thrown = thrown;
       ++shared->done;
     }
   };
@@ -64,10 +100,15 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
     if (!queue_.TryPush(run).ok()) break;  // the caller does the rest
   }
   run();
-  absl::MutexLock lock(&shared->mu);
-  shared->mu.Await(absl::Condition(
-      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },
-      shared.get()));
+  std::exception_ptr thrown;
+  {
+    absl::MutexLock lock(&shared->mu);
+    shared->mu.Await(absl::Condition(
+        +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },
+        shared.get()));
+    thrown = shared->thrown;
+  }
+  if (thrown != nullptr) std::rethrow_exception(thrown);  // for the caller's boundary
 }
 
 void ThreadPool::Shutdown(const absl::Status& reason) {

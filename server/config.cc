@@ -71,6 +71,14 @@ ABSL_FLAG(std::string, nvjpeg_library, DefaultConfig().nvjpeg_library,
 ABSL_FLAG(bool, nvjpeg_interpolation, DefaultConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
+ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
+          "the most samples one feed's dataset may make; a larger one's Attach is refused "
+          "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(uint64_t, max_image_bytes, DaemonConfig().max_image_bytes,
+          "an image file larger than this many bytes is a bad sample (too_large), never read");
+ABSL_FLAG(uint64_t, max_ids_bytes, DaemonConfig().max_ids_bytes,
+          "bytes all sessions' per-slot sample-id arrays (batch x slots x 8) may take together; "
+          "an Attach beyond it is refused (RESOURCE_EXHAUSTED)");
 
 namespace gpufeed::server {
 namespace {
@@ -187,6 +195,9 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(nvjpeg_interpolation, nvjpeg_interpolation, file.nvjpeg_interpolation());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
+  GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
+  GPUFEED_FROM_FILE(max_image_bytes, max_image_bytes, file.max_image_bytes());
+  GPUFEED_FROM_FILE(max_ids_bytes, max_ids_bytes, file.max_ids_bytes());
 #undef GPUFEED_FROM_FILE
   if (file.has_read_mode()) {
     GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
@@ -230,6 +241,9 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_shutdown_grace, &c->shutdown_grace);
   apply(FLAGS_nvjpeg_library, &c->nvjpeg_library);
   apply(FLAGS_nvjpeg_interpolation, &c->nvjpeg_interpolation);
+  apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
+  apply(FLAGS_max_image_bytes, &c->max_image_bytes);
+  apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);
   if (given(FLAGS_read_mode)) {
     GPUFEED_ASSIGN_OR_RETURN(c->read_mode, ParseReadMode(absl::GetFlag(FLAGS_read_mode)));
   }
@@ -289,6 +303,14 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   if (c.attach_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "attach_timeout", "must be > 0");
   }
+  // Bounded cost: each at least 1. The sample cap stays below 2^62 so that sample arithmetic
+  // (ids as int64, positions plus a global batch) cannot wrap.
+  if (c.max_samples_per_feed < 1 || c.max_samples_per_feed > (uint64_t{1} << 62)) {
+    return Invalid(sources, "max_samples_per_feed",
+                   absl::StrCat("1 to 2^62, got ", c.max_samples_per_feed));
+  }
+  if (c.max_image_bytes < 1) return Invalid(sources, "max_image_bytes", "must be > 0");
+  if (c.max_ids_bytes < 1) return Invalid(sources, "max_ids_bytes", "must be > 0");
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);
 }

@@ -54,6 +54,12 @@ struct DaemonConfig {
   // gRPC probes cannot reach a Unix socket). Empty: off.
   std::string metrics_listen;
   std::string health_listen;
+  // Bounded cost (docs/SECURITY.md §4): samples per feed (a larger dataset's Attach is
+  // RESOURCE_EXHAUSTED), image file bytes (a larger file is a bad sample, too_large, never
+  // read), and the daemon-wide bytes of the sessions' per-slot sample-id arrays.
+  uint64_t max_samples_per_feed = uint64_t{1} << 40;
+  uint64_t max_image_bytes = uint64_t{64} << 20;
+  uint64_t max_ids_bytes = uint64_t{256} << 20;
 };
 
 // The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming

@@ -65,6 +65,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.max_sessions = c.max_sessions;
   options.default_ring_slots = c.ring_slots;
   options.attach_timeout = c.attach_timeout;
+  options.feed_limits.max_samples = c.max_samples_per_feed;
+  options.feed_limits.max_image_bytes = c.max_image_bytes;
+  options.max_ids_bytes = c.max_ids_bytes;
   FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,

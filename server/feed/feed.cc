@@ -14,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 
 namespace gpufeed::server {
 namespace {
@@ -46,8 +47,21 @@ std::string FeedKeyOf(const std::string& canonical) {
   return absl::StrFormat("%016x", h);
 }
 
-absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs) {
-  GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset, OpenDataset(spec.dataset, fs));
+absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs,
+                                                   const FeedLimits& limits) {
+  spec.dataset.max_image_bytes = limits.max_image_bytes;
+  // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
+  // error, never the daemon's end.
+  GPUFEED_ASSIGN_OR_RETURN(
+      std::unique_ptr<Dataset> dataset,
+      CallCatching(absl::StrCat("opening dataset ", spec.dataset.path),
+                   [&] { return OpenDataset(spec.dataset, fs); }));
+  if (dataset->num_samples() > limits.max_samples) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "dataset.path: ", spec.dataset.path, " makes ", dataset->num_samples(),
+        " samples, more than this gpufeedd's max_samples_per_feed (", limits.max_samples,
+        "); split the dataset or ask the admin to raise the cap"));
+  }
   SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
                        spec.seed,              spec.shuffle,    spec.drop_last};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
@@ -153,6 +167,9 @@ std::string Feed::MakeFingerprint() const {
   f.emplace_back("seed", absl::StrCat(spec_.seed));
   f.emplace_back("shuffle", spec_.shuffle ? "true" : "false");
   f.emplace_back("drop_last", spec_.drop_last ? "true" : "false");
+  // The sample-order algorithm: a position saved under another order (one without this item
+  // was saved before feistel1) names other samples, so it must not resume this feed.
+  f.emplace_back("sampler", kSamplerName);
   if (d.kind == DatasetKind::kImageFolder) {
     f.emplace_back("pipeline", PipelineCanonical(d.pipeline));
     f.emplace_back("bad_sample", d.bad_sample == BadSamplePolicy::kFail ? "fail" : "skip");
@@ -176,7 +193,11 @@ absl::Status CompareFingerprints(absl::string_view saved, absl::string_view curr
   std::vector<std::string> differ;
   for (const auto& field : b) {
     auto it = find(a, field.first);
-    if (it == a.end()) {
+    if (it == a.end() && field.first == "sampler") {
+      differ.push_back(absl::StrCat(
+          "sampler (the position was saved by a gpufeedd before ", field.second,
+          ", whose sample order differs: the same (epoch, step) names other samples now)"));
+    } else if (it == a.end()) {
       differ.push_back(absl::StrCat(field.first, " (not in the saved position)"));
     } else if (it->second != field.second) {
       differ.push_back(absl::StrCat(field.first, " was ", it->second, ", is ", field.second));
@@ -193,8 +214,28 @@ absl::Status CompareFingerprints(absl::string_view saved, absl::string_view curr
       ". Resume with the settings and data it was saved with, or start without it"));
 }
 
+namespace {
+
+std::string FillWhat(Position p, int32_t rank) {
+  return absl::StrCat("filling epoch ", p.epoch, " step ", p.step, " rank ", rank);
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode, std::byte* slot,
                                          std::span<int64_t> ids, const ParallelFor& parallel) const {
+  return CallCatching(FillWhat(p, rank),
+                      [&] { return FillStagedImpl(p, rank, mode, slot, ids, parallel); });
+}
+
+absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
+                                   std::span<int64_t> ids, const ParallelFor& parallel) const {
+  return CallCatching(FillWhat(p, rank), [&] { return FillImpl(p, rank, slot, ids, parallel); });
+}
+
+absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode mode,
+                                             std::byte* slot, std::span<int64_t> ids,
+                                             const ParallelFor& parallel) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
   metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
@@ -203,8 +244,11 @@ absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mod
   std::vector<absl::Status> status(ids.size());
   auto stage = [&](int i) {
     const size_t k = static_cast<size_t>(i);
-    absl::StatusOr<uint64_t> used =
-        images_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i, target);
+    // Caught here, on the thread that ran the row: the row's status, as any failed read.
+    absl::StatusOr<uint64_t> used = CallCatching("staging it", [&] {
+      return images_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i,
+                                    target);
+    });
     if (!used.ok()) {
       status[k] = Annotate(used.status(),
                            absl::StrCat("sample ", ids[k], " of epoch ", p.epoch, " step ", p.step));
@@ -230,8 +274,8 @@ void Feed::CountProduced(int64_t valid) const {
   bytes_produced_.fetch_add(layout_.tensor_bytes, std::memory_order_relaxed);
 }
 
-absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
-                                   std::span<int64_t> ids, const ParallelFor& parallel) const {
+absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot,
+                                       std::span<int64_t> ids, const ParallelFor& parallel) const {
   metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   uint64_t row_bytes = 0;
@@ -248,8 +292,10 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
         const TensorLayout& l = layout_.tensors[t];
         rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
       }
-      absl::StatusOr<uint64_t> used =
-          dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), {spec_.seed, p.epoch}, rows);
+      // Caught here, on the thread that ran the chunk: the chunk's status, as a failed read.
+      absl::StatusOr<uint64_t> used = CallCatching("reading it", [&] {
+        return dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), {spec_.seed, p.epoch}, rows);
+      });
       if (!used.ok()) {
         status[static_cast<size_t>(chunk)] = Annotate(
             used.status(), absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ", p.step));
@@ -291,7 +337,7 @@ absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& 
       if (std::shared_ptr<Feed> feed = it->second.lock()) return feed;
     }
   }
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, Feed::Create(spec, fs_));
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, Feed::Create(spec, fs_, limits_));
   absl::MutexLock lock(&mu_);
   // Two attaches may have raced to create it: keep the first, so both share one feed.
   auto& slot = feeds_[key];

@@ -22,6 +22,15 @@
 
 namespace gpufeed::server {
 
+// What the daemon bounds per feed, whatever the request asks (docs/SECURITY.md §4; config
+// fields max_samples_per_feed and max_image_bytes).
+struct FeedLimits {
+  // A dataset of more samples is refused at Attach (RESOURCE_EXHAUSTED naming both counts).
+  uint64_t max_samples = uint64_t{1} << 40;
+  // An image file larger than this is a bad sample, reason too_large, and is never read.
+  uint64_t max_image_bytes = uint64_t{64} << 20;
+};
+
 struct FeedSpec {
   DatasetSpec dataset;
   int64_t batch_size = 0;  // per rank
@@ -54,7 +63,9 @@ struct SlotLayout {
 class Feed {
  public:
   // Opens the dataset and validates the sampling; errors name the field or path.
-  static absl::StatusOr<std::shared_ptr<Feed>> Create(FeedSpec spec, FileSystem* fs);
+  // RESOURCE_EXHAUSTED when the dataset holds more than limits.max_samples samples.
+  static absl::StatusOr<std::shared_ptr<Feed>> Create(FeedSpec spec, FileSystem* fs,
+                                                      const FeedLimits& limits = {});
 
   const FeedSpec& spec() const { return spec_; }
   const std::string& key() const { return key_; }
@@ -73,7 +84,10 @@ class Feed {
   // Reads `rank`'s slice of global batch `p` into the slot at `slot` (layout() bytes) and
   // writes its sample ids to `ids`; returns the number of valid (unpadded) rows. Batches of
   // more than kChunkBytes are read in chunks of rows through `parallel` when given: one
-  // thread's memcpy from the page cache does not fill a PCIe link.
+  // thread's memcpy from the page cache does not fill a PCIe link. An exception from a
+  // dataset or an allocation (std::bad_alloc) is returned as a status, RESOURCE_EXHAUSTED or
+  // INTERNAL (CallCatching), on whichever thread it was thrown: the session fails, not the
+  // daemon. FillStaged likewise.
   absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot, std::span<int64_t> ids,
                                const ParallelFor& parallel = nullptr) const;
   static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
@@ -93,6 +107,11 @@ class Feed {
 
  private:
   Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler);
+  absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
+                                   std::span<int64_t> ids, const ParallelFor& parallel) const;
+  absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode,
+                                         std::byte* slot, std::span<int64_t> ids,
+                                         const ParallelFor& parallel) const;
   // Counts one batch filled, with `valid` real rows, in the produced counters.
   void CountProduced(int64_t valid) const;
 
@@ -113,7 +132,8 @@ class Feed {
 // Feeds by key. Holds them weakly: a feed lives while a session uses it.
 class FeedRegistry {
  public:
-  explicit FeedRegistry(FileSystem* fs) : fs_(fs) {}
+  explicit FeedRegistry(FileSystem* fs, const FeedLimits& limits = {})
+      : fs_(fs), limits_(limits) {}
 
   // The live feed with spec's key, or a new one. The dataset is opened outside the lock.
   absl::StatusOr<std::shared_ptr<Feed>> GetOrCreate(const FeedSpec& spec);
@@ -121,6 +141,7 @@ class FeedRegistry {
 
  private:
   FileSystem* const fs_;
+  const FeedLimits limits_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };

@@ -25,6 +25,9 @@ struct DatasetSpec : FileDatasetSpec {
   std::vector<PipelineStep> pipeline;                   // image_folder
   BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
   uint64_t max_pixels = 64'000'000;                     // image_folder
+  // image_folder: a larger file is a bad sample (too_large), never read. The daemon's
+  // max_image_bytes (FeedLimits), not the request's; no part of the feed's key.
+  uint64_t max_image_bytes = uint64_t{64} << 20;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

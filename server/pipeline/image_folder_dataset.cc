@@ -31,6 +31,7 @@ class ImageFolderDataset final : public ImageDataset {
         plan_(std::move(plan)),
         policy_(spec.bad_sample),
         max_pixels_(spec.max_pixels),
+        max_image_bytes_(spec.max_image_bytes),
         fs_(fs) {
     const int h = plan_.out_height, w = plan_.out_width;
     std::vector<int64_t> shape = plan_.output.layout == Layout::kNCHW
@@ -121,12 +122,21 @@ class ImageFolderDataset final : public ImageDataset {
 
  private:
   // The file's bytes. A file that cannot be opened or read (permissions, an I/O error, removed
-  // since the index was built) is a bad sample too, "unreadable": the policy decides, as for
-  // a corrupt file, rather than one file ending every session of the feed.
+  // since the index was built) is a bad sample too, "unreadable", and one larger than
+  // max_image_bytes is "too_large" (never read): the policy decides, as for a corrupt file,
+  // rather than one file ending every session of the feed.
   absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
     metrics::StageTimer timer(metrics::Stage::kRead);
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenForRead(index_.paths[sample]);
     if (!file.ok()) return MarkBadImage(file.status(), BadImage::kUnreadable);
+    // Checked before any byte is allocated or read: a sparse 16 GiB .jpg must cost nothing.
+    if ((*file)->size() > max_image_bytes_) {
+      return MarkBadImage(
+          absl::InvalidArgumentError(absl::StrCat("the file holds ", (*file)->size(),
+                                                  " bytes, more than max_image_bytes (",
+                                                  max_image_bytes_, ")")),
+          BadImage::kTooLarge);
+    }
     std::vector<uint8_t> bytes((*file)->size());
     absl::Status read = (*file)->ReadAt(0, std::as_writable_bytes(std::span<uint8_t>(bytes)));
     if (!read.ok()) return MarkBadImage(read, BadImage::kUnreadable);
@@ -337,6 +347,7 @@ class ImageFolderDataset final : public ImageDataset {
   const PipelinePlan plan_;
   const BadSamplePolicy policy_;
   const uint64_t max_pixels_;
+  const uint64_t max_image_bytes_;
   FileSystem* const fs_;
   std::vector<SampleTensor> tensors_;
   mutable std::atomic<int64_t> bad_[std::size(kBadImageReasons)] = {};

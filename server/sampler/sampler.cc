@@ -1,55 +1,73 @@
 #include "server/sampler/sampler.h"
 
+#include <bit>
 #include <limits>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
 namespace gpufeed::server {
 namespace {
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ULL;
+
+// SplitMix64's output function (Steele, Lea, Flood 2014; the constants of Vigna's version).
+uint64_t Fmix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
 
-// Uniform in [0, bound), bound >= 1 (Lemire, "Fast Random Integer Generation in an Interval").
-uint64_t Bounded(uint64_t& state, uint64_t bound) {
-  __uint128_t m = static_cast<__uint128_t>(SplitMix64(state)) * bound;
-  uint64_t low = static_cast<uint64_t>(m);
-  if (low < bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    while (low < threshold) {
-      m = static_cast<__uint128_t>(SplitMix64(state)) * bound;
-      low = static_cast<uint64_t>(m);
-    }
-  }
-  return static_cast<uint64_t>(m >> 64);
-}
+uint64_t SplitMix64(uint64_t& state) { return Fmix64(state += kGamma); }
 
 int64_t StepsPerEpoch(const SamplerConfig& c) {
   const uint64_t global = static_cast<uint64_t>(c.batch_size) * static_cast<uint64_t>(c.world_size);
   if (global == 0) return 0;
+  // Without drop_last: ceil(n / global), written so that n + global - 1 cannot wrap.
   return static_cast<int64_t>(c.drop_last ? c.num_samples / global
-                                          : (c.num_samples + global - 1) / global);
+                                          : c.num_samples / global +
+                                                (c.num_samples % global != 0 ? 1 : 0));
 }
 
 }  // namespace
 
-std::vector<uint64_t> EpochPermutation(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
-  std::vector<uint64_t> perm(n);
-  std::iota(perm.begin(), perm.end(), uint64_t{0});
-  if (!shuffle || n < 2) return perm;
-  // Key the stream by (seed, epoch): two SplitMix rounds decorrelate neighbouring seeds.
+EpochOrder::EpochOrder(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle)
+    : n_(n), identity_(!shuffle || n < 2) {
+  if (identity_) return;
+  // The smallest even bit count b >= 2 with 2^b >= n: 2^b < 4n, so cycle walking takes fewer
+  // than 4 steps on average.
+  int bits = 64 - std::countl_zero(n - 1);  // 2^bits >= n, bits >= 1 since n >= 2
+  bits += bits & 1;
+  half_bits_ = bits / 2;  // 1..32
+  half_mask_ = (uint64_t{1} << half_bits_) - 1;
   uint64_t state = seed;
   state = SplitMix64(state) ^ static_cast<uint64_t>(epoch);
-  SplitMix64(state);
-  for (uint64_t i = n - 1; i > 0; --i) {
-    const uint64_t j = Bounded(state, i + 1);
-    std::swap(perm[i], perm[j]);
+  for (uint64_t& key : keys_) key = SplitMix64(state);
+}
+
+uint64_t EpochOrder::Encrypt(uint64_t x) const {
+  uint64_t left = x >> half_bits_;
+  uint64_t right = x & half_mask_;
+  for (const uint64_t key : keys_) {
+    const uint64_t next = left ^ (Fmix64(right + key) & half_mask_);
+    left = right;
+    right = next;
   }
+  return (left << half_bits_) | right;
+}
+
+uint64_t EpochOrder::At(uint64_t i) const {
+  if (identity_) return i;
+  // A permutation of [0, 2^b) restricted to [0, n) by walking the cycle of i until it lands
+  // inside: still a bijection of [0, n), since every cycle through [0, n) is walked the same.
+  uint64_t x = Encrypt(i);
+  while (x >= n_) x = Encrypt(x);
+  return x;
+}
+
+std::vector<uint64_t> EpochPermutation(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  const EpochOrder order(n, seed, epoch, shuffle);
+  std::vector<uint64_t> perm(n);
+  for (uint64_t i = 0; i < n; ++i) perm[i] = order.At(i);
   return perm;
 }
 
@@ -85,33 +103,16 @@ Position Sampler::Next(Position p) const {
   return p;
 }
 
-std::shared_ptr<const std::vector<uint64_t>> Sampler::Permutation(int64_t epoch) const {
-  {
-    absl::MutexLock lock(&mu_);
-    for (int i = 0; i < 2; ++i) {
-      if (cached_epoch_[i] == epoch) return cached_[i];
-    }
-  }
-  // Computed outside the lock: another thread may compute the same epoch concurrently,
-  // which wastes a little work but never blocks readers of the other epoch.
-  auto perm = std::make_shared<const std::vector<uint64_t>>(
-      EpochPermutation(config_.num_samples, config_.seed, epoch, config_.shuffle));
-  absl::MutexLock lock(&mu_);
-  const int victim = cached_epoch_[0] < cached_epoch_[1] ? 0 : 1;
-  cached_epoch_[victim] = epoch;
-  cached_[victim] = perm;
-  return perm;
-}
-
 int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids) const {
-  const std::shared_ptr<const std::vector<uint64_t>> perm = Permutation(p.epoch);
+  const EpochOrder order(config_.num_samples, config_.seed, p.epoch, config_.shuffle);
   const uint64_t n = config_.num_samples;
   const uint64_t b = static_cast<uint64_t>(config_.batch_size);
+  // step < steps_per_epoch, so first + b <= steps * W * B < n + W * B < 2^64: no wrap.
   const uint64_t first = (static_cast<uint64_t>(p.step) * config_.world_size + rank) * b;
   int64_t valid = 0;
   for (uint64_t i = 0; i < b && i < ids.size(); ++i) {
     const uint64_t index = first + i;
-    ids[i] = static_cast<int64_t>((*perm)[index % n]);
+    ids[i] = static_cast<int64_t>(order.At(index < n ? index : index % n));
     if (index < n) ++valid;
   }
   return valid;

@@ -1,5 +1,6 @@
-// The sampling contract (DESIGN.md §5):
-// - epoch e visits a permutation of all N samples computed from (seed, e) only;
+// The sampling contract (docs/ARCHITECTURE.md §6):
+// - epoch e visits a permutation of all N samples computed from (seed, e) only: a keyed
+//   bijection of [0, N) (EpochOrder), never materialised;
 // - global batch g of epoch e is perm[g·W·B, (g+1)·W·B); rank r gets rows [r·B, (r+1)·B);
 // - drop_last drops the incomplete last global batch; otherwise it is padded by wrapping to
 //   the epoch's start (as torch's DistributedSampler does) and padded rows are not valid.
@@ -10,9 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace gpufeed::server {
 
@@ -23,6 +22,45 @@ struct Position {
   auto operator<=>(const Position&) const = default;
 };
 
+// The largest start epoch a request may name (docs/SECURITY.md §4): far from INT64_MAX, so
+// that epoch arithmetic (epoch + 1, epoch * steps) cannot wrap.
+inline constexpr int64_t kMaxEpoch = int64_t{1} << 40;
+
+// The name of the sample-order algorithm, part of every feed's fingerprint ("sampler=..."): a
+// position saved under another order is refused rather than resumed onto other samples.
+inline constexpr char kSamplerName[] = "feistel1";
+
+// The order of epoch `epoch`: position i -> sample id, a bijection of [0, n) fixed by
+// (seed, epoch), with O(1) memory and O(1) expected time per position ("feistel1"):
+// - the domain is [0, 2^b), b the smallest even number >= 2 with 2^b >= n, split into two
+//   halves of h = b/2 bits: x = (L << h) | R;
+// - round keys: s = SplitMix64 output of `seed` (state seed + γ, as SplitMix64 steps) XOR
+//   epoch; k0..k3 = the next four SplitMix64 outputs of state s;
+// - round i (4 rounds): (L, R) -> (R, L ^ (Fmix64(R + k_i) & (2^h - 1))), Fmix64 SplitMix64's
+//   output function; after the last round x' = (L << h) | R;
+// - cycle walking: the id of position i is the first of E(i), E(E(i)), ... that is < n
+//   (expected fewer than 4 steps: 2^b < 4n).
+// The identity when !shuffle or n < 2. Pure 64-bit integer arithmetic: the same on every
+// machine. tests/python/reference.py re-implements it independently.
+class EpochOrder {
+ public:
+  EpochOrder(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+  // The sample id at position `i` (< n) of the epoch.
+  uint64_t At(uint64_t i) const;
+
+ private:
+  uint64_t Encrypt(uint64_t x) const;
+
+  uint64_t n_;
+  bool identity_;
+  int half_bits_ = 0;
+  uint64_t half_mask_ = 0;
+  uint64_t keys_[4] = {};
+};
+
+// EpochOrder materialised: n ids. For tests and tools only; the daemon never calls it.
+std::vector<uint64_t> EpochPermutation(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
 struct SamplerConfig {
   uint64_t num_samples = 0;
   int64_t batch_size = 0;  // per rank
@@ -32,11 +70,7 @@ struct SamplerConfig {
   bool drop_last = true;
 };
 
-// The permutation of [0, n) for (seed, epoch): SplitMix64 keyed by (seed, epoch) driving a
-// Fisher–Yates shuffle with Lemire's unbiased bounded draw. Pure 64-bit integer arithmetic,
-// so it is identical on every machine and for every thread count. Identity when !shuffle.
-std::vector<uint64_t> EpochPermutation(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle);
-
+// Immutable after Create: safe to use from any number of threads.
 class Sampler {
  public:
   // INVALID_ARGUMENT naming the field when the config has no full step per epoch.
@@ -48,19 +82,15 @@ class Sampler {
   Position Next(Position p) const;
 
   // Writes the sample ids of `rank`'s slice of global batch `p` into `ids` (batch_size of
-  // them) and returns how many leading rows are real samples (the rest are padding).
+  // them) and returns how many leading rows are real samples (the rest are padding). Computes
+  // only those positions of the epoch's order, none before them.
   int64_t RankSlice(Position p, int32_t rank, std::span<int64_t> ids) const;
 
  private:
   explicit Sampler(const SamplerConfig& config);
-  std::shared_ptr<const std::vector<uint64_t>> Permutation(int64_t epoch) const;
 
   const SamplerConfig config_;
   const int64_t steps_per_epoch_;
-  mutable absl::Mutex mu_;
-  // The two most recently used epochs: ranks straddle an epoch boundary for a few steps.
-  mutable int64_t cached_epoch_[2] ABSL_GUARDED_BY(mu_) = {-1, -1};
-  mutable std::shared_ptr<const std::vector<uint64_t>> cached_[2] ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpufeed::server

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/thread_pool.h"
 #include "server/service/convert.h"
 
 namespace gpufeed::server {
@@ -165,6 +166,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   void Step(const absl::Status& problem) {
     enum { kNone, kWrite, kFinish } action = kNone;
     absl::Status finish;
+    absl::Status thrown;
+    std::shared_ptr<Session> ended;  // a session whose stream threw
     {
       absl::MutexLock lock(&link_->mu);
       if (finished_) return;
@@ -179,22 +182,34 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
         out_.Clear();
         for (v1::ReleaseRejected& r : rejected_) *out_.add_rejected() = std::move(r);
         rejected_.clear();
-        while (session_ != nullptr && out_.batches_size() < kMaxBatchesPerMessage) {
-          StreamEvent event = session_->NextEvent();
-          if (event.kind == StreamEvent::kBatch) {
-            ToProto(event.batch, out_.add_batches());
-            continue;
+        // An exception while gathering (std::bad_alloc copying a batch) ends this stream
+        // and its session with that error, never the daemon (SECURITY.md §4).
+        try {
+          while (session_ != nullptr && out_.batches_size() < kMaxBatchesPerMessage) {
+            StreamEvent event = session_->NextEvent();
+            if (event.kind == StreamEvent::kBatch) {
+              ToProto(event.batch, out_.add_batches());
+              continue;
+            }
+            if (event.kind == StreamEvent::kEnd) {
+              ToProto(event.end_position, out_.mutable_end()->mutable_position());
+            } else if (event.kind == StreamEvent::kClosed &&
+                       out_.batches_size() + out_.rejected_size() == 0) {
+              finish = event.status;
+              // A consumer that closed its own stream or detached gets a clean end.
+              if (absl::IsCancelled(finish)) finish = absl::OkStatus();
+              action = kFinish;
+            }
+            break;  // kNothing, kEnd, or kClosed (sent first what was gathered)
           }
-          if (event.kind == StreamEvent::kEnd) {
-            ToProto(event.end_position, out_.mutable_end()->mutable_position());
-          } else if (event.kind == StreamEvent::kClosed &&
-                     out_.batches_size() + out_.rejected_size() == 0) {
-            finish = event.status;
-            // A consumer that closed its own stream or detached gets a clean end.
-            if (absl::IsCancelled(finish)) finish = absl::OkStatus();
-            action = kFinish;
-          }
-          break;  // kNothing, kEnd, or kClosed (sent first what was gathered)
+        } catch (...) {
+          thrown = StatusOfException(std::current_exception(), "stream");
+        }
+        if (!thrown.ok()) {
+          finish_status_ = thrown;
+          finish = thrown;
+          action = kFinish;
+          ended = session_;
         }
         if (action != kFinish &&
             (out_.batches_size() > 0 || out_.rejected_size() > 0 || out_.has_end())) {
@@ -203,6 +218,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       }
       if (action == kWrite) write_in_flight_ = true;
       if (action == kFinish) finished_ = true;
+    }
+    if (ended != nullptr) {
+      LogCaughtException(thrown);
+      sessions_->End(ended->id(), thrown);
     }
     if (action == kWrite) StartWrite(&out_);
     if (action == kFinish) Finish(ToGrpcStatus(finish));
@@ -247,8 +266,14 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   // The request and response live until the reactor finishes.
   absl::Status queued = attach_work_.TryPush([this, reactor, request, response] {
-    absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
-    absl::StatusOr<Attachment> attached = spec.ok() ? sessions_->Attach(*spec) : spec.status();
+    // An exception (std::bad_alloc) fails this Attach, never the daemon (SECURITY.md §4).
+    absl::StatusOr<Attachment> attached = CallCatching(
+        "attach",
+        [&]() -> absl::StatusOr<Attachment> {
+          absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
+          return spec.ok() ? sessions_->Attach(*spec) : spec.status();
+        },
+        /*log=*/true);
     if (attached.ok()) {
       ToProto(*attached, response);
       response->set_mem_socket(mem_socket_);

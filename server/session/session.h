@@ -23,6 +23,7 @@
 #include "common/os/fd.h"
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
+#include "server/feed/ids_budget.h"
 #include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
@@ -98,6 +99,9 @@ struct SessionParams {
   // Device delivery of image datasets: kNone finishes samples on the CPU; kCpuDecode and
   // kNvjpeg stage them for the GPU's kernel (augment/staged.h).
   StageMode stage = StageMode::kNone;
+  // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
+  // and this last copy of its params go.
+  std::shared_ptr<const IdsBudget::Charge> ids_charge;
 };
 
 class Session : public std::enable_shared_from_this<Session> {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "server/session/session.h"
 #include "spdlog/spdlog.h"
 
@@ -72,9 +73,10 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
     const std::span<std::byte> out[] = {
         {images->data() + i * output.image_row_bytes, output.image_row_bytes},
         {reinterpret_cast<std::byte*>(&(*labels)[i]), sizeof(int64_t)}};
-    absl::StatusOr<uint64_t> used = feed_->dataset().ReadSampleAt(
-        static_cast<uint64_t>(slot->batch.ids[k]), {feed_->spec().seed, slot->batch.position.epoch},
-        out);
+    absl::StatusOr<uint64_t> used = CallCatching("reading it", [&] {  // never the daemon's end
+      return feed_->dataset().ReadSampleAt(static_cast<uint64_t>(slot->batch.ids[k]),
+                                           {feed_->spec().seed, slot->batch.position.epoch}, out);
+    });
     if (!used.ok()) {
       s = Annotate(used.status(), absl::StrCat("sample ", slot->batch.ids[k], " of epoch ",
                                                slot->batch.position.epoch, " step ",

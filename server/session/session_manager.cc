@@ -73,6 +73,10 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
     return absl::InvalidArgumentError(absl::StrCat("start: epoch and step must be >= 0, got (",
                                                    spec.start.epoch, ", ", spec.start.step, ")"));
   }
+  if (spec.start.epoch > kMaxEpoch) {  // so that epoch arithmetic cannot wrap
+    return absl::InvalidArgumentError(absl::StrCat("start.epoch: at most 2^40 (", kMaxEpoch,
+                                                   "), got ", spec.start.epoch));
+  }
   if (spec.stop_epoch < 0 || (spec.stop_epoch > 0 && spec.stop_epoch <= spec.start.epoch)) {
     return absl::InvalidArgumentError(absl::StrCat("stop_epoch: must be 0 or > start.epoch (",
                                                    spec.start.epoch, "), got ", spec.stop_epoch));
@@ -106,7 +110,8 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
     : options_(options),
       pool_(pool),
       devices_(devices),
-      feeds_(fs),
+      ids_budget_(IdsBudget::Create(options.max_ids_bytes)),
+      feeds_(fs, options.feed_limits),
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.
@@ -165,6 +170,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   const uint64_t stride = stage == StageMode::kNone ? feed->layout().stride_bytes
                                                     : feed->staged_layout()->stride_bytes;
   const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<const IdsBudget::Charge> ids_charge,
+                           IdsBudget::Take(ids_budget_, spec.feed.batch_size, slots));
   // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap.
   absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
   if (!ring.ok()) {
@@ -193,6 +200,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.start = spec.start;
   params.stop_epoch = spec.stop_epoch;
   params.stage = stage;
+  params.ids_charge = std::move(ids_charge);
   const std::string canonical = feed->spec().Canonical();
   std::shared_ptr<Session> session;
   {
@@ -213,13 +221,15 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
             "job '", spec.job, "' rank ", spec.rank, " is already attached"));
       }
     }
+    params.id = next_id_++;
+    // Made before the job is registered: if it throws (std::bad_alloc), nothing is left
+    // behind (the attach thread turns the exception into this Attach's error).
+    session = std::make_shared<Session>(params, feed, std::move(*ring), this, std::move(device),
+                                        devices_);
     Job& job = jobs_[spec.job];
     job.canonical = canonical;
     job.world_size = spec.feed.world_size;
     job.ranks.insert(spec.rank);
-    params.id = next_id_++;
-    session = std::make_shared<Session>(params, feed, std::move(*ring), this, std::move(device),
-                                        devices_);
     sessions_[params.id] = session;
   }
   session->Start();

@@ -21,6 +21,7 @@
 #include "common/thread_pool.h"
 #include "server/augment/pipeline.h"
 #include "server/feed/feed.h"
+#include "server/feed/ids_budget.h"
 #include "server/session/caller.h"
 #include "server/session/session.h"
 #include "server/staging/staging_pool.h"
@@ -89,6 +90,10 @@ struct SessionManagerOptions {
   absl::Duration attach_timeout = absl::Seconds(10);
   // How often leases are checked.
   absl::Duration reap_interval = absl::Milliseconds(100);
+  // docs/SECURITY.md §4: samples per feed and image file bytes (FeedLimits), and the
+  // daemon-wide bytes of the sessions' per-slot sample-id arrays.
+  FeedLimits feed_limits;
+  uint64_t max_ids_bytes = uint64_t{256} << 20;
 };
 
 class SessionManager final : public FillScheduler {
@@ -117,6 +122,8 @@ class SessionManager final : public FillScheduler {
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;
   int num_sessions() const;
+  // Bytes of max_ids_bytes held by sessions that still exist.
+  uint64_t ids_bytes_in_use() const { return ids_budget_->used(); }
   // Tasks waiting for a worker (session fills and chunks of parallel fills).
   size_t queue_depth() const { return workers_.queue_depth(); }
 
@@ -147,6 +154,7 @@ class SessionManager final : public FillScheduler {
   const SessionManagerOptions options_;
   StagingPool* const pool_;
   DeviceBackend* const devices_;
+  const std::shared_ptr<IdsBudget> ids_budget_;
   FeedRegistry feeds_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;

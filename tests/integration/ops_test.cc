@@ -438,6 +438,8 @@ TEST_F(OpsTest, CtlCommandLine) {
       {Consume({"--rank", "x"}), 1, "error: INVALID_ARGUMENT: --rank: 'x' is not an integer"},
       {Consume({"--seed", "0x10"}), 1, "--seed: '0x10' is not an integer"},
       {{"consume", "--batch-size", "8"}, 1, "error: INVALID_ARGUMENT: --dataset: required"},
+      {Consume({"--start-epoch", "9223372036854775807", "--epochs", "1"}), 1,
+       "error: INVALID_ARGUMENT: --epochs: --start-epoch + --epochs overflows int64"},
   };
   for (const Refusal& r : refusals) {
     CtlResult result = RunCtl(daemon.socket(), r.args, dir_.File("refused"));

@@ -1,5 +1,5 @@
 """What the daemon must deliver, computed independently in Python: the epoch permutation of
-the README's contract (SplitMix64 + Fisher-Yates with Lemire's bounded draws), each rank's
+the README's contract (a keyed 4-round Feistel bijection with cycle walking, "feistel1"), each rank's
 slice of a global batch, and the datasets the tests create with their expected rows."""
 
 from __future__ import annotations
@@ -16,38 +16,63 @@ import numpy as np
 _MASK = (1 << 64) - 1
 
 
-def _splitmix64(state: int) -> Tuple[int, int]:
-    state = (state + 0x9E3779B97F4A7C15) & _MASK
-    z = state
+def _fmix64(z: int) -> int:
+    """SplitMix64's output function."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return state, z ^ (z >> 31)
+    return z ^ (z >> 31)
 
 
-def _bounded(state: int, bound: int) -> Tuple[int, int]:
-    state, r = _splitmix64(state)
-    m = r * bound
-    if (m & _MASK) < bound:
-        threshold = ((1 << 64) - bound) % bound
-        while (m & _MASK) < threshold:
-            state, r = _splitmix64(state)
-            m = r * bound
-    return state, m >> 64
+def _splitmix64(state: int) -> Tuple[int, int]:
+    """(next state, output) of one SplitMix64 step."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK
+    return state, _fmix64(state)
+
+
+class EpochOrder:
+    """The order of one epoch ("feistel1", README and ARCHITECTURE section 6): a 4-round
+    Feistel network keyed by (seed, epoch) over the smallest power-of-two domain of an even
+    bit count >= n, restricted to [0, n) by cycle walking. Position -> sample id."""
+
+    def __init__(self, n: int, seed: int, epoch: int, shuffle: bool = True):
+        self.n = n
+        self.identity = not shuffle or n < 2
+        if self.identity:
+            return
+        bits = max(1, (n - 1).bit_length())
+        if bits % 2:
+            bits += 1
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        state, out = _splitmix64(seed & _MASK)
+        state = out ^ (epoch & _MASK)
+        self.keys = []
+        for _ in range(4):
+            state, key = _splitmix64(state)
+            self.keys.append(key)
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_fmix64((right + key) & _MASK) & self.mask)
+        return (left << self.half) | right
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if self.identity:
+            return i
+        x = self._encrypt(i)
+        while x >= self.n:
+            x = self._encrypt(x)
+        return x
 
 
 @lru_cache(maxsize=64)
 def permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> Tuple[int, ...]:
-    """Epoch `epoch`'s order of the `n` sample ids."""
-    perm = list(range(n))
-    if not shuffle or n < 2:
-        return tuple(perm)
-    _, z = _splitmix64(seed & _MASK)
-    state = z ^ (epoch & _MASK)
-    state, _ = _splitmix64(state)
-    for i in range(n - 1, 0, -1):
-        state, j = _bounded(state, i + 1)
-        perm[i], perm[j] = perm[j], perm[i]
-    return tuple(perm)
+    """Epoch `epoch`'s order of the `n` sample ids, materialised (small n only)."""
+    order = EpochOrder(n, seed, epoch, shuffle)
+    return tuple(order[i] for i in range(n))
 
 
 def steps_per_epoch(n: int, batch: int, world: int, drop_last: bool) -> int:
@@ -58,9 +83,9 @@ def steps_per_epoch(n: int, batch: int, world: int, drop_last: bool) -> int:
 def rank_slice(n: int, seed: int, epoch: int, step: int, rank: int, world: int, batch: int,
                shuffle: bool = True) -> Tuple[List[int], int]:
     """(ids, valid_count) of rank `rank`'s batch at (epoch, step)."""
-    perm = permutation(n, seed, epoch, shuffle)
+    order = EpochOrder(n, seed, epoch, shuffle)
     first = (step * world + rank) * batch
-    ids = [perm[(first + i) % n] for i in range(batch)]
+    ids = [order[(first + i) % n] for i in range(batch)]
     valid = sum(1 for i in range(batch) if first + i < n)
     return ids, valid
 

@@ -88,7 +88,11 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   o->world_size = static_cast<int32_t>(world);
   o->seed = static_cast<uint64_t>(seed);
   o->ring_slots = static_cast<int32_t>(ring);
-  o->stop_epoch = limits->epochs == 0 ? 0 : o->start.epoch + limits->epochs;
+  if (limits->epochs != 0 &&
+      __builtin_add_overflow(o->start.epoch, limits->epochs, &o->stop_epoch)) {
+    return absl::InvalidArgumentError("--epochs: --start-epoch + --epochs overflows int64");
+  }
+  if (limits->epochs == 0) o->stop_epoch = 0;
   if (limits->epochs == 0 && limits->max_batches < 0) {
     return absl::InvalidArgumentError("--epochs 0 (no end) needs --max-batches");
   }

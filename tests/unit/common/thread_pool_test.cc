@@ -3,6 +3,9 @@
 #include "common/thread_pool.h"
 
 #include <atomic>
+#include <new>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -31,14 +34,17 @@ TEST(ThreadPoolTest, WorkersAreNamedAndMarkTheItemTheyRun) {
 
 TEST(ThreadPoolTest, TrySubmitIsBoundedAndShutdownRunsWhatIsQueued) {
   ThreadPool pool("w", 1, 2);
-  absl::Notification block;
+  absl::Notification block, started;
   std::atomic<int> ran{0};
-  ASSERT_TRUE(pool.TrySubmit([&] { block.WaitForNotification(); }).ok());
-  // The worker may not have taken the first task yet: fill until refused.
+  ASSERT_TRUE(pool.TrySubmit([&] {
+    started.Notify();
+    block.WaitForNotification();
+  }).ok());
+  // Once the worker holds the first task, exactly `capacity` more fit.
+  started.WaitForNotification();
   int queued = 0;
   while (pool.TrySubmit([&] { ++ran; }).ok()) ++queued;
-  EXPECT_GE(queued, 1);
-  EXPECT_LE(queued, 2);
+  EXPECT_EQ(queued, 2);
   EXPECT_EQ(pool.TrySubmit([] {}).code(), absl::StatusCode::kResourceExhausted);
   block.Notify();
   pool.Shutdown(absl::UnavailableError("stop"));
@@ -59,6 +65,58 @@ TEST(ThreadPoolTest, ParallelForRunsEveryIndexOnceEvenWithEveryWorkerBusy) {
   pool.ParallelFor(50, [&](int i) { ++again[static_cast<size_t>(i)]; });
   for (auto& h : again) EXPECT_EQ(h.load(), 1);
   block.Notify();
+}
+
+// Exceptions stop at the boundaries (docs/SECURITY.md §4).
+TEST(ThreadPoolTest, StatusOfExceptionMapsOutOfMemoryToResourceExhausted) {
+  auto status_of = [](auto thrown) {
+    return CallCatching("filling", [&]() -> absl::Status { throw thrown; });
+  };
+  const absl::Status oom = status_of(std::bad_alloc());
+  EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(oom.message(), "filling: out of memory (std::bad_alloc): the request needs more "
+                           "memory than gpufeedd can allocate");
+  const absl::Status huge = status_of(std::length_error("vector::_M_default_append"));
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(huge.message(),
+            "filling: an allocation larger than any memory (vector::_M_default_append)");
+  const absl::Status other = status_of(std::out_of_range("index 7"));
+  EXPECT_EQ(other.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(other.message(), "filling: unexpected exception: index 7");
+  const absl::Status odd = status_of(42);
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(odd.message(), "filling: unexpected exception of an unknown type");
+  // Values pass through; StatusOr too.
+  absl::StatusOr<int> seven = CallCatching("x", [] { return absl::StatusOr<int>(7); });
+  EXPECT_EQ(*seven, 7);
+}
+
+TEST(ThreadPoolTest, ATaskThatThrowsDoesNotEndItsWorker) {
+  ThreadPool pool("w", 1, 8);
+  ASSERT_TRUE(pool.TrySubmit([] { throw std::bad_alloc(); }).ok());
+  ASSERT_TRUE(pool.TrySubmit([] { throw std::runtime_error("boom"); }).ok());
+  absl::Notification ran;
+  ASSERT_TRUE(pool.TrySubmit([&] { ran.Notify(); }).ok());
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+TEST(ThreadPoolTest, ParallelForCarriesAThrowToTheCallerAfterEveryChunkRan) {
+  ThreadPool pool("w", 2, 64);
+  std::vector<std::atomic<int>> hits(64);
+  try {
+    pool.ParallelFor(64, [&](int i) {
+      ++hits[static_cast<size_t>(i)];
+      if (i % 8 == 3) throw std::runtime_error("chunk");
+    });
+    ADD_FAILURE() << "ParallelFor returned normally";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "chunk");
+  }
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);  // every chunk ran once, none was lost
+  // The workers still serve.
+  std::atomic<int> after{0};
+  pool.ParallelFor(16, [&](int) { ++after; });
+  EXPECT_EQ(after.load(), 16);
 }
 
 }  // namespace

@@ -272,5 +272,34 @@ TEST(GivenFlagsTest, NamesTheFlagsOnTheCommandLineOnly) {
               UnorderedElementsAre("threads", "max_sessions", "nvjpeg_interpolation", "read_mode"));
 }
 
+// Bounded cost (docs/SECURITY.md §4, config fields 31-33).
+TEST_F(ConfigTest, BoundedCostCapsHaveTheirDefaultsAndComeFromTheFileOrFlags) {
+  absl::StatusOr<DaemonConfig> c = Load({});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_samples_per_feed, uint64_t{1} << 40);
+  EXPECT_EQ(c->max_image_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c->max_ids_bytes, uint64_t{256} << 20);
+  const std::string file = File("caps.textproto",
+                                "max_samples_per_feed: 1000\n"
+                                "max_image_bytes: 4096\n"
+                                "max_ids_bytes: 65536\n");
+  c = Load({"--config=" + file, "--max_ids_bytes=131072"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_samples_per_feed, 1000u);
+  EXPECT_EQ(c->max_image_bytes, 4096u);
+  EXPECT_EQ(c->max_ids_bytes, 131072u);  // the flag wins
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BoundedCost, BadValueTest,
+    ::testing::Values(
+        Bad("--max_samples_per_feed=0", "max_samples_per_feed: 0",
+            "max_samples_per_feed: 1 to 2^62, got 0"),
+        Bad("--max_samples_per_feed=4611686018427387905",
+            "max_samples_per_feed: 4611686018427387905",
+            "max_samples_per_feed: 1 to 2^62, got 4611686018427387905"),
+        Bad("--max_image_bytes=0", "max_image_bytes: 0", "max_image_bytes: must be > 0"),
+        Bad("--max_ids_bytes=0", "max_ids_bytes: 0", "max_ids_bytes: must be > 0")));
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -1,8 +1,10 @@
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/pipeline/dataset.h"
 #include "tests/testing/image_files.h"
@@ -133,6 +135,88 @@ TEST_F(ImageFolderDatasetTest, BadImagesAreReplacedAndCountedOrFailNamingTheFile
   failed = Read(**strict, 2, {}, &image, &label);
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(failed.status().message(), HasSubstr(root_ + "/a/1.png (unreadable)"));
+}
+
+// A file system that counts the bytes read through it (PosixFileSystem underneath).
+class CountingFileSystem final : public FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = PosixFileSystem()->OpenForRead(path);
+    if (!file.ok()) return file.status();
+    return std::unique_ptr<RandomAccessFile>(new File(std::move(*file), this));
+  }
+  std::atomic<uint64_t> bytes_read{0};
+
+ private:
+  class File final : public RandomAccessFile {
+   public:
+    File(std::unique_ptr<RandomAccessFile> inner, CountingFileSystem* fs)
+        : inner_(std::move(inner)), fs_(fs) {}
+    uint64_t size() const override { return inner_->size(); }
+    const std::string& path() const override { return inner_->path(); }
+    absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
+      fs_->bytes_read += dst.size();
+      return inner_->ReadAt(offset, dst);
+    }
+
+   private:
+    const std::unique_ptr<RandomAccessFile> inner_;
+    CountingFileSystem* const fs_;
+  };
+};
+
+// docs/SECURITY.md §4: an image file larger than max_image_bytes is a bad sample, too_large,
+// and not one byte of it is read (a sparse 16 GiB .jpg was read whole and aborted the daemon).
+TEST_F(ImageFolderDatasetTest, AFileLargerThanMaxImageBytesIsTooLargeAndNeverRead) {
+  const uint64_t png_bytes = std::filesystem::file_size(root_ + "/a/1.png");
+  {  // 0-big.png sorts first: sample 0, one byte over the cap
+    std::ofstream big(root_ + "/a/0-big.png", std::ios::binary);
+    big << std::string(png_bytes + 1, 'x');
+  }
+  // A sparse 16 GiB .jpg: without the cap, reading it whole would need 16 GiB.
+  std::filesystem::create_directories(root_ + "/c");
+  {
+    std::ofstream sparse(root_ + "/c/huge.jpg", std::ios::binary);
+  }
+  std::filesystem::resize_file(root_ + "/c/huge.jpg", uint64_t{16} << 30);
+  CountingFileSystem fs;
+  DatasetSpec spec;
+  spec.kind = DatasetKind::kImageFolder;
+  spec.path = root_;
+  spec.pipeline = {CenterCropStep{8}};
+  spec.max_image_bytes = png_bytes;  // a/1.png is exactly at the cap: served
+  absl::StatusOr<std::unique_ptr<Dataset>> ds = OpenDataset(spec, &fs);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->num_samples(), 5u);  // a/0-big, a/1, a/2, b/3, c/huge
+  auto count = [&](const std::string& reason) {
+    for (const auto& [r, n] : (*ds)->bad_samples()) {
+      if (r == reason) return n;
+    }
+    return int64_t{-1};
+  };
+  std::vector<uint8_t> image;
+  int64_t label;
+  absl::StatusOr<uint64_t> used = Read(**ds, 0, {}, &image, &label);
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(*used, 1u);  // replaced by a/1.png
+  EXPECT_EQ(count("too_large"), 1);
+  EXPECT_EQ(fs.bytes_read.load(), png_bytes);  // a/1.png's bytes only
+  // The sparse file: too_large too, then wraps to sample 0 (too large) and 1.
+  fs.bytes_read = 0;
+  used = Read(**ds, 4, {}, &image, &label);
+  ASSERT_TRUE(used.ok()) << used.status();
+  EXPECT_EQ(*used, 1u);
+  EXPECT_EQ(count("too_large"), 2);
+  EXPECT_EQ(fs.bytes_read.load(), png_bytes);
+  // With the policy fail, the error names the file, the reason and both sizes.
+  spec.bad_sample = BadSamplePolicy::kFail;
+  ds = OpenDataset(spec, &fs);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  used = Read(**ds, 4, {}, &image, &label);
+  EXPECT_EQ(used.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(used.status().message(),
+            absl::StrCat("image ", root_, "/c/huge.jpg (too_large): the file holds 17179869184 "
+                         "bytes, more than max_image_bytes (", png_bytes, ")"));
 }
 
 TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {

@@ -238,18 +238,96 @@ TEST(SamplerTest, EpochPermutationActuallyShuffles) {
 
 // First 8 entries of EpochPermutation(100, seed=42, epoch=0, shuffle=true), computed once by
 // running the generator and hard-coded here on purpose (see GoldenPermutationIsStable). They
-// also agree with an independent Python transcription of the documented algorithm.
-constexpr uint64_t kGoldenPermutation42[8] = {9, 42, 94, 26, 1, 71, 39, 22};
+// also agree with the independent Python transcription in tests/python/reference.py.
+constexpr uint64_t kGoldenPermutation42[8] = {53, 21, 94, 16, 83, 39, 65, 6};
 
 // Users checkpoint (seed, epoch, step) and expect the very same samples after an upgrade:
-// these values pin the generator (SplitMix64 + Fisher-Yates + Lemire). If this test fails,
-// the permutation changed and every user's resumed run would silently see other samples.
-// Do not update the numbers unless the change is deliberate and announced as breaking.
+// these values pin the generator ("feistel1": 4 Feistel rounds keyed by SplitMix64 of
+// (seed, epoch), cycle walking). If this test fails, the permutation changed and every user's
+// resumed run would silently see other samples. Do not update the numbers unless the change
+// is deliberate, announced as breaking, and kSamplerName (the fingerprint's sampler=) changes
+// with it.
 TEST(SamplerTest, GoldenPermutationIsStable) {
   const std::vector<uint64_t> perm = EpochPermutation(100, /*seed=*/42, /*epoch=*/0, true);
   ASSERT_EQ(perm.size(), 100u);
   EXPECT_THAT(std::vector<uint64_t>(perm.begin(), perm.begin() + 8),
               ElementsAreArray(kGoldenPermutation42));
+  EXPECT_THAT(EpochPermutation(10, 3, 0, true), ElementsAre(9, 2, 0, 4, 8, 6, 1, 5, 7, 3));
+  const EpochOrder order(1000, 1234, 0, true);
+  std::vector<uint64_t> first;
+  for (uint64_t i = 0; i < 8; ++i) first.push_back(order.At(i));
+  EXPECT_THAT(first, ElementsAre(432, 508, 891, 716, 752, 551, 274, 463));
+  EXPECT_STREQ(kSamplerName, "feistel1");
+}
+
+// A dataset of 2^40 + 3 samples: 20 bits a half, so cycle walking runs over a domain 4x
+// larger than n minus 3. Values from the Python transcription as well.
+TEST(SamplerTest, GoldenPermutationOfAHugeDatasetIsStable) {
+  const uint64_t n = (uint64_t{1} << 40) + 3;
+  const EpochOrder order(n, 42, 0, true);
+  EXPECT_EQ(order.At(0), 847031520438u);
+  EXPECT_EQ(order.At(1), 491539896703u);
+  EXPECT_EQ(order.At(2), 104077952822u);
+  EXPECT_EQ(order.At(3), 504542592838u);
+  EXPECT_EQ(order.At(n - 1), 307362905394u);
+  EXPECT_EQ(order.At(n - 2), 902955081928u);
+}
+
+// Every id exactly once, checked exhaustively, for small n, primes, and powers of two +- 1
+// (where the domain is exactly n, or has just grown by an even bit count).
+TEST(SamplerTest, EpochOrderIsABijectionForManySizes) {
+  std::vector<uint64_t> sizes = {1, 2, 3, 4, 5, 6, 7, 11, 13, 97, 101, 257, 1009, 4093, 65521,
+                                 1000003};
+  for (int k = 1; k <= 20; ++k) {
+    const uint64_t p = uint64_t{1} << k;
+    sizes.insert(sizes.end(), {p - 1, p, p + 1});
+  }
+  for (const uint64_t n : sizes) {
+    for (const auto& [seed, epoch] : {std::pair<uint64_t, int64_t>{0, 0}, {42, 1},
+                                      {~uint64_t{0}, kMaxEpoch}}) {
+      const EpochOrder order(n, seed, epoch, true);
+      std::vector<bool> seen(n, false);
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t id = order.At(i);
+        ASSERT_LT(id, n) << "n=" << n << " seed=" << seed << " epoch=" << epoch << " i=" << i;
+        ASSERT_FALSE(seen[id]) << "n=" << n << " seed=" << seed << " epoch=" << epoch
+                               << ": id " << id << " twice";
+        seen[id] = true;
+      }
+    }
+  }
+}
+
+// Near 2^40 an exhaustive check is out of reach: samples of positions give distinct ids in
+// range, from the start, the end and the middle of the epoch.
+TEST(SamplerTest, EpochOrderNear2To40GivesDistinctIdsInRange) {
+  for (const uint64_t n : {(uint64_t{1} << 40) - 1, uint64_t{1} << 40, (uint64_t{1} << 40) + 1,
+                           uint64_t{1099511627689}}) {  // the largest prime below 2^40
+    const EpochOrder order(n, 7, 3, true);
+    std::set<uint64_t> ids;
+    for (const uint64_t start : {uint64_t{0}, n / 2, n - 50000}) {
+      for (uint64_t i = start; i < start + 50000; ++i) {
+        const uint64_t id = order.At(i);
+        ASSERT_LT(id, n) << "n=" << n << " i=" << i;
+        ids.insert(id);
+      }
+    }
+    EXPECT_EQ(ids.size(), 150000u) << "n=" << n;
+  }
+}
+
+// The crash of issue 12: 2^31 samples (a 4 GiB sparse token file with seq_len 1) made the
+// sampler materialise a 2^31-entry permutation. Any position is now computed on its own.
+TEST(SamplerTest, HugeDatasetsNeedNoMemoryPerSample) {
+  std::unique_ptr<Sampler> s = MakeSampler(uint64_t{1} << 40, 4, 2, 9, true, true);
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->steps_per_epoch(), int64_t{1} << 37);
+  const Position last{kMaxEpoch, s->steps_per_epoch() - 1};
+  Slice a = SliceOf(*s, last, 1);
+  EXPECT_EQ(a.valid, 4);
+  const EpochOrder order(uint64_t{1} << 40, 9, kMaxEpoch, true);
+  const uint64_t first = (uint64_t{1} << 40) - 4;  // rank 1's rows are the epoch's last four
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a.ids[i], static_cast<int64_t>(order.At(first + i)));
 }
 
 TEST(SamplerTest, ResumeFromAnyPositionReproducesTheRest) {

@@ -1,0 +1,262 @@
+// server/feed/: the fingerprint's sampler item, the sample cap (max_samples_per_feed), the ids
+// budget (max_ids_bytes), and exceptions stopped at the fill and open boundaries
+// (docs/SECURITY.md §4).
+#include "server/feed/feed.h"
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/feed/ids_budget.h"
+#include "tests/testing/fake_file_system.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::FakeFileSystem;
+using ::testing::HasSubstr;
+
+// `count` uint16 tokens t = t mod 2^16.
+std::string Tokens(uint64_t count) {
+  std::string out;
+  for (uint64_t t = 0; t < count; ++t) {
+    out += static_cast<char>(t & 0xff);
+    out += static_cast<char>((t >> 8) & 0xff);
+  }
+  return out;
+}
+
+FeedSpec TokensSpec(const std::string& path, int64_t seq_len, int64_t batch) {
+  FeedSpec spec;
+  spec.dataset.kind = DatasetKind::kTokens;
+  spec.dataset.path = path;
+  spec.dataset.token_dtype = DType::kUInt16;
+  spec.dataset.seq_len = seq_len;
+  spec.batch_size = batch;
+  spec.world_size = 1;
+  spec.seed = 5;
+  return spec;
+}
+
+// A file system whose files throw from ReadAt for the samples (row offsets) chosen, and whose
+// opens throw when asked: what a dataset that runs out of memory (or has a bug) looks like.
+class ThrowingFileSystem final : public FileSystem {
+ public:
+  enum class What { kNothing, kBadAlloc, kRuntimeError };
+  explicit ThrowingFileSystem(FakeFileSystem* inner) : inner_(inner) {}
+  What open = What::kNothing;
+  What read = What::kNothing;
+  uint64_t throw_at_or_after = 0;  // reads at offsets >= this throw
+
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
+    Throw(open);
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, inner_->OpenForRead(path));
+    return std::unique_ptr<RandomAccessFile>(new File(std::move(file), this));
+  }
+
+ private:
+  static void Throw(What what) {
+    if (what == What::kBadAlloc) throw std::bad_alloc();
+    if (what == What::kRuntimeError) throw std::runtime_error("a dataset bug");
+  }
+  class File final : public RandomAccessFile {
+   public:
+    File(std::unique_ptr<RandomAccessFile> inner, ThrowingFileSystem* fs)
+        : inner_(std::move(inner)), fs_(fs) {}
+    uint64_t size() const override { return inner_->size(); }
+    const std::string& path() const override { return inner_->path(); }
+    absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
+      if (offset >= fs_->throw_at_or_after) Throw(fs_->read);
+      return inner_->ReadAt(offset, dst);
+    }
+
+   private:
+    const std::unique_ptr<RandomAccessFile> inner_;
+    ThrowingFileSystem* const fs_;
+  };
+  FakeFileSystem* const inner_;
+};
+
+TEST(FeedFingerprintTest, NamesTheSamplerAndRefusesPositionsOfTheOldOrder) {
+  FakeFileSystem fs;
+  fs.AddFile("/data/t.bin", Tokens(101));
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 10, 2), &fs);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  const std::string& fp = (*feed)->fingerprint();
+  EXPECT_THAT(fp, HasSubstr(";shuffle=true;drop_last=true;sampler=feistel1"));
+  // A position saved before feistel1 has every other item, but no sampler.
+  std::string old = fp;
+  old.erase(old.find(";sampler=feistel1"), std::string(";sampler=feistel1").size());
+  const absl::Status refused = CompareFingerprints(old, fp);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            "start.fingerprint: the position was saved from another feed: sampler (the position "
+            "was saved by a gpufeedd before feistel1, whose sample order differs: the same "
+            "(epoch, step) names other samples now). Resume with the settings and data it was "
+            "saved with, or start without it");
+  // A future order is named as any changed field.
+  std::string future = fp;
+  future.replace(future.find("feistel1"), 8, "feistel2");
+  EXPECT_THAT(CompareFingerprints(future, fp).message(),
+              HasSubstr("sampler was feistel2, is feistel1"));
+  EXPECT_TRUE(CompareFingerprints(fp, fp).ok());
+}
+
+TEST(FeedLimitsTest, ADatasetOfMoreSamplesThanTheCapIsRefusedNamingBoth) {
+  FakeFileSystem fs;
+  fs.AddFile("/data/t.bin", Tokens(1002));  // seq_len 1: 1001 samples
+  FeedLimits limits;
+  limits.max_samples = 1000;
+  absl::StatusOr<std::shared_ptr<Feed>> refused =
+      Feed::Create(TokensSpec("/data/t.bin", 1, 4), &fs, limits);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "dataset.path: /data/t.bin makes 1001 samples, more than this gpufeedd's "
+            "max_samples_per_feed (1000); split the dataset or ask the admin to raise the cap");
+  limits.max_samples = 1001;  // exactly the cap: served
+  EXPECT_TRUE(Feed::Create(TokensSpec("/data/t.bin", 1, 4), &fs, limits).ok());
+}
+
+// Issue 12's crash: a 4 GiB sparse token file with seq_len 1 is 2^31 - 1 samples. The feed
+// opens at once and gives any batch's ids without materialising an order.
+TEST(FeedLimitsTest, A4GiBTokenFileWithSeqLen1OpensAndSamplesWithoutAPermutation) {
+  FakeFileSystem fs;
+  fs.AddFileWithSize("/data/sparse.bin", std::string(1 << 16, '\0'), uint64_t{4} << 30);
+  absl::StatusOr<std::shared_ptr<Feed>> feed =
+      Feed::Create(TokensSpec("/data/sparse.bin", 1, 8), &fs);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  EXPECT_EQ((*feed)->dataset().num_samples(), (uint64_t{1} << 31) - 1);
+  std::vector<int64_t> ids(8);
+  const Position last{7, (*feed)->sampler().steps_per_epoch() - 1};
+  EXPECT_EQ((*feed)->sampler().RankSlice(last, 0, std::span<int64_t>(ids)), 8);
+  const EpochOrder order((uint64_t{1} << 31) - 1, 5, 7, true);
+  const uint64_t first = static_cast<uint64_t>(last.step) * 8;
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], static_cast<int64_t>(order.At(first + i)));
+}
+
+TEST(FeedLimitsTest, TheSeqLenMessageDoesNotOverflow) {
+  FakeFileSystem fs;
+  fs.AddFile("/data/t.bin", Tokens(10));
+  absl::StatusOr<std::shared_ptr<Feed>> refused =
+      Feed::Create(TokensSpec("/data/t.bin", std::numeric_limits<int64_t>::max(), 1), &fs);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "dataset.seq_len: 9223372036854775807 needs at least 9223372036854775808 tokens, "
+            "but /data/t.bin holds 10");
+}
+
+TEST(IdsBudgetTest, ChargesNameTheBytesAndReturnThemWhenDestroyed) {
+  std::shared_ptr<IdsBudget> budget = IdsBudget::Create(1000);
+  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> a = IdsBudget::Take(budget, 10, 8);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->bytes(), 640u);
+  EXPECT_EQ(budget->used(), 640u);
+  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> b = IdsBudget::Take(budget, 10, 5);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(b.status().message(),
+            "sample ids of 5 slots x 10 rows need 400 bytes; 640 of max_ids_bytes 1000 are in "
+            "use: lower batch_size or ring_slots, or retry later");
+  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> exact = IdsBudget::Take(budget, 45, 1);
+  ASSERT_TRUE(exact.ok()) << exact.status();  // 360: exactly the rest
+  EXPECT_EQ(budget->used(), 1000u);
+  a->reset();
+  EXPECT_EQ(budget->used(), 360u);
+  // Sizes whose product wraps 64 bits are refused, not charged as a small number.
+  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> huge =
+      IdsBudget::Take(budget, int64_t{1} << 62, 64);  // 2^71 bytes, 0 mod 2^64
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge.status().message(),
+              HasSubstr("sample ids of 64 slots x 4611686018427387904 rows need more than 2^64 "
+                        "bytes; 360 of max_ids_bytes 1000"));
+  EXPECT_EQ(budget->used(), 360u);
+}
+
+class FeedExceptionTest : public ::testing::Test {
+ protected:
+  // seq_len 1023: rows of 2 KiB; a batch of 2048 is 4 MiB, two chunks of Feed::kChunkBytes.
+  void SetUp() override { fake_.AddFile("/data/t.bin", Tokens(1024 * 4096 + 1)); }
+  FakeFileSystem fake_;
+  ThrowingFileSystem fs_{&fake_};
+};
+
+TEST_F(FeedExceptionTest, AnExceptionOpeningTheDatasetIsTheAttachsError) {
+  fs_.open = ThrowingFileSystem::What::kBadAlloc;
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
+  EXPECT_EQ(feed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(feed.status().message(),
+            "opening dataset /data/t.bin: out of memory (std::bad_alloc): the request needs more "
+            "memory than gpufeedd can allocate");
+  fs_.open = ThrowingFileSystem::What::kRuntimeError;
+  feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
+  EXPECT_EQ(feed.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(feed.status().message(),
+            "opening dataset /data/t.bin: unexpected exception: a dataset bug");
+}
+
+// A throw in any chunk, on the caller's thread or a pool helper's, is the fill's status.
+TEST_F(FeedExceptionTest, AnExceptionInAFillChunkOnAnyThreadIsTheFillsStatus) {
+  FeedSpec spec = TokensSpec("/data/t.bin", 1023, 2048);
+  spec.shuffle = false;  // rows 0..2047 in order: the second chunk reads rows 1024..2047
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(spec, &fs_);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  ASSERT_EQ((*feed)->layout().used_bytes, uint64_t{2048} * 2048);
+  std::vector<std::byte> slot((*feed)->layout().stride_bytes);
+  std::vector<int64_t> ids(2048);
+  ThreadPool pool("read", 2, 16);
+  const Feed::ParallelFor parallel = [&pool](int n, const std::function<void(int)>& fn) {
+    pool.ParallelFor(n, fn);
+  };
+  ASSERT_TRUE((*feed)->Fill({0, 0}, 0, slot.data(), std::span<int64_t>(ids), parallel).ok());
+
+  fs_.read = ThrowingFileSystem::What::kBadAlloc;
+  fs_.throw_at_or_after = uint64_t{1024} * 1023 * 2;  // row 1024 on: the second chunk only
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<int64_t> filled = (*feed)->Fill(
+        {0, 0}, 0, slot.data(), std::span<int64_t>(ids), attempt == 0 ? parallel : nullptr);
+    EXPECT_EQ(filled.status().code(), absl::StatusCode::kResourceExhausted) << attempt;
+    EXPECT_EQ(filled.status().message(),
+              "sample 1024 of epoch 0 step 0: reading it: out of memory (std::bad_alloc): the "
+              "request needs more memory than gpufeedd can allocate")
+        << attempt;
+  }
+  fs_.read = ThrowingFileSystem::What::kRuntimeError;
+  absl::StatusOr<int64_t> filled =
+      (*feed)->Fill({0, 0}, 0, slot.data(), std::span<int64_t>(ids), parallel);
+  EXPECT_EQ(filled.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(filled.status().message(),
+            "sample 1024 of epoch 0 step 0: reading it: unexpected exception: a dataset bug");
+  // The pool's workers live on: the next fill is served.
+  fs_.read = ThrowingFileSystem::What::kNothing;
+  EXPECT_EQ(*(*feed)->Fill({0, 0}, 0, slot.data(), std::span<int64_t>(ids), parallel), 2048);
+}
+
+// The parallel-for itself throwing (here: a ParallelFor that allocates and fails) is caught at
+// the fill's own boundary.
+TEST_F(FeedExceptionTest, AnExceptionOutsideTheChunksIsCaughtAtTheFillBoundary) {
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 2048), &fs_);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  std::vector<std::byte> slot((*feed)->layout().stride_bytes);
+  std::vector<int64_t> ids(2048);
+  const Feed::ParallelFor throwing = [](int, const std::function<void(int)>&) {
+    throw std::bad_alloc();
+  };
+  absl::StatusOr<int64_t> filled =
+      (*feed)->Fill({3, 1}, 0, slot.data(), std::span<int64_t>(ids), throwing);
+  EXPECT_EQ(filled.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(filled.status().message(),
+            "filling epoch 3 step 1 rank 0: out of memory (std::bad_alloc): the request needs "
+            "more memory than gpufeedd can allocate");
+}
+
+}  // namespace
+}  // namespace gpufeed::server

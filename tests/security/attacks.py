@@ -198,6 +198,17 @@ class Agent:
             self.process.communicate()
 
 
+def python_client(uid: int, home: Path, socket: str, dataset: Path,
+                  seq_len: int) -> Dict[str, Any]:
+    """pyclient.py (the gpufeed Python package from client/python/src) as `uid`."""
+    env = {**user_env(home), "PYTHONPATH": str(ROOT / "client" / "python" / "src")}
+    run = subprocess.run([*as_uid(uid), PYTHON, "-B", str(HERE / "pyclient.py"), socket,
+                          str(dataset), str(seq_len)], capture_output=True, text=True,
+                         timeout=60, env=env, cwd=home)
+    assert run.returncode == 0 and run.stdout.strip(), f"pyclient.py failed: {run.stderr}"
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def run_agent(pb_dir: Path, uid: int, home: Path, command: str, args: Dict[str, Any],
               timeout: float = 60) -> Dict[str, Any]:
     agent = Agent(pb_dir, uid, home, command, args)
@@ -207,10 +218,15 @@ def run_agent(pb_dir: Path, uid: int, home: Path, command: str, args: Dict[str, 
         agent.kill()
 
 
+# The protocol agent.py speaks: this tree's proto/ (so new fields follow), or GPUFEED_PROTO_DIR
+# (the proto/ of the build under test, when that is another tree's).
+PROTO_DIR = Path(os.environ.get("GPUFEED_PROTO_DIR") or ROOT / "proto")
+
+
 def generate_protos(out: Path) -> Path:
-    """feed_pb2.py for agent.py, generated from this tree's proto/ (so new fields follow)."""
-    subprocess.run([PROTOC, f"-I{ROOT / 'proto'}", f"--python_out={out}",
-                    str(ROOT / "proto" / "gpufeed" / "v1" / "feed.proto")], check=True)
+    """feed_pb2.py for agent.py, generated from PROTO_DIR."""
+    subprocess.run([PROTOC, f"-I{PROTO_DIR}", f"--python_out={out}",
+                    str(PROTO_DIR / "gpufeed" / "v1" / "feed.proto")], check=True)
     for d in (out / "gpufeed", out / "gpufeed" / "v1"):
         (d / "__init__.py").touch()
     for p in [out, *out.rglob("*")]:

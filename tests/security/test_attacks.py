@@ -35,6 +35,8 @@ def tokens_args(path: Path, seq_len: int) -> list:
 def test_1_unreadable_file_is_refused_without_its_size(node: Node, daemon: Daemon, expected: int,
                                                        target: str) -> None:
     path = node.victim_secret if target == "victim_0600" else Path("/etc/shadow")
+    if not path.exists():
+        pytest.skip(f"no {path} here")
     size = path.stat().st_size
     dump = node.attacker_path(f"dump-{target}")
     # One sample covering the whole file, as the issue's attacker chose.
@@ -47,6 +49,17 @@ def test_1_unreadable_file_is_refused_without_its_size(node: Node, daemon: Daemo
     assert str(size) not in run.stderr and "bytes" not in run.stderr, (
         f"the message tells the file's size: {run.stderr}")
     assert_serving(node, daemon, expected)
+
+
+def test_1_python_package_cannot_read_shadow(node: Node, daemon: Daemon) -> None:
+    if not Path("/etc/shadow").exists():
+        pytest.skip("no /etc/shadow here")
+    size = Path("/etc/shadow").stat().st_size
+    result = attacks.python_client(attacks.ATTACKER_UID, node.attacker_home, daemon.socket,
+                                   Path("/etc/shadow"), max(1, size // 2 - 1))
+    assert result.get("code") in ("PERMISSION_DENIED", "NOT_FOUND"), (
+        f"the attacker's Python client read /etc/shadow through the daemon: {result}")
+    assert str(size) not in result["message"], result
 
 
 def test_1_existing_and_missing_files_answer_alike(node: Node, daemon: Daemon) -> None:
@@ -66,6 +79,8 @@ def test_1_existing_and_missing_files_answer_alike(node: Node, daemon: Daemon) -
 def test_1_attach_by_path_is_admin_only(node: Node, daemon: Daemon) -> None:
     """A client of the attacker's own that names /etc/shadow by path (no descriptor, so the
     daemon would open it with its own rights): PERMISSION_DENIED, no size."""
+    if not Path("/etc/shadow").exists():
+        pytest.skip("no /etc/shadow here")
     size = Path("/etc/shadow").stat().st_size
     result = node.run_agent(daemon, "attach", by_path=True, dataset="/etc/shadow", kind="tokens",
                             token_dtype="uint16", seq_len=max(1, size // 2 - 1), job="by-path")
@@ -197,12 +212,15 @@ def test_4_sessions_and_feeds_show_none_of_the_victim(node: Node, daemon: Daemon
         daemon.wait_for(lambda: any(s["job"] == "victim-job-7f3a" for s in daemon.sessions()),
                         20, "the victim's session")
         secrets = ["victim-job-7f3a", str(node.victim_tokens), "424242"]
+        leaks = []
         for args in (("-o", "json", "sessions"), ("-o", "json", "feeds"), ("sessions",),
                      ("feeds",)):
             out = node.attacker(daemon).run(*args)
             assert out.returncode == 0, out.stderr
             leaked = [s for s in secrets if s in out.stdout]
-            assert not leaked, f"gpufeedctl {' '.join(args)} as the attacker shows {leaked}"
+            if leaked:
+                leaks.append(f"gpufeedctl {' '.join(args)} shows {leaked}")
+        assert not leaks, "as the attacker: " + "; ".join(leaks)
     finally:
         victim.kill()
         victim.communicate()
@@ -229,9 +247,14 @@ def test_4_job_name_with_a_newline_is_refused_and_forges_no_log_line(node: Node,
     forged = "FORGED-LOG-LINE [info] attach: session 1 job 'train'"
     run = node.attacker(daemon).consume(node.attacker_tokens, "--job", f"x\n{forged}",
                                         "--max-batches", "1")
-    assert error_code(run) == "INVALID_ARGUMENT" and "job" in run.stderr, run.stderr
     lines = [line for line in daemon.log_text().splitlines() if line.startswith("FORGED")]
-    assert not lines, f"the daemon's log has a forged line: {lines}"
+    problems = []
+    if error_code(run) != "INVALID_ARGUMENT" or "job" not in run.stderr:
+        problems.append(f"the job name was not refused naming the field: exit {run.returncode} "
+                        f"{run.stderr}")
+    if lines:
+        problems.append(f"the daemon's log has a forged line: {lines}")
+    assert not problems, "; ".join(problems)
 
 
 def test_4_start_epoch_near_int64_max_is_refused(node: Node, daemon: Daemon) -> None:
@@ -259,16 +282,18 @@ def test_5_fifos_are_refused_quickly_and_sigterm_still_stops(node: Node, fresh) 
         fifos.append(node.chown_attacker(path))
     started = time.monotonic()
     attempts = [node.attacker(daemon).popen(*tokens_args(f, 16)) for f in fifos]
+    problems = []
     try:
-        for p in attempts:
+        for f, p in zip(fifos, attempts):
             try:
-                _, err = p.communicate(timeout=5)
+                _, err = p.communicate(timeout=max(0.1, started + 5 - time.monotonic()))
+                if "INVALID_ARGUMENT" not in err:
+                    problems.append(f"{f.name}: not INVALID_ARGUMENT: {err.strip()}")
             except subprocess.TimeoutExpired:
-                pytest.fail("an attach naming a FIFO still hangs after 5 s")
-            assert "INVALID_ARGUMENT" in err, err
-        assert time.monotonic() - started < 5
+                problems.append(f"the attach naming {f.name} still hangs after 5 s")
         run = node.victim(daemon).consume(node.victim_tokens, "--max-batches", "2", timeout=10)
-        assert run.returncode == 0, f"the victim's attach after the FIFOs: {run.stderr}"
+        if run.returncode != 0:
+            problems.append(f"the victim's attach after the FIFOs: {run.stderr.strip()}")
     finally:
         for p in attempts:
             if p.poll() is None:
@@ -276,8 +301,9 @@ def test_5_fifos_are_refused_quickly_and_sigterm_still_stops(node: Node, fresh) 
                 p.communicate()
     stopping = time.monotonic()
     code = daemon.stop(timeout=5)
-    assert code == 0, f"SIGTERM did not stop gpufeedd within 5 s (exit {code})"
-    assert time.monotonic() - stopping < 5
+    if code != 0 or time.monotonic() - stopping >= 5:
+        problems.append(f"SIGTERM did not stop gpufeedd within 5 s (exit {code}, SIGKILLed)")
+    assert not problems, "; ".join(problems)
 
 
 def test_5_fifo_descriptor_is_refused_by_the_daemon(node: Node, fresh) -> None:

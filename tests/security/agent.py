@@ -22,6 +22,7 @@ import array
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
@@ -432,12 +433,12 @@ def cmd_dribble(a: Dict[str, Any]) -> Dict[str, Any]:
             cut = time.monotonic() - started
             break
         # The daemon closing the connection (or answering) shows as readable.
-        ready, _, _ = __import__("select").select([conn], [], [], a["interval_s"])
+        ready, _, _ = select.select([conn], [], [], a["interval_s"])
         if ready:
             try:
-                data = conn.recv(4096)
+                conn.recv(4096)
             except OSError:
-                data = b""
+                pass
             cut = time.monotonic() - started
             break
     conn.close()

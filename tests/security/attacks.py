@@ -14,20 +14,18 @@ integrator can adjust one line if a branch spelled one otherwise.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
+import select
 import shutil
 import signal
-import socket as socketlib
 import struct
 import subprocess
-import tempfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -38,6 +36,10 @@ GPUFEED_LIBRARY = os.environ.get("GPUFEED_LIBRARY") or str(BUILD / "client" / "c
                                                           "libgpufeed_c.so")
 PROTOC = os.environ.get("GPUFEED_PROTOC") or shutil.which("protoc") or "protoc"
 PYTHON = "/usr/bin/python3"  # Debian's: python3-grpcio and python3-protobuf for agent.py
+# What the victim and the attacker run besides gpufeedctl (reachable_by_users may move them).
+AGENT = HERE / "agent.py"
+PYCLIENT = HERE / "pyclient.py"
+PYTHON_SRC = ROOT / "client" / "python" / "src"
 
 SOCKET_GID = 10000   # the sockets' group (the "gpufeed" group of a node)
 VICTIM_UID = 10001
@@ -158,15 +160,13 @@ class Agent:
     def __init__(self, pb_dir: Path, uid: int, home: Path, command: str,
                  args: Dict[str, Any]) -> None:
         self.process = subprocess.Popen(
-            [*as_uid(uid), PYTHON, "-B", str(HERE / "agent.py"), command, json.dumps(args)],
+            [*as_uid(uid), PYTHON, "-B", str(AGENT), command, json.dumps(args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=user_env(home, pb_dir), cwd=home)
         self.result: Optional[Dict[str, Any]] = None
 
     def next(self, timeout: float = 60) -> Dict[str, Any]:
         """The agent's next line: {"step": ...} or {"result": ...}."""
-        import select
-
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
         line = self.process.stdout.readline() if ready else ""
         if not line:
@@ -201,8 +201,8 @@ class Agent:
 def python_client(uid: int, home: Path, socket: str, dataset: Path,
                   seq_len: int) -> Dict[str, Any]:
     """pyclient.py (the gpufeed Python package from client/python/src) as `uid`."""
-    env = {**user_env(home), "PYTHONPATH": str(ROOT / "client" / "python" / "src")}
-    run = subprocess.run([*as_uid(uid), PYTHON, "-B", str(HERE / "pyclient.py"), socket,
+    env = {**user_env(home), "PYTHONPATH": str(PYTHON_SRC)}
+    run = subprocess.run([*as_uid(uid), PYTHON, "-B", str(PYCLIENT), socket,
                           str(dataset), str(seq_len)], capture_output=True, text=True,
                          timeout=60, env=env, cwd=home)
     assert run.returncode == 0 and run.stdout.strip(), f"pyclient.py failed: {run.stderr}"
@@ -232,6 +232,28 @@ def generate_protos(out: Path) -> Path:
     for p in [out, *out.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out
+
+
+def reachable_by_users(tools: Path) -> None:
+    """Makes what the users run reachable by them: where the attacker's uid cannot read the
+    build or the source tree (a checkout under /root), copies gpufeedctl, libgpufeed_c.so,
+    agent.py, pyclient.py and the Python package into `tools` (0755) and uses those."""
+    global GPUFEEDCTL, GPUFEED_LIBRARY, AGENT, PYCLIENT, PYTHON_SRC
+    probe = subprocess.run([*as_uid(ATTACKER_UID), "sh", "-c",
+                            'test -x "$1" && test -r "$2" && test -r "$3" && test -r "$4"', "-",
+                            GPUFEEDCTL, GPUFEED_LIBRARY, str(AGENT),
+                            str(PYTHON_SRC / "gpufeed" / "__init__.py")], env=user_env(Path("/")))
+    if probe.returncode == 0:
+        return
+    tools.mkdir(mode=0o755)
+    GPUFEEDCTL = shutil.copy(GPUFEEDCTL, tools / "gpufeedctl")
+    GPUFEED_LIBRARY = shutil.copy(GPUFEED_LIBRARY, tools / "libgpufeed_c.so")
+    AGENT = Path(shutil.copy(AGENT, tools / "agent.py"))
+    PYCLIENT = Path(shutil.copy(PYCLIENT, tools / "pyclient.py"))
+    PYTHON_SRC = tools / "python"
+    shutil.copytree(ROOT / "client" / "python" / "src", PYTHON_SRC)
+    for p in [tools, *tools.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() or p.name == "gpufeedctl" else 0o644)
 
 
 # ---- the daemon ----

@@ -4,7 +4,6 @@ a shared gpufeedd and fresh ones. Without root or setpriv every test skips, sayi
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import signal
 import sys
@@ -57,6 +56,7 @@ def node() -> Iterator[attacks.Node]:
         pb_dir = base / "pb"
         pb_dir.mkdir()
         attacks.generate_protos(pb_dir)
+        attacks.reachable_by_users(base / "tools")
         yield attacks.Node(base, pb_dir)
     finally:
         shutil.rmtree(base, ignore_errors=True)

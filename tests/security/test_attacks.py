@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -140,7 +139,8 @@ def test_2_memory_socket_hands_only_the_own_ring(node: Node, daemon: Daemon,
         problems.append("the attacker read the victim's samples")
     if victim_sum != expected:
         problems.append(f"the victim's bytes changed under the attacker's writes "
-                        f"({result['overwrite_passes']} passes): {victim_sum} != {expected}")
+                        f"({result['overwrite_passes']} passes): {victim_sum} != {expected} "
+                        f"{err.strip()[-300:]}")
     if result["after_detach"]["code"] != "NOT_FOUND" or result["after_detach"]["got_fd"]:
         problems.append(f"after Detach the memory socket answered {result['after_detach']}")
     if result["found_marker_after_detach"]:

@@ -50,10 +50,11 @@ ATTACKER_UID = 10002
 # before issue 12) is started without it, so the test then fails on the behaviour the flag
 # asks for, not on start-up.
 NEW_FLAGS = {
-    "idle_lease_timeout": "--idle_lease_timeout",       # idle_lease_timeout_ms (26)
-    "mem_request_timeout": "--mem_request_timeout",     # mem_request_timeout_ms (28)
-    "max_sessions_per_uid": "--max_sessions_per_uid",   # (24)
+    "idle_lease_timeout": "--idle_lease_timeout",  # idle_lease_timeout_ms (26)
 }
+# What RESOURCE_EXHAUSTED must name past a quota ("naming the quota", docs/SECURITY.md §4).
+SESSION_QUOTA = "max_sessions_per_uid"       # (24)
+STAGING_QUOTA = "max_staging_bytes_per_uid"  # (25)
 
 # Bounds the tests hold the daemon to.
 RSS_LIMIT_BYTES = 1 << 30          # the daemon's peak RSS in a crash attempt

@@ -77,7 +77,7 @@ def expected(node: attacks.Node, daemon: attacks.Daemon) -> int:
 
 
 @pytest.fixture
-def fresh(node: attacks.Node, request: pytest.FixtureRequest) -> Iterator[Callable[..., attacks.Daemon]]:
+def fresh(node: attacks.Node) -> Iterator[Callable[..., attacks.Daemon]]:
     """fresh(*flags): a gpufeedd of this test alone (killed at the end if still there)."""
     started: List[attacks.Daemon] = []
 

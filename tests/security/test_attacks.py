@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 
 import attacks
-from attacks import (MARKER, PIPELINE, Daemon, Node, assert_serving, checksum_of, error_code,
-                     new_flag, npy_header, png, sparse_file)
+from attacks import (MARKER, PIPELINE, SESSION_QUOTA, STAGING_QUOTA, Daemon, Node,
+                     assert_serving, checksum_of, error_code, new_flag, npy_header, png,
+                     sparse_file)
 
-# What the messages of the quotas name (docs/SECURITY.md §4: "RESOURCE_EXHAUSTED naming the
-# quota"), in one place.
-SESSION_QUOTA = "max_sessions_per_uid"
-STAGING_QUOTA = "max_staging_bytes_per_uid"
 PAGE = 4096
 
 
@@ -244,7 +241,8 @@ def test_4_attacker_cannot_squat_the_victims_job_name(node: Node, daemon: Daemon
         assert held.get("codes") == {"OK": 1}, f"the attacker could not attach: {held}"
         run = node.victim(daemon).consume(node.victim_tokens, "--job", "train", "--world-size",
                                           "2", "--rank", "0", "--max-batches", "2")
-        assert run.returncode == 0, f"the attacker's job 'train' locked the victim out: {run.stderr}"
+        assert run.returncode == 0, (
+            f"the attacker's job 'train' locked the victim out: {run.stderr}")
         squatter.go()
         squatter.finish()
     finally:
@@ -421,7 +419,8 @@ def test_7_one_uid_cannot_take_the_whole_staging_pool(node: Node, fresh) -> None
         hog.finish()
     finally:
         hog.kill()
-    assert run.returncode == 0, f"the attacker's rings left the victim no room: {run.stderr} ({held})"
+    assert run.returncode == 0, (
+        f"the attacker's rings left the victim no room: {run.stderr} ({held})")
     assert sum(held["ring_bytes"]) <= attacks.STAGING_BYTES // 2, held
     assert STAGING_QUOTA in held["messages"].get("RESOURCE_EXHAUSTED", ""), held
     assert_serving(node, daemon)

@@ -445,7 +445,33 @@ def cmd_dribble(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"sent_bytes": sent, "cut_after_s": cut}
 
 
-COMMANDS = {"mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions, "hold": cmd_hold,
+def cmd_probe(a: Dict[str, Any]) -> Dict[str, Any]:
+    """For each session id: the memory socket, GetPosition and Detach with a guessed token.
+    {id: {"mem": [CODE, message], "position": [...], "detach": [...]}}"""
+    client = Client(a["socket"])
+    token = a.get("token", "0" * 32)
+    out: Dict[str, Any] = {}
+    for session_id in a["ids"]:
+        r, fds = mem_call(mem_path(client.socket), pb.MemRequest(session_id=session_id,
+                                                                 token=token))
+        for fd in fds:
+            os.close(fd)
+        answers: Dict[str, Any] = {"mem": [code_name(r.code), r.message], "mem_fd": bool(fds)}
+        for method, request, response in (
+                ("GetPosition", pb.GetPositionRequest(session_id=session_id, token=token),
+                 pb.GetPositionResponse),
+                ("Detach", pb.DetachRequest(session_id=session_id, token=token),
+                 pb.DetachResponse)):
+            try:
+                client.unary(FEED, method, request, response)
+                answers[method] = ["OK", ""]
+            except grpc.RpcError as e:
+                answers[method] = [e.code().name, e.details() or ""]
+        out[str(session_id)] = answers
+    return out
+
+
+COMMANDS = {"probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions, "hold": cmd_hold,
             "dribble": cmd_dribble}
 
 

@@ -146,6 +146,44 @@ def test_2_memory_socket_hands_only_the_own_ring(node: Node, daemon: Daemon,
     assert_serving(node, daemon, expected)
 
 
+def test_2_another_uids_session_answers_as_a_missing_one(node: Node, daemon: Daemon,
+                                                        expected: int) -> None:
+    """The attacker names the victim's live session (ids are small numbers) with a guessed
+    token on the memory socket, GetPosition and Detach: each answers exactly as for a session
+    that does not exist (NOT_FOUND), and the victim's run goes on unharmed."""
+    victim = node.victim(daemon).popen("-o", "json", "consume", "--dataset",
+                                       str(node.victim_tokens), "--token-dtype", "uint16",
+                                       "--seq-len", "16", "--batch-size", "4", "--checksum",
+                                       "--step-ms", "25", *attacks.VICTIM_RUN)
+    try:
+        ids = []
+        daemon.wait_for(lambda: ids.extend(s["session_id"] for s in daemon.sessions()
+                                           if s["job"] == "victim-job-7f3a") or ids,
+                        20, "the victim's session")
+        missing = 987654321
+        answers = node.run_agent(daemon, "probe", ids=[ids[0], missing])
+        out, err = victim.communicate(timeout=60)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.communicate()
+    live, gone = answers[str(ids[0])], answers[str(missing)]
+    problems = []
+    for method in ("mem", "GetPosition", "Detach"):
+        code, message = live[method]
+        if code != "NOT_FOUND" or code != gone[method][0]:
+            problems.append(f"{method}: the victim's session {code}, a missing one "
+                            f"{gone[method][0]}")
+        elif message.replace(str(ids[0]), "ID") != gone[method][1].replace(str(missing), "ID"):
+            problems.append(f"{method}: messages differ: {message!r} / {gone[method][1]!r}")
+    if live["mem_fd"]:
+        problems.append("the memory socket handed over the victim's ring")
+    run = subprocess.CompletedProcess([], victim.returncode, out, err)
+    if checksum_of(run) != expected:
+        problems.append(f"the victim's run was harmed: {err.strip()[-300:]}")
+    assert not problems, "; ".join(problems)
+
+
 # ---- 3. crashing the daemon ----
 
 def test_3_huge_sparse_tokens_file_with_seq_len_1(node: Node, fresh) -> None:

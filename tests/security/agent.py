@@ -446,8 +446,8 @@ def cmd_dribble(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def cmd_probe(a: Dict[str, Any]) -> Dict[str, Any]:
-    """For each session id: the memory socket, GetPosition and Detach with a guessed token.
-    {id: {"mem": [CODE, message], "position": [...], "detach": [...]}}"""
+    """For each session id: the memory socket, GetPosition, Detach and Stream with a guessed
+    token. {id: {"mem": [CODE, message], "GetPosition": [...], "Detach": [...], ...}}"""
     client = Client(a["socket"])
     token = a.get("token", "0" * 32)
     out: Dict[str, Any] = {}
@@ -467,12 +467,17 @@ def cmd_probe(a: Dict[str, Any]) -> Dict[str, Any]:
                 answers[method] = ["OK", ""]
             except grpc.RpcError as e:
                 answers[method] = [e.code().name, e.details() or ""]
+        stream = Stream(client, session_id, token)
+        stream.wait_end(10)
+        answers["Stream"] = [stream.end_code or "NOT ENDED", stream.end_message]
+        answers["stream_batches"] = stream.batches
+        stream.close()
         out[str(session_id)] = answers
     return out
 
 
-COMMANDS = {"probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions, "hold": cmd_hold,
-            "dribble": cmd_dribble}
+COMMANDS = {"probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions,
+            "hold": cmd_hold, "dribble": cmd_dribble}
 
 
 def main() -> None:

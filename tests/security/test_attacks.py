@@ -149,8 +149,8 @@ def test_2_memory_socket_hands_only_the_own_ring(node: Node, daemon: Daemon,
 def test_2_another_uids_session_answers_as_a_missing_one(node: Node, daemon: Daemon,
                                                         expected: int) -> None:
     """The attacker names the victim's live session (ids are small numbers) with a guessed
-    token on the memory socket, GetPosition and Detach: each answers exactly as for a session
-    that does not exist (NOT_FOUND), and the victim's run goes on unharmed."""
+    token on the memory socket, GetPosition, Detach and Stream: each answers exactly as for a
+    session that does not exist (NOT_FOUND), and the victim's run goes on unharmed."""
     victim = node.victim(daemon).popen("-o", "json", "consume", "--dataset",
                                        str(node.victim_tokens), "--token-dtype", "uint16",
                                        "--seq-len", "16", "--batch-size", "4", "--checksum",
@@ -169,15 +169,15 @@ def test_2_another_uids_session_answers_as_a_missing_one(node: Node, daemon: Dae
             victim.communicate()
     live, gone = answers[str(ids[0])], answers[str(missing)]
     problems = []
-    for method in ("mem", "GetPosition", "Detach"):
+    for method in ("mem", "GetPosition", "Detach", "Stream"):
         code, message = live[method]
         if code != "NOT_FOUND" or code != gone[method][0]:
             problems.append(f"{method}: the victim's session {code}, a missing one "
                             f"{gone[method][0]}")
         elif message.replace(str(ids[0]), "ID") != gone[method][1].replace(str(missing), "ID"):
             problems.append(f"{method}: messages differ: {message!r} / {gone[method][1]!r}")
-    if live["mem_fd"]:
-        problems.append("the memory socket handed over the victim's ring")
+    if live["mem_fd"] or live["stream_batches"]:
+        problems.append("the victim's ring or batches were handed over")
     run = subprocess.CompletedProcess([], victim.returncode, out, err)
     if checksum_of(run) != expected:
         problems.append(f"the victim's run was harmed: {err.strip()[-300:]}")
@@ -186,7 +186,7 @@ def test_2_another_uids_session_answers_as_a_missing_one(node: Node, daemon: Dae
 
 # ---- 3. crashing the daemon ----
 
-def test_3_huge_sparse_tokens_file_with_seq_len_1(node: Node, fresh) -> None:
+def test_3_huge_sparse_tokens_file_with_seq_len_1(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     path = node.chown_attacker(sparse_file(node.attacker_path("huge.bin"), 4 << 30))
     run = node.attacker(daemon).run("consume", "--dataset", str(path), "--token-dtype", "uint16",
@@ -196,10 +196,10 @@ def test_3_huge_sparse_tokens_file_with_seq_len_1(node: Node, fresh) -> None:
     assert run.returncode == 0 or error_code(run) in (
         "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"), run.stderr
     assert daemon.peak_rss() < attacks.RSS_LIMIT_BYTES, f"peak RSS {daemon.peak_rss()}"
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
-def test_3_huge_sparse_jpeg_in_an_image_folder(node: Node, fresh) -> None:
+def test_3_huge_sparse_jpeg_in_an_image_folder(node: Node, fresh, expected: int) -> None:
     # pread: a read_mode=mmap daemon maps the file first, which the test's address-space limit
     # refuses (ENOMEM, a bad sample) before the whole-file read is tried.
     daemon = fresh("--read_mode=pread")
@@ -214,10 +214,10 @@ def test_3_huge_sparse_jpeg_in_an_image_folder(node: Node, fresh) -> None:
     assert daemon.alive(), f"gpufeedd died: {daemon.log_text()[-3000:]}"
     assert run.returncode == 0, f"a too-large image is a bad sample (skipped): {run.stderr}"
     assert daemon.peak_rss() < attacks.RSS_LIMIT_BYTES, f"peak RSS {daemon.peak_rss()}"
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
-def test_3_npy_with_a_million_rows_a_batch_and_64_slots(node: Node, fresh) -> None:
+def test_3_npy_with_a_million_rows_a_batch_and_64_slots(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     rows = 2_000_000
     head = npy_header("|u1", (rows,))
@@ -231,12 +231,12 @@ def test_3_npy_with_a_million_rows_a_batch_and_64_slots(node: Node, fresh) -> No
     growth = daemon.peak_rss() - before
     assert growth < attacks.RSS_GROWTH_LIMIT_BYTES, (
         f"the daemon's RSS grew by {growth >> 20} MiB for one attach: {run.stderr}")
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
 # ---- 4. admin operations and other users' jobs ----
 
-def test_4_drain_is_admin_only(node: Node, fresh) -> None:
+def test_4_drain_is_admin_only(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     run = node.attacker(daemon).run("drain", "--timeout", "1ms", timeout=20)
     assert error_code(run) == "PERMISSION_DENIED", (
@@ -244,7 +244,7 @@ def test_4_drain_is_admin_only(node: Node, fresh) -> None:
     status = node.attacker(daemon).run("-o", "json", "status")
     assert status.returncode == 0 and json.loads(status.stdout)["health"] == "SERVING", (
         status.stdout, status.stderr)
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
 def test_4_sessions_and_feeds_show_none_of_the_victim(node: Node, daemon: Daemon) -> None:
@@ -351,7 +351,7 @@ def test_5_fifos_are_refused_quickly_and_sigterm_still_stops(node: Node, fresh) 
     assert not problems, "; ".join(problems)
 
 
-def test_5_fifo_descriptor_is_refused_by_the_daemon(node: Node, fresh) -> None:
+def test_5_fifo_descriptor_is_refused_by_the_daemon(node: Node, fresh, expected: int) -> None:
     """The attacker's own client opens a FIFO (without blocking) and hands the daemon the
     descriptor: the daemon checks its type before reading."""
     daemon = fresh()
@@ -362,10 +362,11 @@ def test_5_fifo_descriptor_is_refused_by_the_daemon(node: Node, fresh) -> None:
     result = node.run_agent(daemon, "attach", dataset=str(path), kind="tokens",
                             token_dtype="uint16", seq_len=16, job="fifo-fd", timeout=10)
     assert result["code"] == "INVALID_ARGUMENT", result
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
-def test_5_class_folder_of_links_to_itself_finishes_quickly(node: Node, fresh) -> None:
+def test_5_class_folder_of_links_to_itself_finishes_quickly(node: Node, fresh,
+                                                            expected: int) -> None:
     daemon = fresh()
     folder = node.attacker_path("loop/cls/a.png").parent
     node.attacker_file("loop/cls/a.png", png(16, 16))
@@ -381,12 +382,12 @@ def test_5_class_folder_of_links_to_itself_finishes_quickly(node: Node, fresh) -
     assert run.returncode != 124 and took < 10, f"the attach ran {took:.1f} s: {run.stderr}"
     assert run.returncode == 0 or error_code(run) in (
         "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT"), run.stderr
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
 # ---- 6. a slow client on the memory socket ----
 
-def test_6_dribbling_client_delays_nobody_and_is_cut_off(node: Node, fresh) -> None:
+def test_6_dribbling_client_delays_nobody_and_is_cut_off(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     dribbler = node.agent(daemon, "dribble", mem_socket=daemon.mem_socket, interval_s=0.9,
                           max_s=12)
@@ -402,12 +403,12 @@ def test_6_dribbling_client_delays_nobody_and_is_cut_off(node: Node, fresh) -> N
     assert run.returncode == 0 and took < 5, f"the victim's consume took {took:.1f} s: {run.stderr}"
     assert result["cut_after_s"] is not None and result["cut_after_s"] < 5, (
         f"the dribbler was not cut off at the deadline: {result}")
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
 # ---- 7. quotas ----
 
-def test_7_attach_flood_leaves_room_for_the_victim(node: Node, fresh) -> None:
+def test_7_attach_flood_leaves_room_for_the_victim(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     flood = node.agent(daemon, "sessions", count=256, job="flood",
                        dataset=str(node.attacker_tokens), kind="tokens", token_dtype="uint16",
@@ -423,20 +424,20 @@ def test_7_attach_flood_leaves_room_for_the_victim(node: Node, fresh) -> None:
     assert run.returncode == 0, f"after 256 attaches the victim gets: {run.stderr} ({held})"
     assert held["codes"].get("OK", 0) <= 64, held
     assert SESSION_QUOTA in held["messages"].get("RESOURCE_EXHAUSTED", ""), held
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
-def test_7_a_session_that_never_releases_is_ended(node: Node, fresh) -> None:
+def test_7_a_session_that_never_releases_is_ended(node: Node, fresh, expected: int) -> None:
     daemon = fresh(*new_flag("idle_lease_timeout", "2s"))
     result = node.run_agent(daemon, "hold", dataset=str(node.attacker_tokens), kind="tokens",
                             token_dtype="uint16", seq_len=16, ring_slots=2, job="holder",
                             wait_s=10, timeout=40)
     assert result["ended"] and result["end_code"] == "DEADLINE_EXCEEDED", result
     assert 1.5 <= result["ended_after_s"] < 8, result
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)
 
 
-def test_7_one_uid_cannot_take_the_whole_staging_pool(node: Node, fresh) -> None:
+def test_7_one_uid_cannot_take_the_whole_staging_pool(node: Node, fresh, expected: int) -> None:
     daemon = fresh()
     row = 1 << 20
     head = npy_header("|u1", (64, row))
@@ -461,4 +462,4 @@ def test_7_one_uid_cannot_take_the_whole_staging_pool(node: Node, fresh) -> None
         f"the attacker's rings left the victim no room: {run.stderr} ({held})")
     assert sum(held["ring_bytes"]) <= attacks.STAGING_BYTES // 2, held
     assert STAGING_QUOTA in held["messages"].get("RESOURCE_EXHAUSTED", ""), held
-    assert_serving(node, daemon)
+    assert_serving(node, daemon, expected)

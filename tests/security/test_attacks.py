@@ -73,7 +73,8 @@ def test_1_existing_and_missing_files_answer_alike(node: Node, daemon: Daemon) -
     existing = ctl.run(*tokens_args(node.victim_private, 1))
     missing = ctl.run(*tokens_args(node.victim_private_missing, 1))
     assert existing.returncode == 1 and missing.returncode == 1, (existing.stderr, missing.stderr)
-    assert error_code(existing) == error_code(missing), (existing.stderr, missing.stderr)
+    assert error_code(existing) == error_code(missing) and error_code(missing) in (
+        "PERMISSION_DENIED", "NOT_FOUND"), (existing.stderr, missing.stderr)
     assert (existing.stderr.replace(str(node.victim_private), "PATH")
             == missing.stderr.replace(str(node.victim_private_missing), "PATH")), (
         existing.stderr, missing.stderr)
@@ -306,7 +307,8 @@ def test_4_start_epoch_near_int64_max_is_refused(node: Node, daemon: Daemon) -> 
     run = node.attacker(daemon).consume(node.attacker_tokens, "--start-epoch",
                                         str((1 << 63) - 10), "--epochs", "0",
                                         "--max-batches", "1")
-    assert error_code(run) == "INVALID_ARGUMENT", f"exit {run.returncode}: {run.stderr}"
+    assert error_code(run) == "INVALID_ARGUMENT" and "epoch" in run.stderr, (
+        f"exit {run.returncode}: {run.stderr}")
 
 
 def test_4_huge_seq_len_message_does_not_overflow(node: Node, daemon: Daemon) -> None:

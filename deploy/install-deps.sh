@@ -22,6 +22,8 @@ if [ "${1:-}" != "--build-only" ]; then
     python3-numpy python3-pytest python3-torch
     # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
     systemd python3-yaml
+    # tests/security: the attacker's own gRPC client (agent.py)
+    python3-grpcio python3-protobuf
   )
   # kubectl for its built-in kustomize (tests/deploy). Debian's kubernetes-client and Google's
   # kubectl package own the same /usr/bin/kubectl, so only when none is there; Ubuntu has no

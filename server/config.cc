@@ -187,7 +187,16 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(nvjpeg_interpolation, nvjpeg_interpolation, file.nvjpeg_interpolation());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
+  GPUFEED_FROM_FILE(mem_request_timeout_ms, mem_request_timeout,
+                    absl::Milliseconds(file.mem_request_timeout_ms()));
+  GPUFEED_FROM_FILE(max_folder_entries, max_folder_entries, file.max_folder_entries());
+  GPUFEED_FROM_FILE(folder_walk_timeout_ms, folder_walk_timeout,
+                    absl::Milliseconds(file.folder_walk_timeout_ms()));
 #undef GPUFEED_FROM_FILE
+  if (file.dataset_roots_size() > 0) {
+    c->dataset_roots.assign(file.dataset_roots().begin(), file.dataset_roots().end());
+    from_file("dataset_roots", "dataset_roots");
+  }
   if (file.has_read_mode()) {
     GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
   }
@@ -288,6 +297,22 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   }
   if (c.attach_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "attach_timeout", "must be > 0");
+  }
+  for (const std::string& root : c.dataset_roots) {
+    if (root.empty() || root[0] != '/') {
+      return Invalid(sources, "dataset_roots",
+                     absl::StrCat("must be absolute paths, got '", root, "'"));
+    }
+  }
+  if (c.mem_request_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "mem_request_timeout", "must be > 0");
+  }
+  if (c.max_folder_entries < 1) {
+    return Invalid(sources, "max_folder_entries",
+                   absl::StrCat(">= 1, got ", c.max_folder_entries));
+  }
+  if (c.folder_walk_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "folder_walk_timeout", "must be > 0");
   }
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);

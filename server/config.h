@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -54,6 +55,13 @@ struct DaemonConfig {
   // gRPC probes cannot reach a Unix socket). Empty: off.
   std::string metrics_listen;
   std::string health_listen;
+  // docs/SECURITY.md sections 2 and 4: directories a dataset must lie beneath (empty:
+  // anywhere), the memory socket's deadline for a whole request, and the image_folder walk's
+  // bounds.
+  std::vector<std::string> dataset_roots;
+  absl::Duration mem_request_timeout = absl::Seconds(2);
+  int64_t max_folder_entries = 10'000'000;
+  absl::Duration folder_walk_timeout = absl::Seconds(120);
 };
 
 // The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming

@@ -65,10 +65,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.max_sessions = c.max_sessions;
   options.default_ring_slots = c.ring_slots;
   options.attach_timeout = c.attach_timeout;
+  options.access.dataset_roots = c.dataset_roots;
+  options.access.walk.max_entries = c.max_folder_entries;
+  options.access.walk.timeout = c.folder_walk_timeout;
   FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
-                           MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get()));
+                           MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get(),
+                                            MemServerOptions{c.mem_request_timeout}));
 
   d->feed_service_ =
       std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket, c.attach_threads);
@@ -77,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   info.version = kVersion;
   info.started = absl::Now();
   info.pool = d->pool_.get();
+  info.mem_socket = c.mem_socket;
   info.serving = [raw] { return raw->serving_.load(); };
   info.draining = [raw] { return raw->sessions_->draining(); };
   // A drain requested over gRPC ends the process as SIGTERM does: the owner shuts down in

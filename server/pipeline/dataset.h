@@ -16,6 +16,8 @@
 #include "server/augment/stage_arena.h"
 #include "server/augment/staged.h"
 #include "server/reader/dataset.h"
+#include "server/reader/image_folder.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
 
@@ -25,6 +27,11 @@ struct DatasetSpec : FileDatasetSpec {
   std::vector<PipelineStep> pipeline;                   // image_folder
   BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
   uint64_t max_pixels = 64'000'000;                     // image_folder
+  // Set by the feed registry, never from a request (not part of the key): image_folder with
+  // a descriptor (fd >= 0) reads the files beneath it only where their mode bits let `reader`
+  // read them; the walk's bounds.
+  std::optional<PeerCred> reader;
+  FolderWalkLimits walk;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

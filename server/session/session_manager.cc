@@ -106,7 +106,11 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
     : options_(options),
       pool_(pool),
       devices_(devices),
-      feeds_(fs),
+      feeds_(fs, [&options] {
+        FeedAccessOptions access = options.access;
+        access.handles.lifetime = options.attach_timeout;
+        return access;
+      }()),
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.
@@ -151,7 +155,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed));
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed, spec.caller));
   if (!spec.start_fingerprint.empty()) {
     GPUFEED_RETURN_IF_ERROR(CompareFingerprints(spec.start_fingerprint, feed->fingerprint()));
   }
@@ -434,6 +438,7 @@ void SessionManager::ReaperLoop() {
 }
 
 void SessionManager::Shutdown(const absl::Status& reason) {
+  feeds_.CancelOpens();  // an attach walking a folder ends now, not after the walk
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&mu_);

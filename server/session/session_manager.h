@@ -41,6 +41,8 @@ struct AttachSpec {
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;
+  // Who attaches: feed.dataset.handle must be this uid's; no handle needs caller.admin.
+  Caller caller;
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.
@@ -89,6 +91,8 @@ struct SessionManagerOptions {
   absl::Duration attach_timeout = absl::Seconds(10);
   // How often leases are checked.
   absl::Duration reap_interval = absl::Milliseconds(100);
+  // dataset_roots and the image_folder walk's bounds; handles live attach_timeout.
+  FeedAccessOptions access;
 };
 
 class SessionManager final : public FillScheduler {
@@ -113,6 +117,11 @@ class SessionManager final : public FillScheduler {
   absl::Status Detach(uint64_t id, absl::string_view token);
   // Ends a session whose stream is gone (cancelled, closed, finished).
   void End(uint64_t id, const absl::Status& why);
+
+  // The memory socket's open_dataset (FeedRegistry::AddDatasetHandle).
+  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
+    return feeds_.AddDatasetHandle(std::move(fd), from);
+  }
 
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;

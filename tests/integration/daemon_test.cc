@@ -1,5 +1,6 @@
 // End-to-end: the real gpufeedd on a socket in a temp dir, driven by real consumer processes
 // (gpufeedctl consume, the C ABI test program) and by the C++ client in this process.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -481,12 +482,42 @@ class RawProtocolTest : public DaemonTest {
     stub_ = v1::Feed::NewStub(channel_);
   }
 
+  // Passes `fd` on the memory socket as open_dataset does (docs/SECURITY.md section 2).
+  v1::MemResponse OpenDataset(int fd) {
+    v1::MemResponse reply;
+    absl::StatusOr<UniqueFd> conn = ConnectUnix(dir_.File("gf.mem.sock"));
+    EXPECT_TRUE(conn.ok()) << conn.status();
+    if (!conn.ok()) return reply;
+    EXPECT_TRUE(SetSocketTimeout(conn->get(), absl::Seconds(5)).ok());
+    v1::MemRequest request;
+    request.set_open_dataset(true);
+    EXPECT_TRUE(SendFrame(conn->get(), request.SerializeAsString(), fd).ok());
+    absl::StatusOr<Frame> frame = RecvFrame(conn->get(), 1 << 16);
+    EXPECT_TRUE(frame.ok()) << frame.status();
+    if (frame.ok()) {
+      EXPECT_TRUE(reply.ParseFromString(frame->bytes));
+    }
+    return reply;
+  }
+
+  // A handle for the tokens file, opened by this process as the client library does.
+  std::string TokensHandle() {
+    UniqueFd fd(::open(tokens_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    EXPECT_TRUE(fd.valid());
+    v1::MemResponse reply = OpenDataset(fd.get());
+    EXPECT_EQ(reply.code(), 0) << reply.message();
+    return reply.dataset_handle();
+  }
+
+  // The tokens file by handle: what the client library sends. (A raw attach by path would
+  // need an admin; the handle works for every caller.)
   v1::AttachRequest Request() {
     v1::AttachRequest r;
     r.set_job("raw");
     r.set_world_size(1);
     r.mutable_dataset()->set_kind(v1::DATASET_KIND_TOKENS);
     r.mutable_dataset()->set_path(tokens_path_);
+    r.mutable_dataset()->set_handle(TokensHandle());
     r.mutable_dataset()->set_token_dtype(v1::DTYPE_UINT16);
     r.mutable_dataset()->set_seq_len(kSeqLen);
     r.set_batch_size(4);
@@ -664,6 +695,40 @@ TEST_F(RawProtocolTest, MemorySocketRefusesWhatItShouldAndSurvivesGarbage) {
   CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
                            dir_.File("after"));
   EXPECT_EQ(after.exit_code, 0) << after.err;
+}
+
+// A dataset handle is spent by the Attach that names it; a FIFO is refused before it is one.
+TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
+  v1::AttachRequest r = Request();
+  {
+    v1::AttachResponse attached;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Attach(&ctx, r, &attached);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  r.set_job("raw-again");
+  v1::AttachResponse response;
+  grpc::ClientContext ctx;
+  grpc::Status again = stub_->Attach(&ctx, r, &response);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(again.error_message(), HasSubstr("dataset.handle: no such handle"));
+
+  const std::string fifo = dir_.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  v1::MemResponse refused = OpenDataset(fd.get());
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(refused.message(),
+            "open_dataset: the descriptor passed is a FIFO, not a regular file or a directory");
+  EXPECT_TRUE(refused.dataset_handle().empty());
+  // The client library refuses it itself, naming the path, and never blocks on it.
+  CtlResult ctl = RunCtl(daemon_->socket(),
+                         {"consume", "--dataset", fifo, "--token-dtype", "uint16", "--seq-len",
+                          "4", "--batch-size", "1", "--max-batches", "1"},
+                         dir_.File("fifo-out"));
+  EXPECT_NE(ctl.exit_code, 0);
+  EXPECT_THAT(ctl.err, HasSubstr("dataset.path: " + fifo + " is a FIFO, not a regular file"));
 }
 
 // A session whose stream never opens is ended after --attach_timeout and its memory freed.

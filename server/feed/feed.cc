@@ -356,8 +356,16 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
   }
   d.walk = access_.walk;
   d.walk.cancel = &cancel_;
-  // Two descriptors of one file share a feed as two paths of it do.
-  *key = FeedKeyOf(absl::StrCat(spec->Canonical(), ";dev=", st.st_dev, ";ino=", st.st_ino));
+  // Two descriptors of one file share a feed as two paths of it do. A folder's files are read
+  // with its reader's rights: only callers of the same uid and groups share its feed.
+  std::string identity = absl::StrCat(";dev=", st.st_dev, ";ino=", st.st_ino);
+  if (d.reader.has_value()) {
+    std::vector<uint32_t> groups = d.reader->groups;
+    std::sort(groups.begin(), groups.end());
+    absl::StrAppend(&identity, ";reader=", d.reader->uid, ":", d.reader->gid, ":",
+                    absl::StrJoin(groups, ","));
+  }
+  *key = FeedKeyOf(absl::StrCat(spec->Canonical(), identity));
   return absl::OkStatus();
 }
 

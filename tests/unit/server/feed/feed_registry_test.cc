@@ -197,6 +197,23 @@ TEST_F(ImageFeedRegistryTest, FilesTheCallerCannotReadAreUnreadableSamples) {
   EXPECT_EQ(unreadable, 1);
 }
 
+// A folder's feed reads with its first caller's rights: another uid gets a feed of its own.
+TEST_F(ImageFeedRegistryTest, AFolderFeedIsSharedOnlyByCallersOfTheSameRights) {
+  const std::string root = dir_.Join("images");
+  WriteFileBytes(root + "/a/1.png", EncodePng(Picture(6, 6, 3, 1), 6, 6));
+  FeedRegistry registry(PosixFileSystem());
+  FeedSpec a = Images(root), b = Images(root), c = Images(root);
+  a.dataset.handle = Handle(registry, root, 1000);
+  b.dataset.handle = Handle(registry, root, 1000);
+  c.dataset.handle = Handle(registry, root, 1001);
+  absl::StatusOr<std::shared_ptr<Feed>> fa = registry.GetOrCreate(a, User(1000));
+  absl::StatusOr<std::shared_ptr<Feed>> fb = registry.GetOrCreate(b, User(1000));
+  absl::StatusOr<std::shared_ptr<Feed>> fc = registry.GetOrCreate(c, User(1001));
+  ASSERT_TRUE(fa.ok() && fb.ok() && fc.ok());
+  EXPECT_EQ(fa->get(), fb->get());
+  EXPECT_NE(fa->get(), fc->get());
+}
+
 TEST_F(ImageFeedRegistryTest, CancelOpensEndsAFolderWalk) {
   const std::string root = dir_.Join("images");
   WriteFileBytes(root + "/a/1.png", EncodePng(Picture(6, 6, 3, 1), 6, 6));

@@ -1,5 +1,6 @@
 #include "server/feed/feed.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <limits.h>
@@ -309,6 +310,15 @@ bool Beneath(const std::string& path, const std::vector<std::string>& roots) {
 }  // namespace
 
 absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
+  // Only a descriptor the sender could read through: not O_PATH (which needs no read
+  // permission on the file itself) and not write-only.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0) return ErrnoToStatus(errno, "open_dataset: fcntl");
+  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    return absl::InvalidArgumentError(
+        "open_dataset: the descriptor passed is not open for reading (O_PATH or O_WRONLY); "
+        "open the dataset with O_RDONLY");
+  }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "open_dataset: stat");
   if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {

@@ -369,7 +369,8 @@ absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec&
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(root->get(), spec.path, spec.walk);
+  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(
+      root->get(), spec.path, spec.walk, spec.reader.has_value() ? &*spec.reader : nullptr);
   if (!index.ok()) return index.status();
   return std::make_unique<ImageFolderDataset>(std::move(*root), std::move(*index),
                                               std::move(*plan), spec, fs);

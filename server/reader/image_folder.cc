@@ -36,10 +36,12 @@ struct Entry {
 
 class Walker {
  public:
-  Walker(int root_fd, const std::string& root, const FolderWalkLimits& limits)
+  Walker(int root_fd, const std::string& root, const FolderWalkLimits& limits,
+         const PeerCred* reader)
       : root_fd_(root_fd),
         root_(root),
         limits_(limits),
+        reader_(reader),
         deadline_(absl::Now() + limits.timeout) {}
 
   // The entries of the directory at `relative` beneath the root ("" for the root itself),
@@ -63,6 +65,13 @@ class Walker {
     }
     std::vector<Entry> out;
     if (!visited_.insert({st.st_dev, st.st_ino}).second) return out;
+    // The reader must be able to list (r) and search (x) it, as its own walk would.
+    if (reader_ != nullptr && !(ModeLets(st, *reader_, S_IRUSR) && ModeLets(st, *reader_, S_IXUSR))) {
+      if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
+      return absl::PermissionDeniedError(absl::StrCat(
+          "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,
+          " list and search it"));
+    }
     DIR* dir = ::fdopendir(fd.get());
     if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
     const int dir_fd = fd.Release();  // the DIR owns it now
@@ -116,9 +125,18 @@ class Walker {
     return absl::OkStatus();
   }
 
+  // Whether `who` has the permission `user_bit` (S_IRUSR or S_IXUSR) on `st` by its mode
+  // bits, as ModeLetsRead decides for reading.
+  static bool ModeLets(const struct stat& st, const PeerCred& who, unsigned user_bit) {
+    // Shift the bit into the read position for ModeLetsRead: owner, group, others alike.
+    const unsigned shift = user_bit == S_IXUSR ? 2 : 0;
+    return ModeLetsRead(st.st_uid, st.st_gid, (st.st_mode & 0777) << shift, who);
+  }
+
   const int root_fd_;
   const std::string root_;
   const FolderWalkLimits limits_;
+  const PeerCred* const reader_;
   const absl::Time deadline_;
   int64_t entries_ = 0;
   absl::flat_hash_set<std::pair<dev_t, ino_t>> visited_;
@@ -127,8 +145,9 @@ class Walker {
 }  // namespace
 
 absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
-                                                  const FolderWalkLimits& limits) {
-  Walker walker(root_fd, root, limits);
+                                                  const FolderWalkLimits& limits,
+                                                  const PeerCred* reader) {
+  Walker walker(root_fd, root, limits, reader);
   ImageFolderIndex index;
   index.root = root;
   GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> top, walker.List(""));

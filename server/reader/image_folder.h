@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
 
@@ -42,8 +43,13 @@ struct FolderWalkLimits {
 // PERMISSION_DENIED naming the path; INVALID_ARGUMENT when the root holds no class folder or
 // a class folder holds no image (as ImageFolder raises); RESOURCE_EXHAUSTED past
 // limits.max_entries, DEADLINE_EXCEEDED past limits.timeout, CANCELLED on limits.cancel.
+//
+// With `reader` (a caller who passed root_fd), the walk sees what that caller could: the root
+// must let it list and search (PERMISSION_DENIED otherwise), and a sub-folder whose mode bits
+// would not is skipped, as os.walk skips one it cannot read.
 absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
-                                                  const FolderWalkLimits& limits = {});
+                                                  const FolderWalkLimits& limits = {},
+                                                  const PeerCred* reader = nullptr);
 
 // As above, opening `root` with the daemon's own rights (an admin's attach by path).
 absl::StatusOr<ImageFolderIndex> IndexImageFolder(const std::string& root,

@@ -147,6 +147,13 @@ TEST_F(FeedRegistryTest, OnlyRegularFilesAndDirectoriesBecomeHandles) {
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(h.status().message(),
             "open_dataset: the descriptor passed is a FIFO, not a regular file or a directory");
+  // O_PATH needs no read permission on the file: not a way in.
+  UniqueFd path_only(::open(path_.c_str(), O_PATH | O_CLOEXEC));
+  ASSERT_TRUE(path_only.valid());
+  absl::StatusOr<std::string> o_path =
+      registry.AddDatasetHandle(std::move(path_only), User(1000).cred);
+  EXPECT_EQ(o_path.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(o_path.status().message(), HasSubstr("not open for reading (O_PATH or O_WRONLY)"));
   // A directory passed for a tokens dataset is refused when it is opened.
   FeedSpec spec = Spec(dir_.path());
   spec.dataset.handle = Handle(registry, dir_.path(), 1000);

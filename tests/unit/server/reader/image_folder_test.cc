@@ -1,5 +1,6 @@
 #include "server/reader/image_folder.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/os/fd.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -100,6 +102,34 @@ TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
   limits.timeout = absl::Seconds(60);
   limits.cancel = &cancel;
   EXPECT_EQ(IndexImageFolder(root, limits).status().code(), absl::StatusCode::kCancelled);
+}
+
+// A caller's walk sees what that caller could: a sub-folder it may not list and search is
+// skipped (as os.walk skips it), a root it may not search is refused.
+TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  Touch(root + "/c/a.jpg");
+  Touch(root + "/c/private/b.jpg");
+  Touch(root + "/c/nosearch/d.jpg");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/c").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/c/private").c_str(), 0700), 0);  // root's (the tests run as root)
+  ASSERT_EQ(::chmod((root + "/c/nosearch").c_str(), 0744), 0);
+  UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const PeerCred user{1000, 1000, 1, {}};
+  absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
+  ASSERT_TRUE(as_user.ok()) << as_user.status();
+  EXPECT_THAT(as_user->paths, ElementsAre(root + "/c/a.jpg"));
+  absl::StatusOr<ImageFolderIndex> as_daemon = IndexImageFolder(fd.get(), root, {}, nullptr);
+  ASSERT_TRUE(as_daemon.ok());
+  EXPECT_EQ(as_daemon->paths.size(), 3u);
+  ASSERT_EQ(::chmod(root.c_str(), 0744), 0);
+  absl::StatusOr<ImageFolderIndex> closed = IndexImageFolder(fd.get(), root, {}, &user);
+  EXPECT_EQ(closed.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(closed.status().message(), "dataset.path: the mode bits of " + root +
+                                           " do not let uid 1000 list and search it");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
 }
 
 TEST(ImageFolderTest, ARootThatIsNotADirectoryIsRefusedWithoutBlocking) {

@@ -113,35 +113,39 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
 
 absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   v1::DatasetSpec* dataset = request->mutable_dataset();
-  const std::string& given = dataset->path();
+  const std::string given = dataset->path();
   // A relative path is the daemon's to refuse (dataset.path must be absolute).
   if (given.empty() || given[0] != '/') return absl::OkStatus();
-  const bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
-  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
-  UniqueFd fd(::open(given.c_str(), kDatasetOpenFlags | (folder ? O_DIRECTORY : 0)));
-  if (!fd.valid()) {
-    const int error = errno;
-    return ErrnoToStatus(error, absl::StrCat("dataset.path: this process (uid ", ::geteuid(),
-                                             ") cannot open ", given, " (errno ", error, ")"));
-  }
-  GPUFEED_RETURN_IF_ERROR(
-      CheckFileKind(fd.get(), folder ? FileKind::kDirectory : FileKind::kRegular, given).status());
-  // The daemon keys feeds by this name: ranks naming one file by different paths agree.
-  char real[PATH_MAX];
-  if (::realpath(given.c_str(), real) != nullptr) dataset->set_path(real);
 
-  // The memory socket's name, from the daemon; it lies beside the gRPC socket as this
-  // process sees it (a container may mount the directory elsewhere than the daemon does).
+  // The memory socket's name, from the daemon (asked first: a daemon that is not there is
+  // the error to report); it lies beside the gRPC socket as this process sees it (a
+  // container may mount the directory elsewhere than the daemon does).
   std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(channel_);
   v1::GetStatusResponse status;
   GPUFEED_RETURN_IF_ERROR(Call(admin.get(), &v1::Admin::Stub::GetStatus, v1::GetStatusRequest(),
-                               &status, rpc_timeout_, "status"));
+                               &status, rpc_timeout_, "attach"));
   if (status.mem_socket().empty()) {
     return absl::FailedPreconditionError(
         "attach: this gpufeedd does not take datasets opened by its clients (no mem_socket in "
         "its status); upgrade it");
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
+
+  const bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  UniqueFd fd(::open(given.c_str(), kDatasetOpenFlags | (folder ? O_DIRECTORY : 0)));
+  if (!fd.valid()) {
+    const int error = errno;
+    return ErrnoToStatus(error, absl::StrCat("attach: dataset.path: this process (uid ",
+                                             ::geteuid(), ") cannot open ", given, " (errno ",
+                                             error, ")"));
+  }
+  absl::Status kind =
+      CheckFileKind(fd.get(), folder ? FileKind::kDirectory : FileKind::kRegular, given).status();
+  if (!kind.ok()) return Annotate(kind, "attach");
+  // The daemon keys feeds by this name: ranks naming one file by different paths agree.
+  char real[PATH_MAX];
+  if (::realpath(given.c_str(), real) != nullptr) dataset->set_path(real);
 
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
   GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
@@ -155,7 +159,7 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   if (reply.code() != 0) {
     return absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                        absl::StrCat("passing ", given, " to gpufeedd: ", reply.message()));
+                        absl::StrCat("attach: passing ", given, " to gpufeedd: ", reply.message()));
   }
   if (reply.dataset_handle().size() != 32) {
     return absl::InternalError("memory socket: no dataset handle in the reply");

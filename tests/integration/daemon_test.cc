@@ -458,6 +458,35 @@ TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
   EXPECT_TRUE(daemon_->process().Running());
 }
 
+// The client library opens the dataset with this process's rights (docs/SECURITY.md section
+// 2): what goes wrong there is said in its own words, naming the path and the errno.
+TEST_F(DaemonTest, TheClientOpensTheDatasetAndNamesWhatGoesWrong) {
+  client::AttachOptions missing = Options();
+  missing.dataset = dir_.File("nope.bin");
+  auto s = client::Session::Attach(missing);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat("attach: dataset.path: this process (uid ", ::geteuid(), ") cannot open ",
+                         missing.dataset, " (errno 2): No such file or directory"));
+  client::AttachOptions fifo = Options();
+  fifo.dataset = dir_.File("fifo.bin");
+  ASSERT_EQ(::mkfifo(fifo.dataset.c_str(), 0644), 0);
+  s = client::Session::Attach(fifo);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(),
+            "attach: dataset.path: " + fifo.dataset + " is a FIFO, not a regular file");
+  client::AttachOptions folder = Options();
+  folder.kind = "image_folder";
+  folder.dataset = tokens_path_;  // a file where a folder belongs: O_DIRECTORY refuses it
+  s = client::Session::Attach(folder);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("cannot open " + tokens_path_ + " (errno 20): Not a directory"));
+  // And the daemon still serves a good one, which it read through the passed descriptor.
+  auto good = client::Session::Attach(Options());
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Detach().ok());
+}
+
 TEST_F(DaemonTest, SecondAttachOfTheSameRankIsAlreadyExists) {
   auto first = client::Session::Attach(Options());
   ASSERT_TRUE(first.ok()) << first.status();

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -758,6 +760,40 @@ TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
                          dir_.File("fifo-out"));
   EXPECT_NE(ctl.exit_code, 0);
   EXPECT_THAT(ctl.err, HasSubstr("dataset.path: " + fifo + " is a FIFO, not a regular file"));
+}
+
+// One client dribbling its memory-socket request a byte every 0.9 s (issue 12, item 6) is cut
+// off at mem_request_timeout (2 s) for the whole request, and delays nobody meanwhile.
+TEST_F(RawProtocolTest, ADribblingMemoryClientIsCutOffAndDelaysNobody) {
+  absl::StatusOr<UniqueFd> slow = ConnectUnix(dir_.File("gf.mem.sock"));
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  ASSERT_TRUE(SetSocketTimeout(slow->get(), absl::Seconds(10)).ok());
+  const absl::Time connected = absl::Now();
+  std::atomic<bool> stop{false};
+  std::thread dribbler([&] {
+    const std::string wire = std::string("\x10\x00\x00\x00", 4) + std::string(16, 'x');
+    for (size_t i = 0; i < wire.size() && !stop.load(); ++i) {
+      if (::send(slow->get(), &wire[i], 1, MSG_NOSIGNAL) != 1) return;
+      absl::SleepFor(absl::Milliseconds(900));
+    }
+  });
+  const absl::Time started = absl::Now();
+  CtlResult ctl = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
+                         dir_.File("fast"));
+  EXPECT_EQ(ctl.exit_code, 0) << ctl.err;
+  EXPECT_LT(absl::Now() - started, absl::Milliseconds(1500));
+  absl::StatusOr<Frame> cut = RecvFrame(slow->get(), 1 << 16);
+  const absl::Duration took = absl::Now() - connected;
+  stop = true;
+  dribbler.join();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  v1::MemResponse reply;
+  ASSERT_TRUE(reply.ParseFromString(cut->bytes));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(reply.message(),
+            "memory socket: the request did not arrive within 2s (mem_request_timeout)");
+  EXPECT_GE(took, absl::Milliseconds(1900));
+  EXPECT_LT(took, absl::Milliseconds(3500));
 }
 
 // A session whose stream never opens is ended after --attach_timeout and its memory freed.

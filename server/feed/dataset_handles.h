@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -47,7 +48,8 @@ class DatasetHandles {
     absl::Time expiry;
   };
   // Moves the expired entries out (closed by the caller, outside the lock).
-  void DropExpired(absl::Time now, std::vector<UniqueFd>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const DatasetHandleOptions options_;
   const Clock clock_;

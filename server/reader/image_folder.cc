@@ -66,7 +66,8 @@ class Walker {
     std::vector<Entry> out;
     if (!visited_.insert({st.st_dev, st.st_ino}).second) return out;
     // The reader must be able to list (r) and search (x) it, as its own walk would.
-    if (reader_ != nullptr && !(ModeLets(st, *reader_, S_IRUSR) && ModeLets(st, *reader_, S_IXUSR))) {
+    if (reader_ != nullptr &&
+        !(ModeLets(st, *reader_, S_IRUSR) && ModeLets(st, *reader_, S_IXUSR))) {
       if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
       return absl::PermissionDeniedError(absl::StrCat(
           "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,

@@ -155,7 +155,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed, spec.caller));
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed,
+                           feeds_.GetOrCreate(spec.feed, spec.caller));
   if (!spec.start_fingerprint.empty()) {
     GPUFEED_RETURN_IF_ERROR(CompareFingerprints(spec.start_fingerprint, feed->fingerprint()));
   }

@@ -198,7 +198,16 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
   GPUFEED_FROM_FILE(max_image_bytes, max_image_bytes, file.max_image_bytes());
   GPUFEED_FROM_FILE(max_ids_bytes, max_ids_bytes, file.max_ids_bytes());
+  GPUFEED_FROM_FILE(mem_request_timeout_ms, mem_request_timeout,
+                    absl::Milliseconds(file.mem_request_timeout_ms()));
+  GPUFEED_FROM_FILE(max_folder_entries, max_folder_entries, file.max_folder_entries());
+  GPUFEED_FROM_FILE(folder_walk_timeout_ms, folder_walk_timeout,
+                    absl::Milliseconds(file.folder_walk_timeout_ms()));
 #undef GPUFEED_FROM_FILE
+  if (file.dataset_roots_size() > 0) {
+    c->dataset_roots.assign(file.dataset_roots().begin(), file.dataset_roots().end());
+    from_file("dataset_roots", "dataset_roots");
+  }
   if (file.has_read_mode()) {
     GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
   }
@@ -311,6 +320,22 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   }
   if (c.max_image_bytes < 1) return Invalid(sources, "max_image_bytes", "must be > 0");
   if (c.max_ids_bytes < 1) return Invalid(sources, "max_ids_bytes", "must be > 0");
+  for (const std::string& root : c.dataset_roots) {
+    if (root.empty() || root[0] != '/') {
+      return Invalid(sources, "dataset_roots",
+                     absl::StrCat("must be absolute paths, got '", root, "'"));
+    }
+  }
+  if (c.mem_request_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "mem_request_timeout", "must be > 0");
+  }
+  if (c.max_folder_entries < 1) {
+    return Invalid(sources, "max_folder_entries",
+                   absl::StrCat(">= 1, got ", c.max_folder_entries));
+  }
+  if (c.folder_walk_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "folder_walk_timeout", "must be > 0");
+  }
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -60,6 +61,13 @@ struct DaemonConfig {
   uint64_t max_samples_per_feed = uint64_t{1} << 40;
   uint64_t max_image_bytes = uint64_t{64} << 20;
   uint64_t max_ids_bytes = uint64_t{256} << 20;
+  // docs/SECURITY.md sections 2 and 4: directories a dataset must lie beneath (empty:
+  // anywhere), the memory socket's deadline for a whole request, and the image_folder walk's
+  // bounds.
+  std::vector<std::string> dataset_roots;
+  absl::Duration mem_request_timeout = absl::Seconds(2);
+  int64_t max_folder_entries = 10'000'000;
+  absl::Duration folder_walk_timeout = absl::Seconds(120);
 };
 
 // The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming

@@ -68,10 +68,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.feed_limits.max_samples = c.max_samples_per_feed;
   options.feed_limits.max_image_bytes = c.max_image_bytes;
   options.max_ids_bytes = c.max_ids_bytes;
+  options.access.dataset_roots = c.dataset_roots;
+  options.access.walk.max_entries = c.max_folder_entries;
+  options.access.walk.timeout = c.folder_walk_timeout;
   FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
-                           MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get()));
+                           MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get(),
+                                            MemServerOptions{c.mem_request_timeout}));
 
   d->feed_service_ =
       std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket, c.attach_threads);
@@ -80,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   info.version = kVersion;
   info.started = absl::Now();
   info.pool = d->pool_.get();
+  info.mem_socket = c.mem_socket;
   info.serving = [raw] { return raw->serving_.load(); };
   info.draining = [raw] { return raw->sessions_->draining(); };
   // A drain requested over gRPC ends the process as SIGTERM does: the owner shuts down in

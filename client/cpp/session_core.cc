@@ -1,6 +1,12 @@
 #include "client/cpp/session_core.h"
 
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <utility>
@@ -8,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/options.h"
 #include "client/cpp/rpc.h"
+#include "common/os/file.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
 
@@ -48,6 +55,7 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   device_ = plan.device;
   gpu_ = plan.gpu;
 
+  GPUFEED_RETURN_IF_ERROR(PassDataset(&plan.request));
   v1::AttachResponse response;
   GPUFEED_RETURN_IF_ERROR(
       Call(stub_.get(), &v1::Feed::Stub::Attach, plan.request, &response, rpc_timeout_, "attach"));
@@ -101,6 +109,63 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   // mount the directory elsewhere than the daemon does).
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
   return info;
+}
+
+absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
+  v1::DatasetSpec* dataset = request->mutable_dataset();
+  const std::string given = dataset->path();
+  // A relative path is the daemon's to refuse (dataset.path must be absolute).
+  if (given.empty() || given[0] != '/') return absl::OkStatus();
+
+  // The memory socket's name, from the daemon (asked first: a daemon that is not there is
+  // the error to report); it lies beside the gRPC socket as this process sees it (a
+  // container may mount the directory elsewhere than the daemon does).
+  std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(channel_);
+  v1::GetStatusResponse status;
+  GPUFEED_RETURN_IF_ERROR(Call(admin.get(), &v1::Admin::Stub::GetStatus, v1::GetStatusRequest(),
+                               &status, rpc_timeout_, "attach"));
+  if (status.mem_socket().empty()) {
+    return absl::FailedPreconditionError(
+        "attach: this gpufeedd does not take datasets opened by its clients (no mem_socket in "
+        "its status); upgrade it");
+  }
+  mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
+
+  const bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  UniqueFd fd(::open(given.c_str(), kDatasetOpenFlags | (folder ? O_DIRECTORY : 0)));
+  if (!fd.valid()) {
+    const int error = errno;
+    return ErrnoToStatus(error, absl::StrCat("attach: dataset.path: this process (uid ",
+                                             ::geteuid(), ") cannot open ", given, " (errno ",
+                                             error, ")"));
+  }
+  absl::Status kind =
+      CheckFileKind(fd.get(), folder ? FileKind::kDirectory : FileKind::kRegular, given).status();
+  if (!kind.ok()) return Annotate(kind, "attach");
+  // The daemon keys feeds by this name: ranks naming one file by different paths agree.
+  char real[PATH_MAX];
+  if (::realpath(given.c_str(), real) != nullptr) dataset->set_path(real);
+
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
+  v1::MemRequest mem;
+  mem.set_open_dataset(true);
+  GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), mem.SerializeAsString(), fd.get()));
+  GPUFEED_ASSIGN_OR_RETURN(Frame frame, RecvFrame(conn.get(), 1 << 16));
+  v1::MemResponse reply;
+  if (!reply.ParseFromString(frame.bytes)) {
+    return absl::InternalError("memory socket: malformed reply");
+  }
+  if (reply.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(reply.code()),
+                        absl::StrCat("attach: passing ", given, " to gpufeedd: ", reply.message()));
+  }
+  if (reply.dataset_handle().size() != 32) {
+    return absl::InternalError("memory socket: no dataset handle in the reply");
+  }
+  dataset->set_handle(reply.dataset_handle());
+  return absl::OkStatus();
 }
 
 absl::Status SessionCore::MapRing() {

@@ -34,6 +34,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   // Validates `options`, attaches and checks the daemon's reply (the layout lies in the slots).
   absl::StatusOr<SessionInfo> Attach(const AttachOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
+  // Opens the dataset `request` names with this process's rights and passes the descriptor
+  // to the daemon on its memory socket (docs/SECURITY.md section 2); sets dataset.handle.
+  // An error opening it names the path and the errno, in the client's words.
+  absl::Status PassDataset(v1::AttachRequest* request);
   // Maps the ring: host memory or a VMM fd from the memory socket, or a legacy IPC handle.
   absl::Status MapRing();
   // Opens the stream and starts the reader thread.

@@ -1,7 +1,10 @@
 #include "common/os/file.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,31 +89,74 @@ class MappedFile final : public RandomAccessFile {
   const uint64_t size_;
 };
 
-// Opens `path` read-only, checking it is a regular file; returns the fd and its size.
-absl::StatusOr<std::pair<UniqueFd, uint64_t>> OpenRegular(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("opening dataset ", path));
+// A checked regular file: the fd and its size at open.
+struct Opened {
+  UniqueFd fd;
+  uint64_t size = 0;
+};
+
+absl::StatusOr<Opened> OpenRegular(const std::string& path) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, OpenChecked(path, FileKind::kRegular));
+  GPUFEED_ASSIGN_OR_RETURN(uint64_t size, CheckFileKind(fd.get(), FileKind::kRegular, path));
+  return Opened{std::move(fd), size};
+}
+
+absl::StatusOr<Opened> FromClientFd(int fd, const std::string& path) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd own, DupFd(fd));
+  GPUFEED_ASSIGN_OR_RETURN(uint64_t size, CheckFileKind(own.get(), FileKind::kRegular, path));
+  return Opened{std::move(own), size};
+}
+
+absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative,
+                                   const std::string& path, const PeerCred* reader) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(dirfd, relative, path));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: ", path, " is not a regular file"));
+        absl::StrCat(path, " is ", FileTypeName(st.st_mode), ", not a regular file"));
   }
-  return std::make_pair(std::move(fd), static_cast<uint64_t>(st.st_size));
+  if (reader != nullptr && !ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("opening ", path, ": its mode bits do not let uid ", reader->uid,
+                     " read it"));
+  }
+  return Opened{std::move(fd), static_cast<uint64_t>(st.st_size)};
+}
+
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> Mapped(const std::string& path,
+                                                         absl::StatusOr<Opened> opened) {
+  if (!opened.ok()) return opened.status();
+  Mapping mapping;
+  if (opened->size > 0) {
+    GPUFEED_ASSIGN_OR_RETURN(mapping, Mapping::Map(opened->fd.get(), 0, opened->size,
+                                                   /*writable=*/false));
+  }
+  return std::unique_ptr<RandomAccessFile>(
+      new MappedFile(path, std::move(opened->fd), std::move(mapping), opened->size));
+}
+
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> Pread(const std::string& path,
+                                                        absl::StatusOr<Opened> opened) {
+  if (!opened.ok()) return opened.status();
+  return std::unique_ptr<RandomAccessFile>(
+      new PosixFile(path, std::move(opened->fd), opened->size));
 }
 
 class MappedFileSystemImpl final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
       const std::string& path) override {
-    GPUFEED_ASSIGN_OR_RETURN(auto opened, OpenRegular(path));
-    Mapping mapping;
-    if (opened.second > 0) {
-      GPUFEED_ASSIGN_OR_RETURN(mapping, Mapping::Map(opened.first.get(), 0, opened.second,
-                                                     /*writable=*/false));
-    }
-    return std::make_unique<MappedFile>(path, std::move(opened.first), std::move(mapping),
-                                        opened.second);
+    return Mapped(path, OpenRegular(path));
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) override {
+    return Mapped(path, FromClientFd(fd, path));
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
+      int dirfd, const std::string& relative, const std::string& path,
+      const PeerCred* reader) override {
+    return Mapped(path, FromBeneath(dirfd, relative, path, reader));
   }
 };
 
@@ -118,12 +164,95 @@ class PosixFileSystemImpl final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
       const std::string& path) override {
-    GPUFEED_ASSIGN_OR_RETURN(auto opened, OpenRegular(path));
-    return std::make_unique<PosixFile>(path, std::move(opened.first), opened.second);
+    return Pread(path, OpenRegular(path));
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) override {
+    return Pread(path, FromClientFd(fd, path));
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
+      int dirfd, const std::string& relative, const std::string& path,
+      const PeerCred* reader) override {
+    return Pread(path, FromBeneath(dirfd, relative, path, reader));
   }
 };
 
 }  // namespace
+
+const char* FileTypeName(unsigned mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFIFO: return "a FIFO";
+    case S_IFSOCK: return "a socket";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFLNK: return "a symbolic link";
+    default: return "of an unknown type";
+  }
+}
+
+absl::StatusOr<uint64_t> CheckFileKind(int fd, FileKind want, absl::string_view display,
+                                       absl::string_view field) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", display));
+  const bool ok = want == FileKind::kRegular ? S_ISREG(st.st_mode) : S_ISDIR(st.st_mode);
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", display, " is ", FileTypeName(st.st_mode), ", not ",
+        want == FileKind::kRegular ? "a regular file" : "a directory"));
+  }
+  return want == FileKind::kRegular ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+absl::StatusOr<UniqueFd> OpenChecked(const std::string& path, FileKind want,
+                                     absl::string_view field) {
+  // No O_DIRECTORY for a directory: its ENOTDIR would hide what the path is (a FIFO, ...),
+  // which the type check names. O_NONBLOCK keeps a FIFO from blocking the open.
+  UniqueFd fd(::open(path.c_str(), kDatasetOpenFlags));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("opening dataset ", path));
+  GPUFEED_RETURN_IF_ERROR(CheckFileKind(fd.get(), want, path, field).status());
+  return fd;
+}
+
+bool ModeLetsRead(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who) {
+  if (who.uid == 0) return true;
+  if (who.uid == uid) return (mode & S_IRUSR) != 0;
+  if (who.InGroup(gid)) return (mode & S_IRGRP) != 0;
+  return (mode & S_IROTH) != 0;
+}
+
+absl::StatusOr<UniqueFd> DupFd(int fd) {
+  UniqueFd out(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!out.valid()) return ErrnoToStatus(errno, "dup of a dataset descriptor");
+  return out;
+}
+
+absl::StatusOr<std::string> ResolvedPathOf(int fd) {
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  char buffer[PATH_MAX + 1];
+  const ssize_t n = ::readlink(link.c_str(), buffer, PATH_MAX);
+  if (n < 0) return ErrnoToStatus(errno, "resolving a dataset descriptor");
+  return std::string(buffer, static_cast<size_t>(n));
+}
+
+absl::StatusOr<UniqueFd> OpenBeneath(int dirfd, const std::string& relative,
+                                     absl::string_view display) {
+  open_how how{};
+  how.flags = static_cast<uint64_t>(kDatasetOpenFlags);
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  for (int attempt = 0;; ++attempt) {
+    const long fd = ::syscall(SYS_openat2, dirfd, relative.c_str(), &how, sizeof(how));
+    if (fd >= 0) return UniqueFd(static_cast<int>(fd));
+    // EAGAIN: a rename or mount raced the lookup; the kernel asks to retry.
+    if (errno == EINTR || (errno == EAGAIN && attempt < 16)) continue;
+    if (errno == EXDEV) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("opening ", display, ": it lies outside the dataset folder"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("opening ", display));
+  }
+}
 
 FileSystem* PosixFileSystem() {
   static PosixFileSystemImpl* fs = new PosixFileSystemImpl();  // stateless, never destroyed

@@ -2,6 +2,8 @@
 // files that fail or shrink.
 #pragma once
 
+#include <fcntl.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -10,8 +12,47 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/os/fd.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed {
+
+// Every open the daemon makes of a dataset (docs/SECURITY.md section 2): read-only, never
+// blocking (a FIFO opens at once instead of waiting for a writer), never a controlling tty.
+// A type check with fstat follows before anything is read.
+inline constexpr int kDatasetOpenFlags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC;
+
+enum class FileKind { kRegular, kDirectory };
+
+// "a FIFO", "a socket", "a character device", ... for a stat mode.
+const char* FileTypeName(unsigned mode);
+
+// fstat(fd) and its type: INVALID_ARGUMENT "<field>: <display> is a FIFO, not a regular file"
+// (or "not a directory") when it is not `want`. Returns the stat size (0 for a directory).
+absl::StatusOr<uint64_t> CheckFileKind(int fd, FileKind want, absl::string_view display,
+                                       absl::string_view field = "dataset.path");
+
+// Opens `path` with kDatasetOpenFlags (O_DIRECTORY too for a directory) and checks its kind.
+absl::StatusOr<UniqueFd> OpenChecked(const std::string& path, FileKind want,
+                                     absl::string_view field = "dataset.path");
+
+// Whether the mode bits of a file of owner `uid`, group `gid` and permission bits `mode` let
+// `who` read it, as the kernel decides for an open without ACLs: the owner's bits for the
+// owner, else the group's for a member, else the others'; root reads anything.
+bool ModeLetsRead(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who);
+
+// A dup (F_DUPFD_CLOEXEC) of `fd`: INTERNAL naming the errno when the table is full.
+absl::StatusOr<UniqueFd> DupFd(int fd);
+
+// The path the kernel gives for an open descriptor (readlink of /proc/self/fd/N).
+absl::StatusOr<std::string> ResolvedPathOf(int fd);
+
+// openat2(dirfd, relative, {kDatasetOpenFlags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS}):
+// nothing outside the directory is reachable by ".." or by links; `display` names the file
+// in errors (EXDEV, an escape, is PERMISSION_DENIED "... lies outside the dataset folder").
+absl::StatusOr<UniqueFd> OpenBeneath(int dirfd, const std::string& relative,
+                                     absl::string_view display);
 
 class RandomAccessFile {
  public:
@@ -31,9 +72,21 @@ class RandomAccessFile {
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
-  // NOT_FOUND / PERMISSION_DENIED / INVALID_ARGUMENT (a directory) naming the path.
+  // NOT_FOUND / PERMISSION_DENIED / INVALID_ARGUMENT (a directory, a FIFO, a device) naming
+  // the path. The daemon's own rights: an admin's attach by path.
   virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
       const std::string& path) = 0;
+  // Reads through `fd`, a descriptor a client opened with its own rights (the file keeps a
+  // dup; the caller keeps `fd`): INVALID_ARGUMENT unless it is a regular file. `path` is the
+  // display name, for messages only.
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) = 0;
+  // Opens `relative` beneath the directory `dirfd` (OpenBeneath above) and checks it is a
+  // regular file; with `reader`, a file whose mode bits would not let `reader` read it is
+  // PERMISSION_DENIED, as if the reader had opened it. `path` is the display name.
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
+      int dirfd, const std::string& relative, const std::string& path,
+      const PeerCred* reader) = 0;
 };
 
 // The real file system, reading with pread(2): a file that shrinks underneath gives DATA_LOSS.

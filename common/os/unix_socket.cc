@@ -1,10 +1,12 @@
 #include "common/os/unix_socket.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -112,7 +114,34 @@ absl::Status SendFrame(int socket, const std::string& bytes, int pass_fd) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes) {
+namespace {
+
+// Waits until `socket` is readable, `deadline` passes (DEADLINE_EXCEEDED) or `wake_fd`
+// (when >= 0) is readable (CANCELLED).
+absl::Status AwaitReadable(int socket, absl::Time deadline, int wake_fd) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("memory socket: the request did not arrive in time");
+    }
+    pollfd fds[2] = {{socket, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    // Rounded up: a deadline 0.3 ms away must not spin with a timeout of 0.
+    const int ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60'000));
+    const int n = ::poll(fds, wake_fd >= 0 ? 2 : 1, ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "polling the memory socket");
+    }
+    if (wake_fd >= 0 && fds[1].revents != 0) {
+      return absl::CancelledError("memory socket: gpufeedd is shutting down");
+    }
+    if (fds[0].revents != 0) return absl::OkStatus();  // data, hang-up or error: recv tells
+  }
+}
+
+absl::StatusOr<Frame> Recv(int socket, size_t max_bytes, const absl::Time* deadline,
+                           int wake_fd) {
   Frame frame;
   std::string buffer;
   size_t want = 4;
@@ -126,9 +155,13 @@ absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes) {
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    if (deadline != nullptr) GPUFEED_RETURN_IF_ERROR(AwaitReadable(socket, *deadline, wake_fd));
+    const ssize_t n =
+        ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | (deadline != nullptr ? MSG_DONTWAIT : 0));
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || (deadline != nullptr && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+        continue;
+      }
       return ErrnoToStatus(errno, "reading from memory socket");
     }
     for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
@@ -159,6 +192,16 @@ absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes) {
   }
   frame.bytes = buffer.substr(4);
   return frame;
+}
+
+}  // namespace
+
+absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes) {
+  return Recv(socket, max_bytes, nullptr, -1);
+}
+
+absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes, absl::Time deadline, int wake_fd) {
+  return Recv(socket, max_bytes, &deadline, wake_fd);
 }
 
 }  // namespace gpufeed

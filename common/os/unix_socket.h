@@ -33,5 +33,9 @@ struct Frame {
 };
 // Reads one frame of at most `max_bytes`; a longer one is INVALID_ARGUMENT.
 absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes);
+// As above, all of it by `deadline` however it trickles in (DEADLINE_EXCEEDED after), and
+// CANCELLED as soon as `wake_fd` (when >= 0, e.g. an eventfd) becomes readable.
+absl::StatusOr<Frame> RecvFrame(int socket, size_t max_bytes, absl::Time deadline,
+                                int wake_fd = -1);
 
 }  // namespace gpufeed

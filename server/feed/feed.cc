@@ -1,18 +1,22 @@
 #include "server/feed/feed.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
+#include <limits.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <cerrno>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "common/os/fd.h"
+#include "common/os/file.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 
@@ -48,7 +52,7 @@ std::string FeedKeyOf(const std::string& canonical) {
 }
 
 absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs,
-                                                   const FeedLimits& limits) {
+                                                   const FeedLimits& limits, std::string key) {
   spec.dataset.max_image_bytes = limits.max_image_bytes;
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
@@ -62,6 +66,21 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
         " samples, more than this gpufeedd's max_samples_per_feed (", limits.max_samples,
         "); split the dataset or ask the admin to raise the cap"));
   }
+  // The dataset's identity for the fingerprint: what it holds, and when it last changed,
+  // where the path is a real file or folder (a test's fake file system has no such thing).
+  std::vector<std::pair<std::string, std::string>> identity;
+  struct stat st;
+  if (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
+                           : ::stat(spec.dataset.path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) identity.emplace_back("bytes", absl::StrCat(st.st_size));
+    identity.emplace_back("mtime_ns",
+                          absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                                       st.st_mtim.tv_nsec));
+  }
+  // The descriptor was borrowed for the open; the handle is spent. Neither is the feed's.
+  spec.dataset.fd = -1;
+  spec.dataset.handle.clear();
+  spec.dataset.reader.reset();
   SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
                        spec.seed,              spec.shuffle,    spec.drop_last};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
@@ -75,12 +94,17 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
         "batch_size: ", spec.batch_size, " samples of this dataset make a batch of more than "
         "16 TiB"));
   }
-  return std::shared_ptr<Feed>(new Feed(std::move(spec), std::move(dataset), std::move(sampler)));
+  if (key.empty()) key = FeedKeyOf(spec.Canonical());
+  return std::shared_ptr<Feed>(new Feed(std::move(spec), std::move(key), std::move(dataset),
+                                        std::move(sampler), std::move(identity)));
 }
 
-Feed::Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler)
+Feed::Feed(FeedSpec spec, std::string key, std::unique_ptr<Dataset> dataset,
+           std::unique_ptr<Sampler> sampler,
+           std::vector<std::pair<std::string, std::string>> identity)
     : spec_(std::move(spec)),
-      key_(FeedKeyOf(spec_.Canonical())),
+      key_(std::move(key)),
+      identity_(std::move(identity)),
       dataset_(std::move(dataset)),
       images_(dynamic_cast<const ImageDataset*>(dataset_.get())),
       sampler_(std::move(sampler)) {
@@ -143,14 +167,7 @@ std::string Feed::MakeFingerprint() const {
   const int kind = static_cast<int>(d.kind);
   f.emplace_back("kind", kind >= 0 && kind < 4 ? kinds[kind] : absl::StrCat(kind));
   f.emplace_back("path", d.path);
-  // The dataset's identity: what it holds, and when it last changed where the path is a
-  // real file or folder (a test's fake file system has no such thing).
-  struct stat st;
-  if (::stat(d.path.c_str(), &st) == 0) {
-    if (S_ISREG(st.st_mode)) f.emplace_back("bytes", absl::StrCat(st.st_size));
-    f.emplace_back("mtime_ns", absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                                            st.st_mtim.tv_nsec));
-  }
+  f.insert(f.end(), identity_.begin(), identity_.end());
   f.emplace_back("samples", absl::StrCat(dataset_->num_samples()));
   std::vector<std::string> tensors;
   for (const SampleTensor& t : dataset_->tensors()) {
@@ -319,17 +336,111 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   return valid;
 }
 
-absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& requested) {
-  FeedSpec spec = requested;
-  // Canonicalise the path so "/data/x" and "/data/./x" share a feed.
-  if (!spec.dataset.path.empty() && spec.dataset.path[0] == '/') {
-    char resolved[PATH_MAX];
-    if (::realpath(spec.dataset.path.c_str(), resolved) == nullptr) {
-      return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.dataset.path));
+FeedRegistry::FeedRegistry(FileSystem* fs, FeedAccessOptions access, const FeedLimits& limits)
+    : fs_(fs), access_(std::move(access)), limits_(limits), handles_(access_.handles) {}
+
+namespace {
+
+// Whether `path` (resolved) lies beneath one of `roots`.
+bool Beneath(const std::string& path, const std::vector<std::string>& roots) {
+  for (std::string root : roots) {
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    if (root == "/" || path == root || absl::StartsWith(path, absl::StrCat(root, "/"))) {
+      return true;
     }
-    spec.dataset.path = resolved;
   }
-  const std::string key = FeedKeyOf(spec.Canonical());
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
+  // Only a descriptor the sender could read through: not O_PATH (which needs no read
+  // permission on the file itself) and not write-only.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0) return ErrnoToStatus(errno, "open_dataset: fcntl");
+  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    return absl::InvalidArgumentError(
+        "open_dataset: the descriptor passed is not open for reading (O_PATH or O_WRONLY); "
+        "open the dataset with O_RDONLY");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "open_dataset: stat");
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "open_dataset: the descriptor passed is ", FileTypeName(st.st_mode),
+        ", not a regular file or a directory"));
+  }
+  return handles_.Add(std::move(fd), from.uid);
+}
+
+absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueFd* fd,
+                                   std::string* key) const {
+  DatasetSpec& d = spec->dataset;
+  std::string resolved;
+  struct stat st {};
+  if (!d.handle.empty()) {
+    GPUFEED_ASSIGN_OR_RETURN(*fd, handles_.Take(d.handle, caller.uid()));
+    d.fd = fd->get();
+    if (d.kind == DatasetKind::kImageFolder) d.reader = caller.cred;
+    if (::fstat(d.fd, &st) != 0) return ErrnoToStatus(errno, "dataset.handle: stat");
+    if (!access_.dataset_roots.empty()) {
+      GPUFEED_ASSIGN_OR_RETURN(resolved, ResolvedPathOf(d.fd));
+    }
+  } else {
+    if (!caller.admin) {
+      return absl::PermissionDeniedError(
+          "dataset.handle: attach through the client library, which opens the dataset with "
+          "your rights and passes it to gpufeedd; attach by path is for admins");
+    }
+    // Canonicalise the path so "/data/x" and "/data/./x" share a feed.
+    if (!d.path.empty() && d.path[0] == '/') {
+      char real[PATH_MAX];
+      if (::realpath(d.path.c_str(), real) == nullptr) {
+        return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", d.path));
+      }
+      d.path = real;
+      resolved = real;
+      if (::stat(real, &st) != 0) st = {};
+    }
+  }
+  if (!access_.dataset_roots.empty() && !Beneath(resolved, access_.dataset_roots)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dataset.path: ", d.path, " lies outside the directories gpufeedd serves (dataset_roots: ",
+        absl::StrJoin(access_.dataset_roots, ", "), ")"));
+  }
+  d.walk = access_.walk;
+  d.walk.cancel = &cancel_;
+  // Two descriptors of one file share a feed as two paths of it do. A folder's files are read
+  // with its reader's rights: only callers of the same uid and groups share its feed.
+  std::string identity = absl::StrCat(";dev=", st.st_dev, ";ino=", st.st_ino);
+  if (d.reader.has_value()) {
+    std::vector<uint32_t> groups = d.reader->groups;
+    std::sort(groups.begin(), groups.end());
+    absl::StrAppend(&identity, ";reader=", d.reader->uid, ":", d.reader->gid, ":",
+                    absl::StrJoin(groups, ","));
+  }
+  *key = FeedKeyOf(absl::StrCat(spec->Canonical(), identity));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& requested,
+                                                                const Caller& caller) {
+  FeedSpec spec = requested;
+  UniqueFd fd;  // the caller's descriptor, open until the dataset holds its own dup
+  std::string key;
+  GPUFEED_RETURN_IF_ERROR(Resolve(caller, &spec, &fd, &key));
+  return GetOrCreateResolved(spec, key);
+}
+
+absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& requested) {
+  Caller daemon;
+  daemon.admin = true;
+  return GetOrCreate(requested, daemon);
+}
+
+absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreateResolved(const FeedSpec& spec,
+                                                                        const std::string& key) {
   {
     absl::MutexLock lock(&mu_);
     auto it = feeds_.find(key);
@@ -337,7 +448,7 @@ absl::StatusOr<std::shared_ptr<Feed>> FeedRegistry::GetOrCreate(const FeedSpec& 
       if (std::shared_ptr<Feed> feed = it->second.lock()) return feed;
     }
   }
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, Feed::Create(spec, fs_, limits_));
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, Feed::Create(spec, fs_, limits_, key));
   absl::MutexLock lock(&mu_);
   // Two attaches may have raced to create it: keep the first, so both share one feed.
   auto& slot = feeds_[key];

@@ -17,8 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/os/file.h"
+#include "server/feed/dataset_handles.h"
 #include "server/pipeline/dataset.h"
 #include "server/sampler/sampler.h"
+#include "server/session/caller.h"
 
 namespace gpufeed::server {
 
@@ -63,9 +65,11 @@ struct SlotLayout {
 class Feed {
  public:
   // Opens the dataset and validates the sampling; errors name the field or path.
-  // RESOURCE_EXHAUSTED when the dataset holds more than limits.max_samples samples.
+  // RESOURCE_EXHAUSTED when the dataset holds more than limits.max_samples samples. `key`:
+  // the registry's (the spec and the dataset's device and inode); empty: FeedKeyOf(Canonical()).
   static absl::StatusOr<std::shared_ptr<Feed>> Create(FeedSpec spec, FileSystem* fs,
-                                                      const FeedLimits& limits = {});
+                                                      const FeedLimits& limits = {},
+                                                      std::string key = "");
 
   const FeedSpec& spec() const { return spec_; }
   const std::string& key() const { return key_; }
@@ -106,7 +110,11 @@ class Feed {
   uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }
 
  private:
-  Feed(FeedSpec spec, std::unique_ptr<Dataset> dataset, std::unique_ptr<Sampler> sampler);
+  // `identity`: "bytes=..;mtime_ns=.." of the dataset as opened ("" where there is none, as
+  // in a test's fake file system), for the fingerprint.
+  Feed(FeedSpec spec, std::string key, std::unique_ptr<Dataset> dataset,
+       std::unique_ptr<Sampler> sampler,
+       std::vector<std::pair<std::string, std::string>> identity);
   absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel) const;
   absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode,
@@ -118,6 +126,7 @@ class Feed {
   const FeedSpec spec_;
   const std::string key_;
   std::string fingerprint_;
+  const std::vector<std::pair<std::string, std::string>> identity_;
   std::string MakeFingerprint() const;
   const std::unique_ptr<Dataset> dataset_;
   const ImageDataset* const images_;  // dataset_ when it is an image dataset, else null
@@ -129,19 +138,50 @@ class Feed {
   mutable std::atomic<uint64_t> bytes_produced_{0};
 };
 
+// How the registry lets callers at datasets (docs/SECURITY.md sections 2 and 4).
+struct FeedAccessOptions {
+  // Directories a dataset must lie beneath (its resolved path); empty: anywhere.
+  std::vector<std::string> dataset_roots;
+  DatasetHandleOptions handles;  // handles.lifetime: the daemon's attach_timeout
+  FolderWalkLimits walk;         // walk.cancel is the registry's own (CancelOpens)
+};
+
 // Feeds by key. Holds them weakly: a feed lives while a session uses it.
 class FeedRegistry {
  public:
-  explicit FeedRegistry(FileSystem* fs, const FeedLimits& limits = {})
-      : fs_(fs), limits_(limits) {}
+  explicit FeedRegistry(FileSystem* fs, FeedAccessOptions access = {},
+                        const FeedLimits& limits = {});
 
-  // The live feed with spec's key, or a new one. The dataset is opened outside the lock.
+  // The live feed with spec's key, or a new one, for `caller`: spec.dataset.handle names a
+  // descriptor the caller passed (DatasetHandles::Take), read with the caller's rights; no
+  // handle is an attach by path, for admins only (PERMISSION_DENIED "dataset.handle: ...").
+  // The dataset must lie beneath a dataset_root when there are any. Feeds are shared by
+  // (device, inode) of the dataset and the spec (path included: it stays the display name).
+  // The dataset is opened outside the lock.
+  absl::StatusOr<std::shared_ptr<Feed>> GetOrCreate(const FeedSpec& spec, const Caller& caller);
+  // As above for an in-process caller with the daemon's rights (tests, benchmarks).
   absl::StatusOr<std::shared_ptr<Feed>> GetOrCreate(const FeedSpec& spec);
   std::vector<std::shared_ptr<Feed>> List() const;
 
+  // The memory socket's open_dataset: checks that `fd` is a regular file or a directory and
+  // keeps it for `from`'s uid; returns the handle.
+  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from);
+  // Ends image_folder walks in progress (CANCELLED) and those to come: shutdown does not wait
+  // for an attach that is walking a tree.
+  void CancelOpens() { cancel_.store(true, std::memory_order_relaxed); }
+
  private:
+  // Resolves the dataset's descriptor (a handle) or the admin's path, checks the roots, and
+  // fills in the key's identity; `fd` owns the descriptor for the open.
+  absl::Status Resolve(const Caller& caller, FeedSpec* spec, UniqueFd* fd, std::string* key) const;
+  absl::StatusOr<std::shared_ptr<Feed>> GetOrCreateResolved(const FeedSpec& spec,
+                                                            const std::string& key);
+
   FileSystem* const fs_;
+  const FeedAccessOptions access_;
   const FeedLimits limits_;
+  std::atomic<bool> cancel_{false};
+  mutable DatasetHandles handles_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };

@@ -16,6 +16,8 @@
 #include "server/augment/stage_arena.h"
 #include "server/augment/staged.h"
 #include "server/reader/dataset.h"
+#include "server/reader/image_folder.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
 
@@ -28,6 +30,11 @@ struct DatasetSpec : FileDatasetSpec {
   // image_folder: a larger file is a bad sample (too_large), never read. The daemon's
   // max_image_bytes (FeedLimits), not the request's; no part of the feed's key.
   uint64_t max_image_bytes = uint64_t{64} << 20;
+  // Set by the feed registry, never from a request (not part of the key): image_folder with
+  // a descriptor (fd >= 0) reads the files beneath it only where their mode bits let `reader`
+  // read them; the walk's bounds.
+  std::optional<PeerCred> reader;
+  FolderWalkLimits walk;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
+#include "common/os/fd.h"
+#include "common/os/file.h"
 #include "server/augment/crop.h"
 #include "server/augment/pipeline.h"
 #include "server/augment/resize.h"
@@ -25,9 +27,11 @@ constexpr int kMaxReplacements = 32;
 
 class ImageFolderDataset final : public ImageDataset {
  public:
-  ImageFolderDataset(ImageFolderIndex index, PipelinePlan plan, const DatasetSpec& spec,
-                     FileSystem* fs)
-      : index_(std::move(index)),
+  ImageFolderDataset(UniqueFd root, ImageFolderIndex index, PipelinePlan plan,
+                     const DatasetSpec& spec, FileSystem* fs)
+      : root_(std::move(root)),
+        reader_(spec.reader),
+        index_(std::move(index)),
         plan_(std::move(plan)),
         policy_(spec.bad_sample),
         max_pixels_(spec.max_pixels),
@@ -121,13 +125,17 @@ class ImageFolderDataset final : public ImageDataset {
   }
 
  private:
-  // The file's bytes. A file that cannot be opened or read (permissions, an I/O error, removed
+  // The file's bytes. A file that cannot be opened or read (permissions, its mode bits not
+  // letting the attaching caller read it, a link out of the folder, an I/O error, removed
   // since the index was built) is a bad sample too, "unreadable", and one larger than
   // max_image_bytes is "too_large" (never read): the policy decides, as for a corrupt file,
-  // rather than one file ending every session of the feed.
+  // rather than one file ending every session of the feed. Opened beneath the root's
+  // descriptor only (docs/SECURITY.md section 2).
   absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
     metrics::StageTimer timer(metrics::Stage::kRead);
-    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = fs_->OpenForRead(index_.paths[sample]);
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
+        fs_->OpenForReadBeneath(root_.get(), index_.Relative(sample), index_.paths[sample],
+                                reader_.has_value() ? &*reader_ : nullptr);
     if (!file.ok()) return MarkBadImage(file.status(), BadImage::kUnreadable);
     // Checked before any byte is allocated or read: a sparse 16 GiB .jpg must cost nothing.
     if ((*file)->size() > max_image_bytes_) {
@@ -343,6 +351,8 @@ class ImageFolderDataset final : public ImageDataset {
     record->device_bytes = bytes;
   }
 
+  const UniqueFd root_;                   // the folder's descriptor: every file opens beneath it
+  const std::optional<PeerCred> reader_;  // whose mode bits decide what is readable
   const ImageFolderIndex index_;
   const PipelinePlan plan_;
   const BadSamplePolicy policy_;
@@ -361,9 +371,20 @@ absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec&
                                                               FileSystem* fs) {
   absl::StatusOr<PipelinePlan> plan = CompilePipeline(spec.pipeline);
   if (!plan.ok()) return plan.status();
-  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(spec.path);
+  // The caller's descriptor (a dup: the dataset keeps it), else the path with the daemon's
+  // rights; a directory either way, checked before anything is read.
+  absl::StatusOr<UniqueFd> root = spec.fd >= 0 ? DupFd(spec.fd)
+                                               : OpenChecked(spec.path, FileKind::kDirectory);
+  if (!root.ok()) return root.status();
+  if (absl::Status s = CheckFileKind(root->get(), FileKind::kDirectory, spec.path).status();
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(
+      root->get(), spec.path, spec.walk, spec.reader.has_value() ? &*spec.reader : nullptr);
   if (!index.ok()) return index.status();
-  return std::make_unique<ImageFolderDataset>(std::move(*index), std::move(*plan), spec, fs);
+  return std::make_unique<ImageFolderDataset>(std::move(*root), std::move(*index),
+                                              std::move(*plan), spec, fs);
 }
 
 }  // namespace gpufeed::server

@@ -224,7 +224,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const FileDatasetSpec& spec
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
                                                          FileSystem* fs) {
-  GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, fs->OpenForRead(spec.path));
+  GPUFEED_ASSIGN_OR_RETURN(
+      std::unique_ptr<RandomAccessFile> file,
+      spec.fd >= 0 ? fs->OpenFromFd(spec.fd, spec.path) : fs->OpenForRead(spec.path));
   if (spec.kind == DatasetKind::kTokens) return OpenTokens(spec, std::move(file));
   return OpenRecords(spec, std::move(file));
 }

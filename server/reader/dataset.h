@@ -25,6 +25,13 @@ struct FileDatasetSpec {
   DType token_dtype = DType::kUnspecified;  // tokens: unset = the .npy header's, or uint16
   int64_t seq_len = 0;                      // tokens
   uint64_t vocab_size = 0;                  // tokens: checked on a sample at open; 0 = not
+  // The request's DatasetSpec.handle: a descriptor the caller opened, passed on the memory
+  // socket (docs/SECURITY.md section 2). Not part of the feed's key or fingerprint.
+  std::string handle;
+  // Set by the feed registry from the handle, never from a request: the descriptor to read
+  // through (borrowed for the open; readers keep a dup); -1: open `path` with the daemon's
+  // rights (an admin's attach by path). `path` is then the display name only.
+  int fd = -1;
 };
 
 // What a sample's random augmentation depends on, besides its id.

@@ -1,87 +1,203 @@
 #include "server/reader/image_folder.h"
 
-#include <algorithm>
-#include <filesystem>
-#include <system_error>
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/os/fd.h"
+#include "common/os/file.h"
 #include "common/status.h"
 
 namespace gpufeed::server {
 namespace {
 
-namespace fs = std::filesystem;
-
-bool IsImage(const fs::path& p) {
-  const std::string ext = absl::AsciiStrToLower(p.extension().string());
+bool IsImage(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string ext = absl::AsciiStrToLower(name.substr(dot));
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
-absl::Status FromError(const std::error_code& ec, const std::string& path) {
-  return ErrnoToStatus(ec.value(), absl::StrCat("dataset.path: ", path));
-}
+struct Entry {
+  std::string name;
+  unsigned char type = DT_UNKNOWN;  // DT_DIR, DT_REG, DT_LNK, ... (never DT_UNKNOWN once read)
+};
 
-// Entries of `dir` sorted by name (byte order, as Python's sorted() on str for ASCII names).
-absl::StatusOr<std::vector<fs::directory_entry>> Sorted(const fs::path& dir) {
-  std::error_code ec;
-  fs::directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
-  if (ec) return FromError(ec, dir.string());
-  std::vector<fs::directory_entry> out;
-  for (; it != fs::directory_iterator(); it.increment(ec)) {
-    if (ec) return FromError(ec, dir.string());
-    out.push_back(*it);
+class Walker {
+ public:
+  Walker(int root_fd, const std::string& root, const FolderWalkLimits& limits,
+         const PeerCred* reader)
+      : root_fd_(root_fd),
+        root_(root),
+        limits_(limits),
+        reader_(reader),
+        deadline_(absl::Now() + limits.timeout) {}
+
+  // The entries of the directory at `relative` beneath the root ("" for the root itself),
+  // unsorted; a directory seen before (by device and inode) gives none.
+  absl::StatusOr<std::vector<Entry>> List(const std::string& relative) {
+    const std::string display = relative.empty() ? root_ : absl::StrCat(root_, "/", relative);
+    UniqueFd fd;
+    if (relative.empty()) {
+      fd = UniqueFd(::openat(root_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK));
+    } else {
+      open_how how{};
+      how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+      how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+      fd = UniqueFd(static_cast<int>(
+          ::syscall(SYS_openat2, root_fd_, relative.c_str(), &how, sizeof(how))));
+    }
+    if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
+    }
+    std::vector<Entry> out;
+    if (!visited_.insert({st.st_dev, st.st_ino}).second) return out;
+    // The reader must be able to list (r) and search (x) it, as its own walk would.
+    if (reader_ != nullptr &&
+        !(ModeLets(st, *reader_, S_IRUSR) && ModeLets(st, *reader_, S_IXUSR))) {
+      if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
+      return absl::PermissionDeniedError(absl::StrCat(
+          "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,
+          " list and search it"));
+    }
+    DIR* dir = ::fdopendir(fd.get());
+    if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
+    const int dir_fd = fd.Release();  // the DIR owns it now
+    absl::Status status;
+    while (true) {
+      errno = 0;
+      const dirent* d = ::readdir(dir);
+      if (d == nullptr) {
+        if (errno != 0) status = ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
+        break;
+      }
+      const std::string name = d->d_name;
+      if (name == "." || name == "..") continue;
+      status = Count();
+      if (!status.ok()) break;
+      Entry e{name, d->d_type};
+      if (e.type == DT_UNKNOWN) {  // some file systems leave it to a stat
+        struct stat est {};
+        if (::fstatat(dir_fd, d->d_name, &est, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        e.type = S_ISDIR(est.st_mode)   ? DT_DIR
+                 : S_ISREG(est.st_mode) ? DT_REG
+                 : S_ISLNK(est.st_mode) ? DT_LNK
+                                        : DT_FIFO;
+      }
+      out.push_back(std::move(e));
+    }
+    ::closedir(dir);
+    if (!status.ok()) return status;
+    return out;
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.path().filename().string() < b.path().filename().string();
-  });
-  return out;
-}
+
+ private:
+  // One more entry seen: the limits, and the clock every 256 entries.
+  absl::Status Count() {
+    ++entries_;
+    if (entries_ > limits_.max_entries) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "dataset.path: ", root_, " holds more than ", limits_.max_entries,
+          " entries (gpufeedd's max_folder_entries)"));
+    }
+    if (entries_ % 256 == 1) {
+      if (limits_.cancel != nullptr && limits_.cancel->load(std::memory_order_relaxed)) {
+        return absl::CancelledError("gpufeedd is shutting down");
+      }
+      if (absl::Now() > deadline_) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "dataset.path: walking ", root_, " took longer than ",
+            absl::FormatDuration(limits_.timeout), " (gpufeedd's folder_walk_timeout)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether `who` has the permission `user_bit` (S_IRUSR or S_IXUSR) on `st` by its mode
+  // bits, as ModeLetsRead decides for reading.
+  static bool ModeLets(const struct stat& st, const PeerCred& who, unsigned user_bit) {
+    // Shift the bit into the read position for ModeLetsRead: owner, group, others alike.
+    const unsigned shift = user_bit == S_IXUSR ? 2 : 0;
+    return ModeLetsRead(st.st_uid, st.st_gid, (st.st_mode & 0777) << shift, who);
+  }
+
+  const int root_fd_;
+  const std::string root_;
+  const FolderWalkLimits limits_;
+  const PeerCred* const reader_;
+  const absl::Time deadline_;
+  int64_t entries_ = 0;
+  absl::flat_hash_set<std::pair<dev_t, ino_t>> visited_;
+};
 
 }  // namespace
 
-absl::StatusOr<ImageFolderIndex> IndexImageFolder(const std::string& root) {
+absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
+                                                  const FolderWalkLimits& limits,
+                                                  const PeerCred* reader) {
+  Walker walker(root_fd, root, limits, reader);
   ImageFolderIndex index;
-  GPUFEED_ASSIGN_OR_RETURN(std::vector<fs::directory_entry> top, Sorted(root));
-  for (const fs::directory_entry& entry : top) {
-    std::error_code ec;
-    if (!entry.is_directory(ec)) continue;
-    index.classes.push_back(entry.path().filename().string());
+  index.root = root;
+  GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> top, walker.List(""));
+  for (const Entry& e : top) {
+    if (e.type == DT_DIR) index.classes.push_back(e.name);  // a link to one is not a class
   }
+  // Byte order, as Python's sorted() on str for ASCII names.
+  std::sort(index.classes.begin(), index.classes.end());
   if (index.classes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: ", root, " holds no class folder (ImageFolder layout: ROOT/CLASS/IMAGE)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", root, " holds no class folder (ImageFolder layout: ROOT/CLASS/IMAGE)"));
   }
   for (size_t label = 0; label < index.classes.size(); ++label) {
-    // torchvision walks each class folder recursively, files sorted within each folder.
-    std::vector<fs::path> files;
-    std::error_code ec;
-    fs::recursive_directory_iterator it(fs::path(root) / index.classes[label],
-                                        fs::directory_options::follow_directory_symlink, ec);
-    if (ec) return FromError(ec, (fs::path(root) / index.classes[label]).string());
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) return FromError(ec, it->path().string());
-      std::error_code type_ec;
-      if (it->is_regular_file(type_ec) && IsImage(it->path())) files.push_back(it->path());
+    // torchvision walks each class folder recursively, files sorted within each folder:
+    // (directory relative to ROOT, file name).
+    std::vector<std::pair<std::string, std::string>> files;
+    std::deque<std::string> pending = {index.classes[label]};
+    while (!pending.empty()) {
+      const std::string dir = std::move(pending.front());
+      pending.pop_front();
+      GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> entries, walker.List(dir));
+      for (Entry& e : entries) {
+        if (e.type == DT_DIR) {
+          pending.push_back(absl::StrCat(dir, "/", e.name));
+        } else if ((e.type == DT_REG || e.type == DT_LNK) && IsImage(e.name)) {
+          files.emplace_back(dir, std::move(e.name));
+        }
+      }
     }
     // As sorted(os.walk(...)) then sorted(fnames): by directory string, then file name (not
     // by path components, which would put a sub-folder's files before its parent's).
-    std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
-      const std::string da = a.parent_path().string(), db = b.parent_path().string();
-      if (da != db) return da < db;
-      return a.filename().string() < b.filename().string();
-    });
+    std::sort(files.begin(), files.end());
     if (files.empty()) {  // torchvision's ImageFolder refuses such a tree too
       return absl::InvalidArgumentError(absl::StrCat(
           "dataset.path: class folder ", index.classes[label], " under ", root,
           " holds no .jpg, .jpeg or .png file"));
     }
-    for (const fs::path& f : files) {
-      index.paths.push_back(f.string());
+    for (const auto& [dir, name] : files) {
+      index.paths.push_back(absl::StrCat(root, "/", dir, "/", name));
       index.labels.push_back(static_cast<int64_t>(label));
     }
   }
   return index;
+}
+
+absl::StatusOr<ImageFolderIndex> IndexImageFolder(const std::string& root,
+                                                  const FolderWalkLimits& limits) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, OpenChecked(root, FileKind::kDirectory));
+  return IndexImageFolder(fd.get(), root, limits);
 }
 
 }  // namespace gpufeed::server

@@ -2,25 +2,57 @@
 // sorted by name get labels 0..C-1; files with an image extension (.jpg .jpeg .png, any case)
 // sorted by name within each class, classes in label order, give the sample ids, so ids
 // equal the indices of torchvision's ImageFolder(ROOT).samples as long as the tree holds no
-// other image type torchvision accepts (.bmp .ppm .pgm .tif .tiff .webp), which are skipped.
+// other image type torchvision accepts (.bmp .ppm .pgm .tif .tiff .webp), which are skipped,
+// and no symbolic link to a directory: unlike torchvision (os.walk(followlinks=True)), the
+// walk never follows one (docs/SECURITY.md section 4), so a linked class or sub-folder is not
+// part of the dataset. A symbolic link to a file is a sample, opened beneath ROOT.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
 
 struct ImageFolderIndex {
+  std::string root;                  // the display path of ROOT
   std::vector<std::string> classes;  // label -> class name
-  std::vector<std::string> paths;    // sample id -> absolute path
+  std::vector<std::string> paths;    // sample id -> display path, root + "/" + relative
   std::vector<int64_t> labels;       // sample id -> label
+
+  // The sample's path relative to ROOT, for opening it beneath ROOT's descriptor.
+  std::string Relative(uint64_t id) const { return paths[id].substr(root.size() + 1); }
 };
 
-// NOT_FOUND / PERMISSION_DENIED naming the path; INVALID_ARGUMENT when the root holds no class
-// folder or a class folder holds no image (as ImageFolder raises).
-absl::StatusOr<ImageFolderIndex> IndexImageFolder(const std::string& root);
+// What bounds a walk (docs/SECURITY.md section 4): every directory entry seen counts.
+struct FolderWalkLimits {
+  int64_t max_entries = 10'000'000;          // max_folder_entries
+  absl::Duration timeout = absl::Seconds(120);  // folder_walk_timeout
+  // Polled during the walk: true ends it with CANCELLED (the daemon is shutting down).
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+// Walks the tree beneath the directory descriptor `root_fd` (borrowed); `root` is its
+// display path. Sub-folders are opened beneath root_fd without following any symbolic link
+// (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), each (device, inode) once. NOT_FOUND /
+// PERMISSION_DENIED naming the path; INVALID_ARGUMENT when the root holds no class folder or
+// a class folder holds no image (as ImageFolder raises); RESOURCE_EXHAUSTED past
+// limits.max_entries, DEADLINE_EXCEEDED past limits.timeout, CANCELLED on limits.cancel.
+//
+// With `reader` (a caller who passed root_fd), the walk sees what that caller could: the root
+// must let it list and search (PERMISSION_DENIED otherwise), and a sub-folder whose mode bits
+// would not is skipped, as os.walk skips one it cannot read.
+absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
+                                                  const FolderWalkLimits& limits = {},
+                                                  const PeerCred* reader = nullptr);
+
+// As above, opening `root` with the daemon's own rights (an admin's attach by path).
+absl::StatusOr<ImageFolderIndex> IndexImageFolder(const std::string& root,
+                                                  const FolderWalkLimits& limits = {});
 
 }  // namespace gpufeed::server

@@ -112,6 +112,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
           absl::StrCat("augment: unknown place ", static_cast<int>(r.augment())));
   }
   spec.feed.dataset.path = d.path();
+  spec.feed.dataset.handle = d.handle();  // resolved by the feed registry (SECURITY.md 2)
   if (spec.feed.dataset.kind == DatasetKind::kTokens) {
     spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
     spec.feed.dataset.seq_len = d.seq_len();

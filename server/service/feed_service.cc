@@ -328,6 +328,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   response->set_sessions(sessions_->num_sessions());
   response->set_feeds(static_cast<int32_t>(sessions_->ListFeeds().size()));
   response->set_draining(info_.draining ? info_.draining() : false);
+  response->set_mem_socket(info_.mem_socket);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

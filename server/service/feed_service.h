@@ -48,6 +48,7 @@ struct DaemonInfo {
   std::function<bool()> draining;
   // Starts a drain (Admin.Drain); returns the sessions attached.
   std::function<int(absl::Duration timeout)> drain;
+  std::string mem_socket;  // GetStatusResponse.mem_socket: clients pass datasets there
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -12,34 +12,40 @@
 #include "common/os/unix_socket.h"
 #include "common/status.h"
 #include "gpufeed/v1/feed.pb.h"
+#include "server/session/caller.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
 namespace {
 
 constexpr size_t kMaxRequestBytes = 1024;
-// A client that connects and says nothing cannot hold the loop longer than this.
-constexpr absl::Duration kClientTimeout = absl::Seconds(1);
+
+void SetError(const absl::Status& status, v1::MemResponse* response) {
+  response->set_code(static_cast<int32_t>(status.code()));
+  response->set_message(std::string(status.message()));
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemServer>> MemServer::Start(const std::string& path,
                                                            SessionManager* sessions,
-                                                           const StagingPool* pool) {
+                                                           const StagingPool* pool,
+                                                           MemServerOptions options) {
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd listen, ListenUnix(path));
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
   return std::unique_ptr<MemServer>(
-      new MemServer(path, std::move(listen), std::move(wake), sessions, pool));
+      new MemServer(path, std::move(listen), std::move(wake), sessions, pool, options));
 }
 
 MemServer::MemServer(std::string path, UniqueFd listen, UniqueFd wake, SessionManager* sessions,
-                     const StagingPool* pool)
+                     const StagingPool* pool, MemServerOptions options)
     : path_(std::move(path)),
       listen_(std::move(listen)),
       wake_(std::move(wake)),
       sessions_(sessions),
-      pool_(pool) {
+      pool_(pool),
+      options_(options) {
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "memsock");
     Loop();
@@ -50,7 +56,31 @@ MemServer::~MemServer() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
   thread_.join();
+  // Every connection thread polls wake_ too: each ends within a poll.
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, t] : running_) threads.push_back(std::move(t));
+    running_.clear();
+    for (std::thread& t : finished_) threads.push_back(std::move(t));
+    finished_.clear();
+  }
+  for (std::thread& t : threads) t.join();
   ::unlink(path_.c_str());
+}
+
+int MemServer::active() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(running_.size());
+}
+
+void MemServer::JoinFinished() {
+  std::vector<std::thread> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done.swap(finished_);
+  }
+  for (std::thread& t : done) t.join();
 }
 
 void MemServer::Loop() {
@@ -62,33 +92,90 @@ void MemServer::Loop() {
       return;
     }
     if (fds[1].revents != 0) return;
+    JoinFinished();
     if (fds[0].revents == 0) continue;
     UniqueFd connection(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!connection.valid()) continue;
-    Serve(connection.get());
+    {
+      absl::MutexLock lock(&mu_);
+      if (static_cast<int>(running_.size()) < options_.max_connections) {
+        const uint64_t id = next_id_++;
+        // The thread's last act waits for mu_, held until the thread is in running_.
+        running_[id] = std::thread(
+            [this, id](UniqueFd c) {
+              pthread_setname_np(pthread_self(), "mem/conn");
+              RunConnection(id, std::move(c));
+            },
+            std::move(connection));
+        continue;
+      }
+    }
+    // Refused at once, without waiting for the request: the reply is small enough for the
+    // socket buffer of a fresh connection, and MSG_DONTWAIT keeps the loop from blocking.
+    v1::MemResponse busy;
+    SetError(absl::ResourceExhaustedError(absl::StrCat(
+                 "memory socket: ", options_.max_connections,
+                 " connections are being served; retry shortly")),
+             &busy);
+    const std::string body = busy.SerializeAsString();
+    std::string wire(4, '\0');
+    for (int i = 0; i < 4; ++i) wire[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
+    wire += body;
+    [[maybe_unused]] ssize_t sent =
+        ::send(connection.get(), wire.data(), wire.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   }
 }
 
+void MemServer::RunConnection(uint64_t id, UniqueFd connection) {
+  Serve(connection.get());
+  connection.Reset();
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(id);
+  if (it == running_.end()) return;  // the destructor took it: it joins this thread
+  finished_.push_back(std::move(it->second));
+  running_.erase(it);
+}
+
 void MemServer::Serve(int connection) {
+  const absl::Time deadline = absl::Now() + options_.request_timeout;
   v1::MemResponse response;
   int pass_fd = -1;
   UniqueFd device_fd;  // a dup of the VMM export, closed once sent
-  absl::Status status = SetSocketTimeout(connection, kClientTimeout);
+  absl::StatusOr<PeerCred> cred = GetPeerCred(connection);
   absl::StatusOr<Frame> frame =
-      status.ok() ? RecvFrame(connection, kMaxRequestBytes) : absl::StatusOr<Frame>(status);
+      cred.ok() ? RecvFrame(connection, kMaxRequestBytes, deadline, wake_.get())
+                : absl::StatusOr<Frame>(cred.status());
+  if (absl::IsCancelled(frame.status())) return;  // shutting down: nothing to answer
+  if (absl::IsDeadlineExceeded(frame.status())) {
+    frame = absl::DeadlineExceededError(absl::StrCat(
+        "memory socket: the request did not arrive within ",
+        absl::FormatDuration(options_.request_timeout), " (mem_request_timeout)"));
+  }
   v1::MemRequest request;
   if (frame.ok() && !request.ParseFromString(frame->bytes)) {
     frame = absl::InvalidArgumentError("memory socket: malformed request");
   }
   if (!frame.ok()) {
-    response.set_code(static_cast<int32_t>(frame.status().code()));
-    response.set_message(std::string(frame.status().message()));
+    SetError(frame.status(), &response);
+  } else if (request.open_dataset()) {
+    // A dataset the client opened with its own rights (docs/SECURITY.md section 2).
+    absl::StatusOr<std::string> handle =
+        frame->fd.valid()
+            ? sessions_->AddDatasetHandle(std::move(frame->fd), *cred)
+            : absl::InvalidArgumentError(
+                  "open_dataset: no descriptor came with the request (SCM_RIGHTS)");
+    if (handle.ok()) {
+      response.set_dataset_handle(*handle);
+    } else {
+      SetError(handle.status(), &response);
+    }
   } else {
+    Caller caller;
+    caller.cred = *cred;
     absl::StatusOr<std::shared_ptr<Session>> session =
-        sessions_->Find(request.session_id(), request.token());
+        sessions_->Find(request.session_id(), request.token(), caller);
     if (!session.ok()) {
-      response.set_code(static_cast<int32_t>(session.status().code()));
-      response.set_message(std::string(session.status().message()));
+      SetError(session.status(), &response);
     } else if (!(*session)->device_delivery()) {
       pass_fd = pool_->slab_fd((*session)->ring_slab());
       response.set_map_offset((*session)->ring_offset());
@@ -97,8 +184,7 @@ void MemServer::Serve(int connection) {
       response.set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
       response.set_message("this session's device ring is shared by legacy CUDA IPC, not an fd");
     } else if (absl::StatusOr<UniqueFd> fd = (*session)->ExportDeviceFd(); !fd.ok()) {
-      response.set_code(static_cast<int32_t>(fd.status().code()));
-      response.set_message(std::string(fd.status().message()));
+      SetError(fd.status(), &response);
     } else {
       device_fd = std::move(*fd);
       pass_fd = device_fd.get();
@@ -106,7 +192,11 @@ void MemServer::Serve(int connection) {
       response.set_map_bytes((*session)->device_export().alloc_bytes);
     }
   }
-  absl::Status sent = SendFrame(connection, response.SerializeAsString(), pass_fd);
+  // The reply is small; a client that never reads it cannot hold this thread past the
+  // deadline (and a second at least, to answer a request that came at the last moment).
+  absl::Status sent = SetSocketTimeout(
+      connection, std::max(deadline - absl::Now(), absl::Seconds(1)));
+  if (sent.ok()) sent = SendFrame(connection, response.SerializeAsString(), pass_fd);
   if (!sent.ok()) spdlog::warn("memory socket: {}", sent.ToString());
 }
 

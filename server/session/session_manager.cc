@@ -111,7 +111,13 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       pool_(pool),
       devices_(devices),
       ids_budget_(IdsBudget::Create(options.max_ids_bytes)),
-      feeds_(fs, options.feed_limits),
+      feeds_(fs,
+             [&options] {
+               FeedAccessOptions access = options.access;
+               access.handles.lifetime = options.attach_timeout;
+               return access;
+             }(),
+             options.feed_limits),
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.
@@ -156,7 +162,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed));
+  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed,
+                           feeds_.GetOrCreate(spec.feed, spec.caller));
   if (!spec.start_fingerprint.empty()) {
     GPUFEED_RETURN_IF_ERROR(CompareFingerprints(spec.start_fingerprint, feed->fingerprint()));
   }
@@ -444,6 +451,7 @@ void SessionManager::ReaperLoop() {
 }
 
 void SessionManager::Shutdown(const absl::Status& reason) {
+  feeds_.CancelOpens();  // an attach walking a folder ends now, not after the walk
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&mu_);

@@ -42,6 +42,8 @@ struct AttachSpec {
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;
+  // Who attaches: feed.dataset.handle must be this uid's; no handle needs caller.admin.
+  Caller caller;
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.
@@ -94,6 +96,8 @@ struct SessionManagerOptions {
   // daemon-wide bytes of the sessions' per-slot sample-id arrays.
   FeedLimits feed_limits;
   uint64_t max_ids_bytes = uint64_t{256} << 20;
+  // dataset_roots and the image_folder walk's bounds; handles live attach_timeout.
+  FeedAccessOptions access;
 };
 
 class SessionManager final : public FillScheduler {
@@ -118,6 +122,11 @@ class SessionManager final : public FillScheduler {
   absl::Status Detach(uint64_t id, absl::string_view token);
   // Ends a session whose stream is gone (cancelled, closed, finished).
   void End(uint64_t id, const absl::Status& why);
+
+  // The memory socket's open_dataset (FeedRegistry::AddDatasetHandle).
+  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
+    return feeds_.AddDatasetHandle(std::move(fd), from);
+  }
 
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;

@@ -1,16 +1,19 @@
 // End-to-end: the real gpufeedd on a socket in a temp dir, driven by real consumer processes
 // (gpufeedctl consume, the C ABI test program) and by the C++ client in this process.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -457,6 +460,35 @@ TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
   EXPECT_TRUE(daemon_->process().Running());
 }
 
+// The client library opens the dataset with this process's rights (docs/SECURITY.md section
+// 2): what goes wrong there is said in its own words, naming the path and the errno.
+TEST_F(DaemonTest, TheClientOpensTheDatasetAndNamesWhatGoesWrong) {
+  client::AttachOptions missing = Options();
+  missing.dataset = dir_.File("nope.bin");
+  auto s = client::Session::Attach(missing);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.status().message(),
+            absl::StrCat("attach: dataset.path: this process (uid ", ::geteuid(), ") cannot open ",
+                         missing.dataset, " (errno 2): No such file or directory"));
+  client::AttachOptions fifo = Options();
+  fifo.dataset = dir_.File("fifo.bin");
+  ASSERT_EQ(::mkfifo(fifo.dataset.c_str(), 0644), 0);
+  s = client::Session::Attach(fifo);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.status().message(),
+            "attach: dataset.path: " + fifo.dataset + " is a FIFO, not a regular file");
+  client::AttachOptions folder = Options();
+  folder.kind = "image_folder";
+  folder.dataset = tokens_path_;  // a file where a folder belongs: O_DIRECTORY refuses it
+  s = client::Session::Attach(folder);
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("cannot open " + tokens_path_ + " (errno 20): Not a directory"));
+  // And the daemon still serves a good one, which it read through the passed descriptor.
+  auto good = client::Session::Attach(Options());
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Detach().ok());
+}
+
 TEST_F(DaemonTest, SecondAttachOfTheSameRankIsAlreadyExists) {
   auto first = client::Session::Attach(Options());
   ASSERT_TRUE(first.ok()) << first.status();
@@ -481,12 +513,42 @@ class RawProtocolTest : public DaemonTest {
     stub_ = v1::Feed::NewStub(channel_);
   }
 
+  // Passes `fd` on the memory socket as open_dataset does (docs/SECURITY.md section 2).
+  v1::MemResponse OpenDataset(int fd) {
+    v1::MemResponse reply;
+    absl::StatusOr<UniqueFd> conn = ConnectUnix(dir_.File("gf.mem.sock"));
+    EXPECT_TRUE(conn.ok()) << conn.status();
+    if (!conn.ok()) return reply;
+    EXPECT_TRUE(SetSocketTimeout(conn->get(), absl::Seconds(5)).ok());
+    v1::MemRequest request;
+    request.set_open_dataset(true);
+    EXPECT_TRUE(SendFrame(conn->get(), request.SerializeAsString(), fd).ok());
+    absl::StatusOr<Frame> frame = RecvFrame(conn->get(), 1 << 16);
+    EXPECT_TRUE(frame.ok()) << frame.status();
+    if (frame.ok()) {
+      EXPECT_TRUE(reply.ParseFromString(frame->bytes));
+    }
+    return reply;
+  }
+
+  // A handle for the tokens file, opened by this process as the client library does.
+  std::string TokensHandle() {
+    UniqueFd fd(::open(tokens_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    EXPECT_TRUE(fd.valid());
+    v1::MemResponse reply = OpenDataset(fd.get());
+    EXPECT_EQ(reply.code(), 0) << reply.message();
+    return reply.dataset_handle();
+  }
+
+  // The tokens file by handle: what the client library sends. (A raw attach by path would
+  // need an admin; the handle works for every caller.)
   v1::AttachRequest Request() {
     v1::AttachRequest r;
     r.set_job("raw");
     r.set_world_size(1);
     r.mutable_dataset()->set_kind(v1::DATASET_KIND_TOKENS);
     r.mutable_dataset()->set_path(tokens_path_);
+    r.mutable_dataset()->set_handle(TokensHandle());
     r.mutable_dataset()->set_token_dtype(v1::DTYPE_UINT16);
     r.mutable_dataset()->set_seq_len(kSeqLen);
     r.set_batch_size(4);
@@ -664,6 +726,74 @@ TEST_F(RawProtocolTest, MemorySocketRefusesWhatItShouldAndSurvivesGarbage) {
   CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
                            dir_.File("after"));
   EXPECT_EQ(after.exit_code, 0) << after.err;
+}
+
+// A dataset handle is spent by the Attach that names it; a FIFO is refused before it is one.
+TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
+  v1::AttachRequest r = Request();
+  {
+    v1::AttachResponse attached;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Attach(&ctx, r, &attached);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  r.set_job("raw-again");
+  v1::AttachResponse response;
+  grpc::ClientContext ctx;
+  grpc::Status again = stub_->Attach(&ctx, r, &response);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(again.error_message(), HasSubstr("dataset.handle: no such handle"));
+
+  const std::string fifo = dir_.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  v1::MemResponse refused = OpenDataset(fd.get());
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(refused.message(),
+            "open_dataset: the descriptor passed is a FIFO, not a regular file or a directory");
+  EXPECT_TRUE(refused.dataset_handle().empty());
+  // The client library refuses it itself, naming the path, and never blocks on it.
+  CtlResult ctl = RunCtl(daemon_->socket(),
+                         {"consume", "--dataset", fifo, "--token-dtype", "uint16", "--seq-len",
+                          "4", "--batch-size", "1", "--max-batches", "1"},
+                         dir_.File("fifo-out"));
+  EXPECT_NE(ctl.exit_code, 0);
+  EXPECT_THAT(ctl.err, HasSubstr("dataset.path: " + fifo + " is a FIFO, not a regular file"));
+}
+
+// One client dribbling its memory-socket request a byte every 0.9 s (issue 12, item 6) is cut
+// off at mem_request_timeout (2 s) for the whole request, and delays nobody meanwhile.
+TEST_F(RawProtocolTest, ADribblingMemoryClientIsCutOffAndDelaysNobody) {
+  absl::StatusOr<UniqueFd> slow = ConnectUnix(dir_.File("gf.mem.sock"));
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  ASSERT_TRUE(SetSocketTimeout(slow->get(), absl::Seconds(10)).ok());
+  const absl::Time connected = absl::Now();
+  std::atomic<bool> stop{false};
+  std::thread dribbler([&] {
+    const std::string wire = std::string("\x10\x00\x00\x00", 4) + std::string(16, 'x');
+    for (size_t i = 0; i < wire.size() && !stop.load(); ++i) {
+      if (::send(slow->get(), &wire[i], 1, MSG_NOSIGNAL) != 1) return;
+      absl::SleepFor(absl::Milliseconds(900));
+    }
+  });
+  const absl::Time started = absl::Now();
+  CtlResult ctl = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
+                         dir_.File("fast"));
+  EXPECT_EQ(ctl.exit_code, 0) << ctl.err;
+  EXPECT_LT(absl::Now() - started, absl::Milliseconds(1500));
+  absl::StatusOr<Frame> cut = RecvFrame(slow->get(), 1 << 16);
+  const absl::Duration took = absl::Now() - connected;
+  stop = true;
+  dribbler.join();
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  v1::MemResponse reply;
+  ASSERT_TRUE(reply.ParseFromString(cut->bytes));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(reply.message(),
+            "memory socket: the request did not arrive within 2s (mem_request_timeout)");
+  EXPECT_GE(took, absl::Milliseconds(1900));
+  EXPECT_LT(took, absl::Milliseconds(3500));
 }
 
 // A session whose stream never opens is ended after --attach_timeout and its memory freed.

@@ -145,7 +145,9 @@ def test_missing_dataset_is_not_found(daemon, job, tmp_path):
     path = tmp_path / "nope.npy"
     e = _attach_error(daemon, job, path, kind="records", batch_size=1)
     assert type(e) is gpufeed.NotFound and e.code == 5
-    assert str(e) == f"attach: dataset.path: {path}: No such file or directory"
+    # The client library opens the dataset itself (docs/SECURITY.md section 2).
+    assert str(e) == (f"attach: dataset.path: this process (uid {os.geteuid()}) cannot open "
+                      f"{path} (errno 2): No such file or directory")
 
 
 def test_relative_dataset_path_is_made_absolute(daemon, job, datasets, monkeypatch):

@@ -382,7 +382,8 @@ def test_errors(daemon, job, datasets, tmp_path):
         _loader(daemon, tmp_path / "missing.bin", kind="tokens", seq_len=8, batch_size=1,
                 job=job)
     missing = tmp_path / "missing.bin"
-    assert str(e.value) == f"attach: dataset.path: {missing}: No such file or directory"
+    assert str(e.value) == (f"attach: dataset.path: this process (uid {os.geteuid()}) cannot "
+                            f"open {missing} (errno 2): No such file or directory")
     with pytest.raises(gpufeed.InvalidArgument, match="device: want cpu or cuda"):
         _loader(daemon, datasets.records, kind="records", batch_size=1, device="meta")
     with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " +

@@ -88,6 +88,31 @@ class FakeFileSystem final : public FileSystem {
     return open_count_;
   }
 
+  // The fake has no descriptors: a file opened through one, or beneath a directory one, is
+  // the file at its display path (`path`), so reader tests run unchanged either way.
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
+                                                               const std::string& path) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++fd_opens_;
+    }
+    return OpenForRead(path);
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
+      int dirfd, const std::string& relative, const std::string& path,
+      const PeerCred* reader) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++fd_opens_;
+    }
+    return OpenForRead(path);
+  }
+  // Opens through OpenFromFd / OpenForReadBeneath so far.
+  int fd_open_count() const {
+    absl::MutexLock lock(&mu_);
+    return fd_opens_;
+  }
+
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
     absl::MutexLock lock(&mu_);
     ++open_count_;
@@ -160,6 +185,7 @@ class FakeFileSystem final : public FileSystem {
   std::map<std::string, std::shared_ptr<Contents>> files_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> open_failures_ ABSL_GUARDED_BY(mu_);
   int open_count_ ABSL_GUARDED_BY(mu_) = 0;
+  int fd_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gpufeed::testing

@@ -303,3 +303,39 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace gpufeed::server
+
+namespace gpufeed::server {
+namespace {
+
+// docs/SECURITY.md's data-access fields (27-30): file only, with their defaults.
+TEST_F(ConfigTest, DataAccessFieldsComeFromTheFileWithTheirDefaults) {
+  absl::StatusOr<DaemonConfig> defaults = Load({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->dataset_roots.empty());
+  EXPECT_EQ(defaults->mem_request_timeout, absl::Seconds(2));
+  EXPECT_EQ(defaults->max_folder_entries, 10'000'000);
+  EXPECT_EQ(defaults->folder_walk_timeout, absl::Seconds(120));
+  const std::string file =
+      File("c.textproto",
+           "dataset_roots: \"/data\"\ndataset_roots: \"/scratch/\"\nmem_request_timeout_ms: 500\n"
+           "max_folder_entries: 1000\nfolder_walk_timeout_ms: 30000\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->dataset_roots, ::testing::ElementsAre("/data", "/scratch/"));
+  EXPECT_EQ(c->mem_request_timeout, absl::Milliseconds(500));
+  EXPECT_EQ(c->max_folder_entries, 1000);
+  EXPECT_EQ(c->folder_walk_timeout, absl::Seconds(30));
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {"dataset_roots: \"data\"", "dataset_roots: must be absolute paths, got 'data'"},
+           {"mem_request_timeout_ms: 0", "mem_request_timeout_ms: must be > 0"},
+           {"max_folder_entries: 0", "max_folder_entries: >= 1, got 0"},
+           {"folder_walk_timeout_ms: -1", "folder_walk_timeout_ms: must be > 0"}}) {
+    const std::string bad = File("bad.textproto", body);
+    absl::StatusOr<DaemonConfig> refused = Load({"--config=" + bad});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_EQ(refused.status().message(), "config " + bad + ": " + want);
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed::server

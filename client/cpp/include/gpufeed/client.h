@@ -44,7 +44,10 @@ struct AttachOptions {
   int32_t rank = 0;
   int32_t world_size = 1;
   std::string kind = "tokens";  // tokens | records | image_folder
-  std::string dataset;          // absolute path as the daemon sees it
+  // Absolute path. Session::Attach opens it with this process's rights (a directory for
+  // image_folder) and passes the descriptor to gpufeedd, which reads through it only
+  // (docs/SECURITY.md section 2); the path names the dataset in feeds and positions.
+  std::string dataset;
   // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
   std::string token_dtype;
   // tokens: when > 0, Attach checks a sample of the file's tokens against it (a wrong

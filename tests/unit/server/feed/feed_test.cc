@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/feed/ids_budget.h"
 #include "tests/testing/fake_file_system.h"
+#include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
@@ -50,41 +51,23 @@ FeedSpec TokensSpec(const std::string& path, int64_t seq_len, int64_t batch) {
 
 // A file system whose files throw from ReadAt for the samples (row offsets) chosen, and whose
 // opens throw when asked: what a dataset that runs out of memory (or has a bug) looks like.
-class ThrowingFileSystem final : public FileSystem {
+class ThrowingFileSystem final : public ::gpufeed::testing::WrappingFileSystem {
  public:
   enum class What { kNothing, kBadAlloc, kRuntimeError };
-  explicit ThrowingFileSystem(FakeFileSystem* inner) : inner_(inner) {}
+  explicit ThrowingFileSystem(FakeFileSystem* inner) : WrappingFileSystem(inner) {}
   What open = What::kNothing;
   What read = What::kNothing;
   uint64_t throw_at_or_after = 0;  // reads at offsets >= this throw
-
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
-    Throw(open);
-    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, inner_->OpenForRead(path));
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(file), this));
-  }
 
  private:
   static void Throw(What what) {
     if (what == What::kBadAlloc) throw std::bad_alloc();
     if (what == What::kRuntimeError) throw std::runtime_error("a dataset bug");
   }
-  class File final : public RandomAccessFile {
-   public:
-    File(std::unique_ptr<RandomAccessFile> inner, ThrowingFileSystem* fs)
-        : inner_(std::move(inner)), fs_(fs) {}
-    uint64_t size() const override { return inner_->size(); }
-    const std::string& path() const override { return inner_->path(); }
-    absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
-      if (offset >= fs_->throw_at_or_after) Throw(fs_->read);
-      return inner_->ReadAt(offset, dst);
-    }
-
-   private:
-    const std::unique_ptr<RandomAccessFile> inner_;
-    ThrowingFileSystem* const fs_;
-  };
-  FakeFileSystem* const inner_;
+  void OnOpen() override { Throw(open); }
+  void OnRead(const RandomAccessFile&, uint64_t offset, std::span<std::byte>) override {
+    if (offset >= throw_at_or_after) Throw(read);
+  }
 };
 
 TEST(FeedFingerprintTest, NamesTheSamplerAndRefusesPositionsOfTheOldOrder) {

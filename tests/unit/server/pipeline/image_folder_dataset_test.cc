@@ -9,6 +9,7 @@
 #include "server/pipeline/dataset.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
@@ -138,31 +139,15 @@ TEST_F(ImageFolderDatasetTest, BadImagesAreReplacedAndCountedOrFailNamingTheFile
 }
 
 // A file system that counts the bytes read through it (PosixFileSystem underneath).
-class CountingFileSystem final : public FileSystem {
+class CountingFileSystem final : public ::gpufeed::testing::WrappingFileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
-    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file = PosixFileSystem()->OpenForRead(path);
-    if (!file.ok()) return file.status();
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(*file), this));
-  }
+  CountingFileSystem() : WrappingFileSystem(PosixFileSystem()) {}
   std::atomic<uint64_t> bytes_read{0};
 
  private:
-  class File final : public RandomAccessFile {
-   public:
-    File(std::unique_ptr<RandomAccessFile> inner, CountingFileSystem* fs)
-        : inner_(std::move(inner)), fs_(fs) {}
-    uint64_t size() const override { return inner_->size(); }
-    const std::string& path() const override { return inner_->path(); }
-    absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
-      fs_->bytes_read += dst.size();
-      return inner_->ReadAt(offset, dst);
-    }
-
-   private:
-    const std::unique_ptr<RandomAccessFile> inner_;
-    CountingFileSystem* const fs_;
-  };
+  void OnRead(const RandomAccessFile&, uint64_t, std::span<std::byte> dst) override {
+    bytes_read += dst.size();
+  }
 };
 
 // docs/SECURITY.md §4: an image file larger than max_image_bytes is a bad sample, too_large,

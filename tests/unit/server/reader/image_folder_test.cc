@@ -1,10 +1,15 @@
 #include "server/reader/image_folder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/os/fd.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -51,6 +56,89 @@ TEST(ImageFolderTest, MissingRootIsNotFoundAndEmptyTreesAreInvalid) {
   EXPECT_EQ(no_image.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_image.status().message(), HasSubstr("class folder a under"));
   EXPECT_THAT(no_image.status().message(), HasSubstr("holds no .jpg, .jpeg or .png"));
+}
+
+// `ln -s . X` in a class folder once kept the walk spinning: links to directories are not
+// followed (nor are linked class folders classes), links to files are samples.
+TEST(ImageFolderTest, LinksToDirectoriesAreNotFollowed) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  Touch(root + "/dog/a.jpg");
+  Touch(root + "/outside/o.jpg");
+  std::filesystem::create_directories(root + "/tree");
+  Touch(root + "/tree/dog2/b.jpg");
+  std::filesystem::create_directory_symlink(".", root + "/dog/X");
+  std::filesystem::create_directory_symlink("..", root + "/dog/up");
+  std::filesystem::create_directory_symlink(root + "/outside", root + "/linked_class");
+  std::filesystem::create_symlink(root + "/outside/o.jpg", root + "/dog/link.jpg");
+  std::filesystem::create_directory_symlink(root + "/dog", root + "/tree/dog2/loop");
+  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(root);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_THAT(index->classes, ElementsAre("dog", "outside", "tree"));
+  std::vector<std::string> rel;
+  for (size_t i = 0; i < index->paths.size(); ++i) rel.push_back(index->Relative(i));
+  EXPECT_THAT(rel, ElementsAre("dog/a.jpg", "dog/link.jpg", "outside/o.jpg", "tree/dog2/b.jpg"));
+}
+
+TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  for (int i = 0; i < 10; ++i) Touch(root + "/c/" + std::to_string(i) + ".jpg");
+  FolderWalkLimits limits;
+  limits.max_entries = 11;  // "c" and its 10 files
+  EXPECT_TRUE(IndexImageFolder(root, limits).ok());
+  limits.max_entries = 10;
+  absl::StatusOr<ImageFolderIndex> capped = IndexImageFolder(root, limits);
+  EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(capped.status().message(),
+            "dataset.path: " + root + " holds more than 10 entries (gpufeedd's max_folder_entries)");
+  limits.max_entries = 1000;
+  limits.timeout = absl::ZeroDuration();
+  absl::StatusOr<ImageFolderIndex> late = IndexImageFolder(root, limits);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(late.status().message(), "dataset.path: walking " + root +
+                                         " took longer than 0 (gpufeedd's folder_walk_timeout)");
+  std::atomic<bool> cancel{true};
+  limits.timeout = absl::Seconds(60);
+  limits.cancel = &cancel;
+  EXPECT_EQ(IndexImageFolder(root, limits).status().code(), absl::StatusCode::kCancelled);
+}
+
+// A caller's walk sees what that caller could: a sub-folder it may not list and search is
+// skipped (as os.walk skips it), a root it may not search is refused.
+TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  Touch(root + "/c/a.jpg");
+  Touch(root + "/c/private/b.jpg");
+  Touch(root + "/c/nosearch/d.jpg");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/c").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/c/private").c_str(), 0700), 0);  // root's (the tests run as root)
+  ASSERT_EQ(::chmod((root + "/c/nosearch").c_str(), 0744), 0);
+  UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const PeerCred user{1000, 1000, 1, {}};
+  absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
+  ASSERT_TRUE(as_user.ok()) << as_user.status();
+  EXPECT_THAT(as_user->paths, ElementsAre(root + "/c/a.jpg"));
+  absl::StatusOr<ImageFolderIndex> as_daemon = IndexImageFolder(fd.get(), root, {}, nullptr);
+  ASSERT_TRUE(as_daemon.ok());
+  EXPECT_EQ(as_daemon->paths.size(), 3u);
+  ASSERT_EQ(::chmod(root.c_str(), 0744), 0);
+  absl::StatusOr<ImageFolderIndex> closed = IndexImageFolder(fd.get(), root, {}, &user);
+  EXPECT_EQ(closed.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(closed.status().message(), "dataset.path: the mode bits of " + root +
+                                           " do not let uid 1000 list and search it");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
+}
+
+TEST(ImageFolderTest, ARootThatIsNotADirectoryIsRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  const std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(fifo);
+  EXPECT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(index.status().message(), "dataset.path: " + fifo + " is a FIFO, not a directory");
 }
 
 }  // namespace

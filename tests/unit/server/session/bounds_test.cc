@@ -19,6 +19,7 @@
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
@@ -28,31 +29,15 @@ using ::testing::HasSubstr;
 
 // The real file system, whose reads of sample data (past the first bytes) throw
 // std::bad_alloc while `throw_reads` is set.
-class ThrowingFileSystem final : public FileSystem {
+class ThrowingFileSystem final : public ::gpufeed::testing::WrappingFileSystem {
  public:
+  ThrowingFileSystem() : WrappingFileSystem(PosixFileSystem()) {}
   std::atomic<bool> throw_reads{false};
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
-    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
-                             PosixFileSystem()->OpenForRead(path));
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(file), this));
-  }
 
  private:
-  class File final : public RandomAccessFile {
-   public:
-    File(std::unique_ptr<RandomAccessFile> inner, ThrowingFileSystem* fs)
-        : inner_(std::move(inner)), fs_(fs) {}
-    uint64_t size() const override { return inner_->size(); }
-    const std::string& path() const override { return inner_->path(); }
-    absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
-      if (dst.size() < inner_->size() && fs_->throw_reads.load()) throw std::bad_alloc();
-      return inner_->ReadAt(offset, dst);
-    }
-
-   private:
-    const std::unique_ptr<RandomAccessFile> inner_;
-    ThrowingFileSystem* const fs_;
-  };
+  void OnRead(const RandomAccessFile& file, uint64_t, std::span<std::byte> dst) override {
+    if (dst.size() < file.size() && throw_reads.load()) throw std::bad_alloc();
+  }
 };
 
 // The next event other than kNothing, polling up to 5 s.

@@ -36,6 +36,7 @@ class DeviceSessionTest : public ::testing::Test {
 
   AttachSpec Spec() {
     AttachSpec spec;
+    spec.caller.admin = true;  // attach by path, as an admin (docs/SECURITY.md 2)
     spec.job = "dev";
     spec.feed.dataset.kind = DatasetKind::kTokens;
     spec.feed.dataset.path = path_;
@@ -206,6 +207,7 @@ TEST(DeviceSessionNoGpuTest, DeviceAttachWithoutGpuIsFailedPrecondition) {
   ASSERT_TRUE(pool.ok());
   SessionManager manager(SessionManagerOptions{}, pool->get(), MappedFileSystem(), nullptr);
   AttachSpec spec;
+  spec.caller.admin = true;  // attach by path, as an admin (docs/SECURITY.md 2)
   spec.job = "j";
   spec.feed.dataset.kind = DatasetKind::kTokens;
   spec.feed.dataset.path = path;

@@ -136,6 +136,7 @@ class SessionManagerTest : public ::testing::Test {
   // A valid spec: job "train", rank 0 of 2, batch 4, seed 1234, 2 slots.
   AttachSpec Spec() const {
     AttachSpec spec;
+    spec.caller.admin = true;  // attach by path, as an admin (docs/SECURITY.md 2)
     spec.job = "train";
     spec.rank = 0;
     spec.feed.dataset.kind = DatasetKind::kTokens;

@@ -58,6 +58,7 @@ class StagedSessionTest : public ::testing::Test {
 
   AttachSpec Spec(std::vector<PipelineStep> pipeline) {
     AttachSpec spec;
+    spec.caller.admin = true;  // attach by path, as an admin (docs/SECURITY.md 2)
     spec.job = "img";
     spec.feed.dataset.kind = DatasetKind::kImageFolder;
     spec.feed.dataset.path = root_;

@@ -1,0 +1,59 @@
+// The client opens the dataset itself (docs/SECURITY.md section 2), after asking the daemon
+// where its memory socket is.
+#include "client/cpp/session_core.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/rpc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gpufeed::client::internal {
+namespace {
+
+class PassDatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/gpufeed_client_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::system(absl::StrCat("rm -rf ", dir_).c_str()); }
+
+  absl::Status Pass(v1::DatasetKind kind, const std::string& path, v1::AttachRequest* r) {
+    // No daemon there.
+    const std::string socket = dir_ + "/none.sock";
+    SessionCore core(ChannelFor(socket), socket, absl::Seconds(1));
+    r->mutable_dataset()->set_kind(kind);
+    r->mutable_dataset()->set_path(path);
+    return core.PassDataset(r);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(PassDatasetTest, ARelativePathIsLeftForTheDaemonToRefuse) {
+  v1::AttachRequest r;
+  EXPECT_TRUE(Pass(v1::DATASET_KIND_TOKENS, "relative.bin", &r).ok());
+  EXPECT_TRUE(r.dataset().handle().empty());
+}
+
+// The daemon is asked for its memory socket first: one that is not there is the error, not
+// the dataset (the local open's errors: tests/integration, DaemonTest.TheClientOpensTheDataset).
+TEST_F(PassDatasetTest, TheDaemonIsAskedFirst) {
+  v1::AttachRequest r;
+  // A dataset that is not there either: the missing daemon is what is reported (a stale
+  // socket is named as before, not hidden behind the dataset).
+  absl::Status s = Pass(v1::DATASET_KIND_TOKENS, dir_ + "/nope.bin", &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("attach: "));
+  EXPECT_TRUE(r.dataset().handle().empty());
+}
+
+}  // namespace
+}  // namespace gpufeed::client::internal

@@ -1,0 +1,146 @@
+// Opening datasets: through a client's descriptor, beneath a directory descriptor, and the
+// type check that keeps a FIFO from blocking anyone (docs/SECURITY.md section 2).
+#include "common/os/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed {
+namespace {
+
+using ::gpufeed::testing::TempDir;
+using ::testing::HasSubstr;
+
+std::string ReadAll(const RandomAccessFile& f) {
+  std::string out(f.size(), '\0');
+  absl::Status s = f.ReadAt(0, std::as_writable_bytes(std::span<char>(out)));
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+class FileTest : public ::testing::TestWithParam<bool> {
+ protected:
+  FileSystem* fs() const { return GetParam() ? MappedFileSystem() : PosixFileSystem(); }
+  TempDir dir_;
+};
+
+TEST_P(FileTest, OpensThroughADescriptorItDupsAndNamesTheDisplayPath) {
+  const std::string path = dir_.WriteFile("data.bin", "0123456789");
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = fs()->OpenFromFd(fd.get(), "/shown/name");
+  ASSERT_TRUE(f.ok()) << f.status();
+  fd.Reset();  // the file keeps its own dup
+  EXPECT_EQ((*f)->path(), "/shown/name");
+  EXPECT_EQ(ReadAll(**f), "0123456789");
+}
+
+TEST_P(FileTest, AFifoIsRefusedAtOnceByPathAndByDescriptor) {
+  const std::string fifo = dir_.Join("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  // Opened by path: O_NONBLOCK, then the type check; no writer ever comes, nothing blocks.
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_path = fs()->OpenForRead(fifo);
+  EXPECT_EQ(by_path.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(by_path.status().message(),
+            "dataset.path: " + fifo + " is a FIFO, not a regular file");
+  UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_fd = fs()->OpenFromFd(fd.get(), fifo);
+  EXPECT_EQ(by_fd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(by_fd.status().message(), HasSubstr("is a FIFO, not a regular file"));
+  // A directory too.
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> dir = fs()->OpenForRead(dir_.path());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dir.status().message(), HasSubstr("is a directory, not a regular file"));
+}
+
+TEST_P(FileTest, BeneathADirectoryNothingOutsideIsReachable) {
+  std::filesystem::create_directories(dir_.Join("root/cls"));
+  dir_.WriteFile("root/cls/in.jpg", "inside");
+  const std::string secret = dir_.WriteFile("secret", "outside");
+  std::filesystem::create_symlink(secret, dir_.Join("root/cls/abs.jpg"));          // absolute
+  std::filesystem::create_symlink("../../secret", dir_.Join("root/cls/rel.jpg"));  // relative
+  std::filesystem::create_symlink("in.jpg", dir_.Join("root/cls/ok.jpg"));         // stays inside
+  std::filesystem::create_symlink("loop2.jpg", dir_.Join("root/cls/loop1.jpg"));
+  std::filesystem::create_symlink("loop1.jpg", dir_.Join("root/cls/loop2.jpg"));
+  ASSERT_EQ(::mkfifo(dir_.Join("root/cls/fifo.jpg").c_str(), 0644), 0);
+  UniqueFd root(::open(dir_.Join("root").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  auto open = [&](const std::string& rel) {
+    return fs()->OpenForReadBeneath(root.get(), rel, "/shown/" + rel, nullptr);
+  };
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> in = open("cls/in.jpg");
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(ReadAll(**in), "inside");
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> ok = open("cls/ok.jpg");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ReadAll(**ok), "inside");
+  for (const std::string& escape : std::vector<std::string>{"../secret", "cls/abs.jpg", "cls/rel.jpg", secret}) {
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> out = open(escape);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied) << escape;
+    EXPECT_EQ(out.status().message(),
+              "opening /shown/" + escape + ": it lies outside the dataset folder");
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> loop = open("cls/loop1.jpg");
+  EXPECT_FALSE(loop.ok());
+  EXPECT_THAT(loop.status().message(), HasSubstr("/shown/cls/loop1.jpg"));
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> fifo = open("cls/fifo.jpg");
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(fifo.status().message(), HasSubstr("is a FIFO, not a regular file"));
+}
+
+TEST_P(FileTest, BeneathADirectoryTheReadersModeBitsDecide) {
+  const std::string path = dir_.WriteFile("private.jpg", "bytes");
+  ASSERT_EQ(::chown(path.c_str(), 5000, 6000), 0) << "the tests run as root";
+  UniqueFd root(::open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  PeerCred owner{5000, 100, 1, {}};
+  PeerCred member{7000, 100, 1, {6000}};
+  PeerCred other{7000, 100, 1, {}};
+  auto open = [&](const PeerCred& who) {
+    return fs()->OpenForReadBeneath(root.get(), "private.jpg", "/shown/private.jpg", &who);
+  };
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  EXPECT_TRUE(open(owner).ok());
+  EXPECT_TRUE(open(member).ok());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> refused = open(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.status().message(),
+            "opening /shown/private.jpg: its mode bits do not let uid 7000 read it");
+  ASSERT_EQ(::chmod(path.c_str(), 0604), 0);  // others may, the group may not
+  EXPECT_TRUE(open(other).ok());
+  EXPECT_FALSE(open(member).ok());
+  EXPECT_TRUE(fs()->OpenForReadBeneath(root.get(), "private.jpg", "x", nullptr).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(PreadAndMmap, FileTest, ::testing::Bool());
+
+TEST(ModeLetsReadTest, OwnerThenGroupThenOthersAndRootReadsAll) {
+  const PeerCred owner{10, 20, 0, {}}, member{11, 99, 0, {20}}, other{12, 99, 0, {}};
+  EXPECT_TRUE(ModeLetsRead(10, 20, 0400, owner));
+  EXPECT_FALSE(ModeLetsRead(10, 20, 0044, owner));  // the owner's bits alone count for it
+  EXPECT_TRUE(ModeLetsRead(10, 20, 0040, member));
+  EXPECT_FALSE(ModeLetsRead(10, 20, 0404, member));
+  EXPECT_TRUE(ModeLetsRead(10, 20, 0004, other));
+  EXPECT_FALSE(ModeLetsRead(10, 20, 0440, other));
+  EXPECT_TRUE(ModeLetsRead(10, 20, 0000, PeerCred{0, 0, 0, {}}));
+}
+
+TEST(ResolvedPathOfTest, NamesTheFileTheDescriptorIs) {
+  TempDir dir;
+  const std::string path = dir.WriteFile("f", "x");
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  absl::StatusOr<std::string> resolved = ResolvedPathOf(fd.get());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, std::filesystem::canonical(path).string());
+}
+
+}  // namespace
+}  // namespace gpufeed

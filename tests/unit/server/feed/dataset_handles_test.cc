@@ -1,0 +1,102 @@
+#include "server/feed/dataset_handles.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+UniqueFd DevNull() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
+// Whether `fd` is open in this process.
+bool IsOpen(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
+
+class DatasetHandlesTest : public ::testing::Test {
+ protected:
+  DatasetHandles Make(DatasetHandleOptions options = {}) {
+    return DatasetHandles(options, [this] { return now_; });
+  }
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+};
+
+TEST_F(DatasetHandlesTest, AHandleIs32HexDigitsAndTakesItsDescriptorOnce) {
+  DatasetHandles handles = Make();
+  UniqueFd fd = DevNull();
+  const int raw = fd.get();
+  absl::StatusOr<std::string> h = handles.Add(std::move(fd), 1000);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_THAT(*h, MatchesRegex("[0-9a-f]{32}"));
+  absl::StatusOr<std::string> other = handles.Add(DevNull(), 1000);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*h, *other);
+
+  absl::StatusOr<UniqueFd> taken = handles.Take(*h, 1000);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->get(), raw);  // the very descriptor that was added
+  absl::StatusOr<UniqueFd> again = handles.Take(*h, 1000);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.status().message(), HasSubstr("dataset.handle: no such handle"));
+  EXPECT_EQ(handles.size(), 1u);
+}
+
+TEST_F(DatasetHandlesTest, AnotherUidsHandleIsNotFoundAndStaysForItsOwner) {
+  DatasetHandles handles = Make();
+  absl::StatusOr<std::string> h = handles.Add(DevNull(), 1000);
+  ASSERT_TRUE(h.ok());
+  absl::StatusOr<UniqueFd> stolen = handles.Take(*h, 1001);
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(stolen.status().message(), HasSubstr("dataset.handle: "));
+  EXPECT_TRUE(handles.Take(*h, 1000).ok());
+}
+
+TEST_F(DatasetHandlesTest, ExpiredHandlesAreDroppedAndTheirDescriptorsClosed) {
+  DatasetHandles handles = Make({.lifetime = absl::Seconds(10)});
+  UniqueFd fd = DevNull();
+  const int raw = fd.get();
+  absl::StatusOr<std::string> h = handles.Add(std::move(fd), 1000);
+  ASSERT_TRUE(h.ok());
+  now_ += absl::Seconds(9);
+  absl::StatusOr<std::string> young = handles.Add(DevNull(), 1000);
+  ASSERT_TRUE(young.ok());
+  EXPECT_TRUE(IsOpen(raw));
+  now_ += absl::Seconds(1);  // the first is 10 s old now
+  absl::StatusOr<UniqueFd> late = handles.Take(*h, 1000);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(IsOpen(raw));
+  EXPECT_TRUE(handles.Take(*young, 1000).ok());
+}
+
+TEST_F(DatasetHandlesTest, MalformedHandlesAreInvalidArgument) {
+  DatasetHandles handles = Make();
+  for (const std::string& bad : std::vector<std::string>{"", "abc", std::string(32, 'g'), std::string(32, 'A'),
+                                std::string(33, 'a')}) {
+    absl::StatusOr<UniqueFd> r = handles.Take(bad, 1000);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("dataset.handle: must be the 32 hex digits"));
+  }
+}
+
+TEST_F(DatasetHandlesTest, TheTableAndEachUidsShareAreBounded) {
+  DatasetHandles handles = Make({.max_handles = 3, .max_per_uid = 2});
+  ASSERT_TRUE(handles.Add(DevNull(), 1).ok());
+  ASSERT_TRUE(handles.Add(DevNull(), 1).ok());
+  absl::StatusOr<std::string> third = handles.Add(DevNull(), 1);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("uid 1 holds 2 dataset handles"));
+  ASSERT_TRUE(handles.Add(DevNull(), 2).ok());
+  absl::StatusOr<std::string> full = handles.Add(DevNull(), 3);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("gpufeedd holds 3 dataset handles"));
+  now_ += absl::Seconds(11);  // all expire: room again
+  EXPECT_TRUE(handles.Add(DevNull(), 3).ok());
+  EXPECT_EQ(handles.size(), 1u);
+}
+
+}  // namespace
+}  // namespace gpufeed::server

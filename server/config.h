@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -54,7 +55,22 @@ struct DaemonConfig {
   // gRPC probes cannot reach a Unix socket). Empty: off.
   std::string metrics_listen;
   std::string health_listen;
+  // Access and quotas (docs/SECURITY.md; config.proto fields 20-26). Who may consume: these
+  // uids and members of these gids; both empty: anyone who can connect. Admins (root, the
+  // daemon's effective uid, admin_uids, members of admin_gids) always may.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
+  std::vector<uint32_t> admin_uids;
+  std::vector<uint32_t> admin_gids;
+  int max_sessions_per_uid = 64;
+  // 0: half of staging_bytes (StagingBytesPerUid).
+  uint64_t max_staging_bytes_per_uid = 0;
+  // Zero: off.
+  absl::Duration idle_lease_timeout = absl::Seconds(300);
 };
+
+// max_staging_bytes_per_uid with its default resolved: half of staging_bytes when 0.
+uint64_t StagingBytesPerUid(const DaemonConfig& config);
 
 // The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming
 // the field and the choices: "read_mode: want mmap or pread, got 'x'".

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "absl/time/clock.h"
@@ -312,7 +313,7 @@ void Session::FillOne() {
   }
   if (failed_here) {
     spdlog::error("session {} (job {} rank {}) failed: {}", params_.id, params_.job,
-                  params_.rank, valid.status().ToString());
+                  params_.rank, EscapeForLog(valid.status().ToString()));
   }
   if (copy) {
     std::shared_ptr<Session> self = shared_from_this();

@@ -399,7 +399,7 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
   session->Close(why);
   spdlog::info("{}: session {} uid {} job '{}' rank {} feed {} ({})", verb, id,
                session->owner_uid(), EscapeForLog(session->job()), session->rank(),
-               session->feed().key(), why.ToString());
+               session->feed().key(), EscapeForLog(why.ToString()));
 }
 
 std::vector<SessionSnapshot> SessionManager::ListSessions() const {

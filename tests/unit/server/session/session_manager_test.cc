@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "server/reader/npy.h"
 #include "server/sampler/sampler.h"
 #include "server/staging/staging_pool.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/testing/fake_file_system.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/printers.h"
@@ -1406,6 +1409,35 @@ TEST_F(SessionManagerTest, IdleLeaseTimeoutZeroIsOff) {
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(session->closed());
   EXPECT_EQ(session->all_leased_since(), full_since);
+}
+
+TEST_F(SessionManagerTest, RequestStringsInLogLinesAreEscaped) {
+  // A dataset whose path holds a newline and a terminal escape, as a caller may name it.
+  const std::string path = dir_.WriteFile("we\nird\x1b[2J.bin", tokens_);
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  auto logger = std::make_shared<spdlog::logger>("test", sink);
+  logger->set_pattern("%v");
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  StartManager();
+  AttachSpec spec = SpecOf(Spec(), 1000);
+  spec.feed.dataset.path = path;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token, AsUid(1000)).ok());
+  manager_.reset();
+  spdlog::set_default_logger(previous);
+  const std::string text = lines.str();
+  EXPECT_NE(text.find(absl::StrCat("attach: session ", a->session_id, " uid 1000 job 'train'")),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("we\\nird\\x1b[2J.bin"), std::string::npos) << text;
+  EXPECT_EQ(text.find("we\nird"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find(absl::StrCat("detach: session ", a->session_id, " uid 1000")),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

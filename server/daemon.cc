@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/os/file.h"
@@ -157,6 +158,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                ReadModeName(c.read_mode),
                c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
+  {
+    const AccessPolicy& p = d->callers_->policy();
+    spdlog::info(
+        "access: consumers {}; admins root, uid {}{}{}; per uid at most {} sessions and {} "
+        "bytes of staging; idle leases end after {}",
+        p.allow_uids.empty() && p.allow_gids.empty()
+            ? std::string("anyone who can connect")
+            : absl::StrCat("uids [", absl::StrJoin(p.allow_uids, ","), "] and groups [",
+                           absl::StrJoin(p.allow_gids, ","), "]"),
+        p.daemon_uid,
+        p.admin_uids.empty() ? "" : absl::StrCat(", uids ", absl::StrJoin(p.admin_uids, ",")),
+        p.admin_gids.empty() ? "" : absl::StrCat(", groups ", absl::StrJoin(p.admin_gids, ",")),
+        c.max_sessions_per_uid, StagingBytesPerUid(c),
+        c.idle_lease_timeout > absl::ZeroDuration() ? absl::FormatDuration(c.idle_lease_timeout)
+                                                    : std::string("never"));
+  }
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status, [raw] { return !raw->stalled_; });
   // A GPU context can break at any time (an illegal address in a kernel): every later CUDA

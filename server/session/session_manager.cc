@@ -164,7 +164,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
           absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
     }
     // Refused before the dataset is opened; checked again, with the ring's bytes, below.
-    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller.uid(), 0));
+    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, 0));
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
@@ -220,7 +220,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     if (draining_) return absl::UnavailableError("gpufeedd is draining (gpufeedctl drain)");
     // The pool had room for the ring (a ring larger than the whole pool is refused as such,
     // above); the uid's quotas decide now, under the lock that inserts the session.
-    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller.uid(), ring->size()));
+    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, ring->size()));
     const JobKey key(spec.caller.uid(), spec.job);
     auto it = jobs_.find(key);
     if (it != jobs_.end()) {
@@ -355,7 +355,11 @@ absl::Status SessionManager::Detach(uint64_t id, absl::string_view token) {
   return absl::OkStatus();
 }
 
-absl::Status SessionManager::CheckQuotaLocked(uint32_t uid, uint64_t bytes) const {
+absl::Status SessionManager::CheckQuotaLocked(const Caller& caller, uint64_t bytes) const {
+  // Admins are trusted (docs/SECURITY.md section 6): root, the daemon's own uid and those the
+  // config names. Their sessions are counted but not capped.
+  if (caller.admin) return absl::OkStatus();
+  const uint32_t uid = caller.uid();
   auto it = usage_.find(uid);
   const Usage usage = it == usage_.end() ? Usage() : it->second;
   if (options_.max_sessions_per_uid > 0 && usage.sessions >= options_.max_sessions_per_uid) {

@@ -97,7 +97,7 @@ struct SessionManagerOptions {
   absl::Duration reap_interval = absl::Milliseconds(100);
   // Per-uid quotas (docs/SECURITY.md section 4): sessions attached at once, and bytes of
   // staging their host rings hold together (0 = no limit of its own; the daemon passes half
-  // of --staging_bytes when the config leaves it 0).
+  // of --staging_bytes when the config leaves it 0). Admins (Caller::admin) are exempt.
   int max_sessions_per_uid = 64;
   uint64_t max_staging_bytes_per_uid = 0;
   // A host-delivery session whose consumer has held every slot, releasing none, this long is
@@ -113,7 +113,7 @@ class SessionManager final : public FillScheduler {
   ~SessionManager() override;
 
   // The session is owned by spec.caller's uid. RESOURCE_EXHAUSTED naming the quota past
-  // max_sessions_per_uid or max_staging_bytes_per_uid.
+  // max_sessions_per_uid or max_staging_bytes_per_uid (a non-admin caller's).
   absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
   // Where a session's images are decoded and augmented, from Attach's choices, the delivery
   // and what the device backend can do; INVALID_ARGUMENT / FAILED_PRECONDITION naming the
@@ -172,8 +172,9 @@ class SessionManager final : public FillScheduler {
     uint64_t staging_bytes = 0;
   };
 
-  // RESOURCE_EXHAUSTED naming the quota when `uid` may not add a session holding `bytes`.
-  absl::Status CheckQuotaLocked(uint32_t uid, uint64_t bytes) const
+  // RESOURCE_EXHAUSTED naming the quota when `caller` may not add a session holding `bytes`;
+  // admins are not capped.
+  absl::Status CheckQuotaLocked(const Caller& caller, uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The feeds, with their sessions counted; `visible` (null: every session) filters both.
   std::vector<FeedSnapshot> ListFeedsWhere(

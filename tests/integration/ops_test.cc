@@ -137,10 +137,11 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   absl::SleepFor(absl::Seconds(1));
   const std::string live = HttpGet(port, "/metrics");
   EXPECT_EQ(Sample(live, "gpufeed_sessions{delivery=\"host\"}"), 1);
-  const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total{job=\"slow\",rank=\"3\"}");
-  const double blocked =
-      Sample(live, "gpufeed_producer_blocked_seconds_total{job=\"slow\",rank=\"3\"}");
-  const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total{job=\"slow\",rank=\"3\"}");
+  // Jobs are per uid: the owner's uid is a label too.
+  const std::string labels = absl::StrCat("{job=\"slow\",rank=\"3\",uid=\"", ::getuid(), "\"}");
+  const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total" + labels);
+  const double blocked = Sample(live, "gpufeed_producer_blocked_seconds_total" + labels);
+  const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total" + labels);
   EXPECT_GT(wall, 0.5);
   // A consumer that takes 20 ms a step: the daemon waits for it, not the other way round.
   EXPECT_GT(blocked, 0.5 * wall);

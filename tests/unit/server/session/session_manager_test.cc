@@ -1266,6 +1266,23 @@ TEST_F(SessionManagerTest, SessionsPerUidAreCapped) {
   EXPECT_TRUE(manager_->Attach(third).ok());
 }
 
+TEST_F(SessionManagerTest, AdminsAreNotCappedByTheQuotas) {
+  SessionManagerOptions options;
+  options.max_sessions_per_uid = 1;
+  options.max_staging_bytes_per_uid = 1;  // less than any ring
+  StartManager(options);
+  EXPECT_EQ(manager_->Attach(SpecOf(Spec(), 1000)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Root, the daemon's uid, admin_uids: trusted (docs/SECURITY.md section 6).
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    AttachSpec spec = SpecOf(Spec(), 0, /*admin=*/true);
+    spec.rank = rank;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    EXPECT_TRUE(a.ok()) << a.status();
+  }
+  EXPECT_EQ(manager_->num_sessions(), 2);
+}
+
 TEST_F(SessionManagerTest, StagingBytesPerUidAreCapped) {
   StartManager();
   absl::StatusOr<Attachment> probe = manager_->Attach(Spec());

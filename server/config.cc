@@ -78,10 +78,10 @@ ABSL_FLAG(std::vector<std::string>, admin_uids, {},
           "session and feed, detach any session");
 ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "gids whose members are admins");
 ABSL_FLAG(int, max_sessions_per_uid, DaemonConfig().max_sessions_per_uid,
-          "sessions one uid may hold at once");
+          "sessions one uid may hold at once (admins are not capped)");
 ABSL_FLAG(uint64_t, max_staging_bytes_per_uid, DaemonConfig().max_staging_bytes_per_uid,
           "bytes of host staging one uid's rings may hold together; 0 = half of "
-          "--staging_bytes");
+          "--staging_bytes (admins are not capped)");
 ABSL_FLAG(absl::Duration, idle_lease_timeout, DaemonConfig().idle_lease_timeout,
           "a host-delivery session whose consumer holds every slot and releases none this long "
           "is ended (DEADLINE_EXCEEDED); 0 = never. Device sessions are exempt");

@@ -382,6 +382,33 @@ TEST_F(OpsTest, StatsAndVersion) {
   EXPECT_THAT(wrong.err, HasSubstr("stats does not take --timeout"));
 }
 
+// Sessions have an owner, the uid that attached (its peer credentials on the socket):
+// `gpufeedctl sessions` shows it (docs/SECURITY.md section 1).
+TEST_F(OpsTest, SessionsShowTheUidThatAttached) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "owned", "--epochs", "0",
+                                                        "--max-batches", "100000", "--step-ms",
+                                                        "10"})),
+                      dir_.File("consumer"));
+  const std::string want = absl::StrCat("\"owner_uid\":", ::getuid(), ",\"job\":\"owned\"");
+  CtlResult json;
+  for (int i = 0; i < 100; ++i) {  // until the consumer has attached
+    json = RunCtl(daemon.socket(), {"-o", "json", "sessions"}, dir_.File("sessions"));
+    if (json.out.find(want) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr(want));
+  CtlResult table = RunCtl(daemon.socket(), {"sessions"}, dir_.File("table"));
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, ::testing::StartsWith("ID  UID"));
+  EXPECT_THAT(table.out,
+              ::testing::ContainsRegex(absl::StrCat("\n[0-9]+ +", ::getuid(), " +owned ")));
+  consumer.Kill(SIGKILL);
+  consumer.Wait();
+}
+
 // gpufeedctl's command line (CLI11): help, both flag forms, base-10 integers, and the exit
 // statuses: 2 for a usage error, 1 for a bad value or a failed command.
 TEST_F(OpsTest, CtlCommandLine) {

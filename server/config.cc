@@ -65,7 +65,11 @@ ABSL_FLAG(absl::Duration, stall_timeout, DaemonConfig().stall_timeout,
 ABSL_FLAG(absl::Duration, shutdown_grace, DaemonConfig().shutdown_grace,
           "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
           "teardown takes 5 s longer than this");
-ABSL_FLAG(std::string, nvjpeg_library, DefaultConfig().nvjpeg_library,
+// The nvJPEG flags' registered defaults are DaemonConfig's, not the environment's: absl
+// evaluates a flag's default expression again on every DefaultValue(), so an environment
+// default would make a flag look given (current != default) once the environment changed
+// after the flag was first read. DefaultConfig() applies the environment instead.
+ABSL_FLAG(std::string, nvjpeg_library, DaemonConfig().nvjpeg_library,
           "nvJPEG's library (default $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13/.12 on the "
           "loader path or under /usr/local/cuda)");
 ABSL_FLAG(std::vector<std::string>, allow_uids, {},
@@ -85,7 +89,7 @@ ABSL_FLAG(uint64_t, max_staging_bytes_per_uid, DaemonConfig().max_staging_bytes_
 ABSL_FLAG(absl::Duration, idle_lease_timeout, DaemonConfig().idle_lease_timeout,
           "a host-delivery session whose consumer holds every slot and releases none this long "
           "is ended (DEADLINE_EXCEEDED); 0 = never. Device sessions are exempt");
-ABSL_FLAG(bool, nvjpeg_interpolation, DefaultConfig().nvjpeg_interpolation,
+ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"

@@ -44,6 +44,30 @@ class JsonFormatter final : public spdlog::formatter {
 
 }  // namespace
 
+std::string EscapeForLog(absl::string_view text, size_t max_bytes) {
+  std::string out;
+  const bool cut = text.size() > max_bytes;
+  if (cut) text = text.substr(0, max_bytes);
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (u < 0x20 || u >= 0x7f) {
+          out += absl::StrFormat("\\x%02x", u);
+        } else {
+          out += c;
+        }
+    }
+  }
+  if (cut) out += "...";
+  return out;
+}
+
 void ConfigureLogging(spdlog::level::level_enum level, LogFormat format) {
   spdlog::set_level(level);
   if (format == LogFormat::kJson) {

@@ -2,6 +2,9 @@
 // libraries log through spdlog's default logger and never configure it.
 #pragma once
 
+#include <string>
+
+#include "absl/strings/string_view.h"
 #include "spdlog/common.h"
 
 namespace gpufeed {
@@ -13,5 +16,11 @@ enum class LogFormat { kText, kJson };
 
 // Sets the default logger's level and line format.
 void ConfigureLogging(spdlog::level::level_enum level, LogFormat format);
+
+// A caller-supplied string (a job name, a dataset path) made safe for one log line: printable
+// ASCII other than the backslash is kept, everything else is escaped ("\\", "\n", "\t",
+// "\r", other bytes as "\xNN"), so a request can neither forge a line nor send terminal
+// escapes. At most `max_bytes` of the input are shown, then "...".
+std::string EscapeForLog(absl::string_view text, size_t max_bytes = 512);
 
 }  // namespace gpufeed

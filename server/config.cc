@@ -65,10 +65,31 @@ ABSL_FLAG(absl::Duration, stall_timeout, DaemonConfig().stall_timeout,
 ABSL_FLAG(absl::Duration, shutdown_grace, DaemonConfig().shutdown_grace,
           "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
           "teardown takes 5 s longer than this");
-ABSL_FLAG(std::string, nvjpeg_library, DefaultConfig().nvjpeg_library,
+// The nvJPEG flags' registered defaults are DaemonConfig's, not the environment's: absl
+// evaluates a flag's default expression again on every DefaultValue(), so an environment
+// default would make a flag look given (current != default) once the environment changed
+// after the flag was first read. DefaultConfig() applies the environment instead.
+ABSL_FLAG(std::string, nvjpeg_library, DaemonConfig().nvjpeg_library,
           "nvJPEG's library (default $GPUFEED_NVJPEG_LIBRARY, else libnvjpeg.so.13/.12 on the "
           "loader path or under /usr/local/cuda)");
-ABSL_FLAG(bool, nvjpeg_interpolation, DefaultConfig().nvjpeg_interpolation,
+ABSL_FLAG(std::vector<std::string>, allow_uids, {},
+          "uids that may consume (comma-separated numbers); with --allow_gids empty as well: "
+          "any uid that can connect. Admins always may");
+ABSL_FLAG(std::vector<std::string>, allow_gids, {},
+          "gids whose members (primary or supplementary group) may consume");
+ABSL_FLAG(std::vector<std::string>, admin_uids, {},
+          "uids that are admins besides root and the daemon's own uid: may drain, see every "
+          "session and feed, detach any session");
+ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "gids whose members are admins");
+ABSL_FLAG(int, max_sessions_per_uid, DaemonConfig().max_sessions_per_uid,
+          "sessions one uid may hold at once (admins are not capped)");
+ABSL_FLAG(uint64_t, max_staging_bytes_per_uid, DaemonConfig().max_staging_bytes_per_uid,
+          "bytes of host staging one uid's rings may hold together; 0 = half of "
+          "--staging_bytes (admins are not capped)");
+ABSL_FLAG(absl::Duration, idle_lease_timeout, DaemonConfig().idle_lease_timeout,
+          "a host-delivery session whose consumer holds every slot and releases none this long "
+          "is ended (DEADLINE_EXCEEDED); 0 = never. Device sessions are exempt");
+ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
@@ -121,6 +142,21 @@ absl::StatusOr<std::string> SocketPath(const std::string& listen) {
         absl::StrCat("'", listen, "' must name an absolute socket path"));
   }
   return path;
+}
+
+// A flag's list of ids ("1000,1001") as numbers; INVALID_ARGUMENT naming the flag.
+absl::StatusOr<std::vector<uint32_t>> ParseIds(absl::string_view flag,
+                                               const std::vector<std::string>& values) {
+  std::vector<uint32_t> out;
+  for (const std::string& v : values) {
+    uint32_t id = 0;
+    if (!absl::SimpleAtoi(v, &id) || v.empty() || v[0] == '+' || v[0] == '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": want numeric ids separated by commas (e.g. 1000,1001), got '", v, "'"));
+    }
+    out.push_back(id);
+  }
+  return out;
 }
 
 // An optional TCP address: "" (off) or HOST:PORT.
@@ -203,11 +239,24 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(max_folder_entries, max_folder_entries, file.max_folder_entries());
   GPUFEED_FROM_FILE(folder_walk_timeout_ms, folder_walk_timeout,
                     absl::Milliseconds(file.folder_walk_timeout_ms()));
+  GPUFEED_FROM_FILE(max_sessions_per_uid, max_sessions_per_uid, file.max_sessions_per_uid());
+  GPUFEED_FROM_FILE(max_staging_bytes_per_uid, max_staging_bytes_per_uid,
+                    file.max_staging_bytes_per_uid());
+  GPUFEED_FROM_FILE(idle_lease_timeout_ms, idle_lease_timeout,
+                    absl::Milliseconds(file.idle_lease_timeout_ms()));
 #undef GPUFEED_FROM_FILE
-  if (file.dataset_roots_size() > 0) {
-    c->dataset_roots.assign(file.dataset_roots().begin(), file.dataset_roots().end());
-    from_file("dataset_roots", "dataset_roots");
+  // Lists: a file that names one replaces the default (empty) list.
+#define GPUFEED_LIST_FROM_FILE(field)                                   \
+  if (file.field##_size() > 0) {                                        \
+    c->field.assign(file.field().begin(), file.field().end());          \
+    from_file(#field, #field);                                          \
   }
+  GPUFEED_LIST_FROM_FILE(allow_uids);
+  GPUFEED_LIST_FROM_FILE(allow_gids);
+  GPUFEED_LIST_FROM_FILE(admin_uids);
+  GPUFEED_LIST_FROM_FILE(admin_gids);
+  GPUFEED_LIST_FROM_FILE(dataset_roots);
+#undef GPUFEED_LIST_FROM_FILE
   if (file.has_read_mode()) {
     GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
   }
@@ -253,6 +302,18 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);
+  apply(FLAGS_max_sessions_per_uid, &c->max_sessions_per_uid);
+  apply(FLAGS_max_staging_bytes_per_uid, &c->max_staging_bytes_per_uid);
+  apply(FLAGS_idle_lease_timeout, &c->idle_lease_timeout);
+  auto ids = [&](const auto& flag, const char* name, std::vector<uint32_t>* field) {
+    if (!given(flag)) return absl::OkStatus();
+    GPUFEED_ASSIGN_OR_RETURN(*field, ParseIds(name, absl::GetFlag(flag)));
+    return absl::OkStatus();
+  };
+  GPUFEED_RETURN_IF_ERROR(ids(FLAGS_allow_uids, "allow_uids", &c->allow_uids));
+  GPUFEED_RETURN_IF_ERROR(ids(FLAGS_allow_gids, "allow_gids", &c->allow_gids));
+  GPUFEED_RETURN_IF_ERROR(ids(FLAGS_admin_uids, "admin_uids", &c->admin_uids));
+  GPUFEED_RETURN_IF_ERROR(ids(FLAGS_admin_gids, "admin_gids", &c->admin_gids));
   if (given(FLAGS_read_mode)) {
     GPUFEED_ASSIGN_OR_RETURN(c->read_mode, ParseReadMode(absl::GetFlag(FLAGS_read_mode)));
   }
@@ -336,11 +397,23 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   if (c.folder_walk_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "folder_walk_timeout", "must be > 0");
   }
+  if (c.max_sessions_per_uid < 1) {
+    return Invalid(sources, "max_sessions_per_uid",
+                   absl::StrCat(">= 1, got ", c.max_sessions_per_uid));
+  }
+  if (c.idle_lease_timeout < absl::ZeroDuration()) {
+    return Invalid(sources, "idle_lease_timeout", "must be >= 0 (0 = off)");
+  }
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);
 }
 
 }  // namespace
+
+uint64_t StagingBytesPerUid(const DaemonConfig& config) {
+  return config.max_staging_bytes_per_uid != 0 ? config.max_staging_bytes_per_uid
+                                               : config.staging_bytes / 2;
+}
 
 const char* ReadModeName(ReadMode mode) { return mode == ReadMode::kPread ? "pread" : "mmap"; }
 

@@ -55,6 +55,18 @@ struct DaemonConfig {
   // gRPC probes cannot reach a Unix socket). Empty: off.
   std::string metrics_listen;
   std::string health_listen;
+  // Access and quotas (docs/SECURITY.md; config.proto fields 20-26). Who may consume: these
+  // uids and members of these gids; both empty: anyone who can connect. Admins (root, the
+  // daemon's effective uid, admin_uids, members of admin_gids) always may.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
+  std::vector<uint32_t> admin_uids;
+  std::vector<uint32_t> admin_gids;
+  int max_sessions_per_uid = 64;
+  // 0: half of staging_bytes (StagingBytesPerUid).
+  uint64_t max_staging_bytes_per_uid = 0;
+  // Zero: off.
+  absl::Duration idle_lease_timeout = absl::Seconds(300);
   // Bounded cost (docs/SECURITY.md §4): samples per feed (a larger dataset's Attach is
   // RESOURCE_EXHAUSTED), image file bytes (a larger file is a bad sample, too_large, never
   // read), and the daemon-wide bytes of the sessions' per-slot sample-id arrays.
@@ -69,6 +81,9 @@ struct DaemonConfig {
   int64_t max_folder_entries = 10'000'000;
   absl::Duration folder_walk_timeout = absl::Seconds(120);
 };
+
+// max_staging_bytes_per_uid with its default resolved: half of staging_bytes when 0.
+uint64_t StagingBytesPerUid(const DaemonConfig& config);
 
 // The enums' names, as the file and the flags spell them, and back. INVALID_ARGUMENT naming
 // the field and the choices: "read_mode: want mmap or pread, got 'x'".

@@ -1,12 +1,14 @@
 #include "server/daemon.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/os/file.h"
@@ -14,11 +16,14 @@
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
+#include "server/service/access_policy.h"
 #include "server/notify.h"
 #include "server/service/feed_service.h"
 #include "server/service/health_service.h"
 #include "server/service/mem_server.h"
 #include "server/service/metrics.h"
+#include "server/service/peer_listener.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "spdlog/spdlog.h"
@@ -37,9 +42,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
   const DaemonConfig& c = d->config_;
   GPUFEED_ASSIGN_OR_RETURN(const std::string socket_path, UnixPathOf(c.listen));
-  if (UnixSocketInUse(socket_path)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("listen: socket ", socket_path, " is in use by another process"));
+  // The gRPC socket is ours (peer credentials, docs/SECURITY.md section 1): bound now, so a
+  // socket in use is fatal before anything else starts; accepting starts with the server.
+  // "listen: socket PATH is in use by another process".
+  {
+    absl::StatusOr<std::unique_ptr<PeerListener>> listener = PeerListener::Bind(socket_path);
+    if (!listener.ok()) return Annotate(listener.status(), "listen");
+    d->listener_ = *std::move(listener);
   }
 
   GPUFEED_ASSIGN_OR_RETURN(d->pool_, StagingPool::Create(c.staging_bytes, c.staging_slab_bytes));
@@ -71,14 +80,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.access.dataset_roots = c.dataset_roots;
   options.access.walk.max_entries = c.max_folder_entries;
   options.access.walk.timeout = c.folder_walk_timeout;
+  options.max_sessions_per_uid = c.max_sessions_per_uid;
+  options.max_staging_bytes_per_uid = StagingBytesPerUid(c);
+  options.idle_lease_timeout = c.idle_lease_timeout;
   FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
                            MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get(),
                                             MemServerOptions{c.mem_request_timeout}));
 
-  d->feed_service_ =
-      std::make_unique<FeedService>(d->sessions_.get(), c.mem_socket, c.attach_threads);
+  AccessPolicy policy;
+  policy.allow_uids = c.allow_uids;
+  policy.allow_gids = c.allow_gids;
+  policy.admin_uids = c.admin_uids;
+  policy.admin_gids = c.admin_gids;
+  policy.daemon_uid = static_cast<uint32_t>(::geteuid());
+  PeerListener* listener = d->listener_.get();
+  d->callers_ = std::make_unique<CallerResolver>(
+      [listener](absl::string_view peer) { return listener->Lookup(peer); }, std::move(policy));
+  d->feed_service_ = std::make_unique<FeedService>(d->sessions_.get(), d->callers_.get(),
+                                                   c.mem_socket, c.attach_threads);
   Daemon* raw = d.get();
   DaemonInfo info;
   info.version = kVersion;
@@ -94,24 +115,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
       if (raw->request_stop_) raw->request_stop_(StopReason::kDrained);
     });
   };
-  d->admin_service_ = std::make_unique<AdminService>(d->sessions_.get(), std::move(info));
+  d->admin_service_ =
+      std::make_unique<AdminService>(d->sessions_.get(), d->callers_.get(), std::move(info));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(c.listen, grpc::InsecureServerCredentials());
+  // No listening port: the listener hands every accepted connection over, once its peer's
+  // credentials are recorded.
   builder.RegisterService(d->feed_service_.get());
   builder.RegisterService(d->admin_service_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen,
-                                               " (is its directory there and writable?)"));
+    return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen));
   }
-  // Owner and group may connect (systemd's Group=gpufeed, the DaemonSet's group), whatever the
-  // umask; the memory socket is 0660 as well.
-  if (::chmod(socket_path.c_str(), 0660) != 0) {
-    spdlog::warn("chmod 0660 of {}: {}", socket_path, std::strerror(errno));
-  }
+  // The socket is mode 0660 (PeerListener::Bind): owner and group may connect (systemd's
+  // Group=gpufeed, the DaemonSet's group), whatever the umask; the memory socket as well.
+  grpc::Server* server = d->server_.get();
+  d->listener_->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
   if (!c.health_listen.empty()) {
     // A server of its own, with the health service alone: the TCP port must not expose Feed
     // or Admin (no authentication there; the Unix socket's permissions are the access control).
@@ -145,6 +166,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                ReadModeName(c.read_mode),
                c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));
+  {
+    const AccessPolicy& p = d->callers_->policy();
+    spdlog::info(
+        "access: consumers {}; admins root, uid {}{}{}; per uid at most {} sessions and {} "
+        "bytes of staging; idle leases end after {}",
+        p.allow_uids.empty() && p.allow_gids.empty()
+            ? std::string("anyone who can connect")
+            : absl::StrCat("uids [", absl::StrJoin(p.allow_uids, ","), "] and groups [",
+                           absl::StrJoin(p.allow_gids, ","), "]"),
+        p.daemon_uid,
+        p.admin_uids.empty() ? "" : absl::StrCat(", uids ", absl::StrJoin(p.admin_uids, ",")),
+        p.admin_gids.empty() ? "" : absl::StrCat(", groups ", absl::StrJoin(p.admin_gids, ",")),
+        c.max_sessions_per_uid, StagingBytesPerUid(c),
+        c.idle_lease_timeout > absl::ZeroDuration() ? absl::FormatDuration(c.idle_lease_timeout)
+                                                    : std::string("never"));
+  }
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status, [raw] { return !raw->stalled_; });
   // A GPU context can break at any time (an illegal address in a kernel): every later CUDA
@@ -250,6 +287,8 @@ void Daemon::Shutdown() {
   if (readiness_monitor_.joinable()) readiness_monitor_.join();
   SetServing(false);
   if (sessions_ != nullptr) sessions_->Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
+  // No connection is handed to the server once it shuts down.
+  if (listener_ != nullptr) listener_->Stop();
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() +
                                             absl::ToChronoNanoseconds(config_.shutdown_grace));
   if (health_server_ != nullptr) {
@@ -266,8 +305,10 @@ Daemon::~Daemon() {
   health_server_.reset();
   tcp_health_.reset();
   server_.reset();
+  listener_.reset();  // removes the socket file
   admin_service_.reset();
   feed_service_.reset();
+  callers_.reset();
   sessions_.reset();  // frees the rings, host and device
   devices_.reset();   // joins the copy threads
 #ifdef GPUFEED_WITH_CUDA

@@ -29,6 +29,8 @@ class DeviceBackend;
 class MetricsServer;
 class TcpHealthService;
 class SystemdNotifier;
+class PeerListener;
+class CallerResolver;
 
 inline constexpr char kVersion[] = "0.1.0";
 
@@ -80,6 +82,10 @@ class Daemon {
   std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in
   bool pinned_ = false;
   std::unique_ptr<SessionManager> sessions_;
+  // The gRPC socket's listener (thread `accept`, peer credentials) and the services' view
+  // of them.
+  std::unique_ptr<PeerListener> listener_;
+  std::unique_ptr<CallerResolver> callers_;
   std::unique_ptr<FeedService> feed_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

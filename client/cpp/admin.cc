@@ -94,6 +94,7 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
   for (const v1::SessionInfo& s : response.sessions()) {
     SessionSummary info;
     info.session_id = s.session_id();
+    info.owner_uid = s.owner_uid();
     info.job = s.job();
     info.rank = s.rank();
     info.world_size = s.world_size();

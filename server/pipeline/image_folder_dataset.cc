@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/os/file.h"
@@ -240,8 +241,8 @@ class ImageFolderDataset final : public ImageDataset {
       first = logged_.insert(sample).second;
     }
     if (first) {  // once per file, not once per epoch
-      spdlog::warn("bad image {} ({}): {}{}", index_.paths[sample], BadImageName(reason),
-                   std::string(status.message()), policy_ == BadSamplePolicy::kSkip ? "; replaced" : "");
+      spdlog::warn("bad image {} ({}): {}{}", EscapeForLog(index_.paths[sample]),
+                   BadImageName(reason), EscapeForLog(status.message()), policy_ == BadSamplePolicy::kSkip ? "; replaced" : "");
     }
   }
 

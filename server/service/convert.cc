@@ -206,6 +206,7 @@ void ToProto(const ReadyBatch& b, v1::BatchReady* out) {
 
 void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
   out->set_session_id(s.id);
+  out->set_owner_uid(s.owner_uid);
   out->set_job(s.job);
   out->set_rank(s.rank);
   out->set_world_size(s.world_size);

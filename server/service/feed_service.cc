@@ -29,8 +29,10 @@ constexpr int kMaxBatchesPerMessage = 64;
 // whenever `write_in_flight_` is set or Finish has not been called.
 class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
  public:
-  explicit StreamReactor(SessionManager* sessions)
-      : sessions_(sessions), link_(std::make_shared<Link>()) {
+  // `caller`: who opened the stream, or why the call is refused (answered to its first
+  // message).
+  StreamReactor(SessionManager* sessions, absl::StatusOr<Caller> caller)
+      : sessions_(sessions), caller_(std::move(caller)), link_(std::make_shared<Link>()) {
     link_->reactor = this;
     StartRead(&request_);
   }
@@ -90,11 +92,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   };
 
   absl::Status Open() {
+    if (!caller_.ok()) return caller_.status();
     if (!request_.has_open()) {
       return absl::InvalidArgumentError("stream: the first message must be open");
     }
     absl::StatusOr<std::shared_ptr<Session>> session =
-        sessions_->Find(request_.open().session_id(), request_.open().token());
+        sessions_->Find(request_.open().session_id(), request_.open().token(), *caller_);
     if (!session.ok()) return session.status();
     std::weak_ptr<Link> weak = link_;
     {
@@ -228,6 +231,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   }
 
   SessionManager* const sessions_;
+  const absl::StatusOr<Caller> caller_;
   const std::shared_ptr<Link> link_;
   v1::StreamRequest request_;  // owned by the one outstanding read
   v1::StreamResponse out_ ABSL_GUARDED_BY(link_->mu);
@@ -240,8 +244,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
 }  // namespace
 
-FeedService::FeedService(SessionManager* sessions, std::string mem_socket, int attach_threads)
-    : sessions_(sessions), mem_socket_(std::move(mem_socket)), attach_work_(256) {
+FeedService::FeedService(SessionManager* sessions, const CallerResolver* callers,
+                         std::string mem_socket, int attach_threads)
+    : sessions_(sessions),
+      callers_(callers),
+      mem_socket_(std::move(mem_socket)),
+      attach_work_(256) {
   for (int i = 0; i < attach_threads; ++i) {
     attach_threads_.emplace_back([this, i] {
       const std::string name = absl::StrCat("attach/", i);
@@ -264,14 +272,22 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
                                               const v1::AttachRequest* request,
                                               v1::AttachResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<Caller> caller = callers_->IdentifyConsumer(ctx->peer());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   // The request and response live until the reactor finishes.
-  absl::Status queued = attach_work_.TryPush([this, reactor, request, response] {
+  absl::Status queued = attach_work_.TryPush([this, reactor, request, response,
+                                              caller = *std::move(caller)] {
     // An exception (std::bad_alloc) fails this Attach, never the daemon (SECURITY.md §4).
     absl::StatusOr<Attachment> attached = CallCatching(
         "attach",
         [&]() -> absl::StatusOr<Attachment> {
           absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(*request);
-          return spec.ok() ? sessions_->Attach(*spec) : spec.status();
+          if (!spec.ok()) return spec.status();
+          spec->caller = caller;
+          return sessions_->Attach(*spec);
         },
         /*log=*/true);
     if (attached.ok()) {
@@ -291,15 +307,17 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* FeedService::Stream(
     grpc::CallbackServerContext* ctx) {
-  return new StreamReactor(sessions_);
+  return new StreamReactor(sessions_, callers_->IdentifyConsumer(ctx->peer()));
 }
 
 grpc::ServerUnaryReactor* FeedService::GetPosition(grpc::CallbackServerContext* ctx,
                                                    const v1::GetPositionRequest* request,
                                                    v1::GetPositionResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<Caller> caller = callers_->IdentifyConsumer(ctx->peer());
   absl::StatusOr<std::shared_ptr<Session>> session =
-      sessions_->Find(request->session_id(), request->token());
+      caller.ok() ? sessions_->Find(request->session_id(), request->token(), *caller)
+                  : caller.status();
   if (session.ok()) {
     ToProto((*session)->delivered(), response->mutable_delivered());
     response->mutable_delivered()->set_fingerprint((*session)->feed().fingerprint());
@@ -312,7 +330,10 @@ grpc::ServerUnaryReactor* FeedService::Detach(grpc::CallbackServerContext* ctx,
                                               const v1::DetachRequest* request,
                                               v1::DetachResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(sessions_->Detach(request->session_id(), request->token())));
+  absl::StatusOr<Caller> caller = callers_->IdentifyConsumer(ctx->peer());
+  reactor->Finish(ToGrpcStatus(
+      caller.ok() ? sessions_->Detach(request->session_id(), request->token(), *caller)
+                  : caller.status()));
   return reactor;
 }
 
@@ -337,8 +358,11 @@ grpc::ServerUnaryReactor* AdminService::ListFeeds(grpc::CallbackServerContext* c
                                                   const v1::ListFeedsRequest* request,
                                                   v1::ListFeedsResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  for (const FeedSnapshot& f : sessions_->ListFeeds()) ToProto(f, response->add_feeds());
-  reactor->Finish(grpc::Status::OK);
+  absl::StatusOr<Caller> caller = callers_->Identify(ctx->peer());
+  if (caller.ok()) {
+    for (const FeedSnapshot& f : sessions_->ListFeeds(*caller)) ToProto(f, response->add_feeds());
+  }
+  reactor->Finish(ToGrpcStatus(caller.status()));
   return reactor;
 }
 
@@ -346,8 +370,13 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
                                                      const v1::ListSessionsRequest* request,
                                                      v1::ListSessionsResponse* response) {
   auto* reactor = ctx->DefaultReactor();
-  for (const SessionSnapshot& s : sessions_->ListSessions()) ToProto(s, response->add_sessions());
-  reactor->Finish(grpc::Status::OK);
+  absl::StatusOr<Caller> caller = callers_->Identify(ctx->peer());
+  if (caller.ok()) {
+    for (const SessionSnapshot& s : sessions_->ListSessions(*caller)) {
+      ToProto(s, response->add_sessions());
+    }
+  }
+  reactor->Finish(ToGrpcStatus(caller.status()));
   return reactor;
 }
 
@@ -355,6 +384,17 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                               const v1::DrainRequest* request,
                                               v1::DrainResponse* response) {
   auto* reactor = ctx->DefaultReactor();
+  absl::StatusOr<Caller> caller = callers_->Identify(ctx->peer());
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  if (!caller->admin) {
+    reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+        "drain: only an admin may drain gpufeedd (root, uid ", callers_->policy().daemon_uid,
+        ", admin_uids/admin_gids)"))));
+    return reactor;
+  }
   if (request->timeout_ms() < 0) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "timeout_ms: must be >= 0 (0: no limit)"));

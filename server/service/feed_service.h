@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "common/bounded_queue.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
+#include "server/service/access_policy.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 
@@ -18,7 +19,10 @@ class FeedService final : public v1::Feed::CallbackService {
  public:
   // Attach opens datasets (an ImageFolder index walks the whole tree) and allocates device
   // memory: it runs on `attach_threads` threads of its own, never on gRPC's callback threads.
-  FeedService(SessionManager* sessions, std::string mem_socket, int attach_threads = 2);
+  // Every call is identified by `callers` (its connection's peer credentials) and refused
+  // unless that peer may consume.
+  FeedService(SessionManager* sessions, const CallerResolver* callers, std::string mem_socket,
+              int attach_threads = 2);
   ~FeedService() override;  // finishes the attaches queued, then joins
 
   grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* ctx,
@@ -35,6 +39,7 @@ class FeedService final : public v1::Feed::CallbackService {
 
  private:
   SessionManager* const sessions_;
+  const CallerResolver* const callers_;
   const std::string mem_socket_;
   BoundedQueue<std::function<void()>> attach_work_;
   std::vector<std::thread> attach_threads_;
@@ -53,8 +58,10 @@ struct DaemonInfo {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  AdminService(SessionManager* sessions, DaemonInfo info)
-      : sessions_(sessions), info_(std::move(info)) {}
+  // GetStatus is for everyone who can connect (aggregate numbers); ListSessions and ListFeeds
+  // show a non-admin only its own; Drain is for admins.
+  AdminService(SessionManager* sessions, const CallerResolver* callers, DaemonInfo info)
+      : sessions_(sessions), callers_(callers), info_(std::move(info)) {}
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::GetStatusRequest* request,
@@ -71,6 +78,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
  private:
   SessionManager* const sessions_;
+  const CallerResolver* const callers_;
   const DaemonInfo info_;
 };
 

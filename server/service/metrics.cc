@@ -116,7 +116,8 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
 
   // Per consumer: the producer-blocked time (the consumer holds every slot), the consumer's
   // own reported wait for batches (the data stall), and its streaming wall time; the stall
-  // share is rate(wait) / rate(wall). Labels: job and rank (bounded by the sessions).
+  // share is rate(wait) / rate(wall). Labels: job, rank and the owner's uid (bounded by the
+  // sessions; jobs are per uid, so uid 1000's "train" rank 0 and uid 1001's are two series).
   auto& blocked = b.Family("gpufeed_producer_blocked_seconds_total",
                            "Time the session's ring was full of ready or leased batches: the "
                            "producer waited for the consumer",
@@ -127,7 +128,8 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
   auto& wall = b.Family("gpufeed_consumer_wall_seconds_total",
                         "Time since the consumer's stream opened", MetricType::Counter);
   for (const SessionSnapshot& s : sessions) {
-    const std::vector<ClientMetric::Label> labels = {{"job", s.job}, {"rank", absl::StrCat(s.rank)}};
+    const std::vector<ClientMetric::Label> labels = {
+        {"job", s.job}, {"rank", absl::StrCat(s.rank)}, {"uid", absl::StrCat(s.owner_uid)}};
     Builder::Add(blocked, labels, absl::ToDoubleSeconds(s.producer_blocked));
     Builder::Add(wait, labels, absl::ToDoubleSeconds(s.consumer_wait));
     Builder::Add(wall, labels, absl::ToDoubleSeconds(s.streaming_for));

@@ -1,9 +1,11 @@
 #include "server/session/session.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "absl/time/clock.h"
@@ -169,6 +171,10 @@ StreamEvent Session::NextEvent() {
     bytes_delivered_ += bytes;
     metrics::DeliveredBytes(device_delivery()).fetch_add(bytes, std::memory_order_relaxed);
     delivered_ = feed_->sampler().Next(slot.batch.position);
+    if (std::all_of(slots_.begin(), slots_.end(),
+                    [](const Slot& s) { return s.state == SlotState::kLeased; })) {
+      all_leased_since_ = absl::Now();
+    }
     event.kind = StreamEvent::kBatch;
     event.batch = slot.batch;
     return event;
@@ -215,12 +221,18 @@ absl::Status Session::Release(int32_t slot_index, uint64_t generation, absl::Dur
           ": stale generation, the slot holds generation ", slot.generation));
     }
     slot.state = SlotState::kFree;
+    all_leased_since_ = absl::InfiniteFuture();
     consumer_wait_ += waited;
     UpdateBlockedLocked();
     schedule = WantScheduleLocked();
   }
   if (schedule) scheduler_->Schedule(shared_from_this());
   return absl::OkStatus();
+}
+
+absl::Time Session::all_leased_since() const {
+  absl::MutexLock lock(&mu_);
+  return all_leased_since_;
 }
 
 Position Session::delivered() const {
@@ -301,7 +313,7 @@ void Session::FillOne() {
   }
   if (failed_here) {
     spdlog::error("session {} (job {} rank {}) failed: {}", params_.id, params_.job,
-                  params_.rank, valid.status().ToString());
+                  params_.rank, EscapeForLog(valid.status().ToString()));
   }
   if (copy) {
     std::shared_ptr<Session> self = shared_from_this();
@@ -336,6 +348,7 @@ SessionSnapshot Session::Snapshot() const {
   absl::MutexLock lock(&mu_);
   SessionSnapshot s;
   s.id = params_.id;
+  s.owner_uid = params_.owner_uid;
   s.job = params_.job;
   s.rank = params_.rank;
   s.world_size = feed_->spec().world_size;

@@ -66,6 +66,7 @@ struct StreamEvent {
 
 struct SessionSnapshot {
   uint64_t id = 0;
+  uint32_t owner_uid = 0;  // the uid that attached (docs/SECURITY.md section 1)
   std::string job;
   int32_t rank = 0;
   int32_t world_size = 0;
@@ -89,6 +90,9 @@ struct SessionSnapshot {
 struct SessionParams {
   uint64_t id = 0;
   std::string token;
+  // The uid that attached (its peer credentials): only it may stream, ask the position or
+  // map the ring; jobs are namespaced by it.
+  uint32_t owner_uid = 0;
   std::string job;
   int32_t rank = 0;
   DeliveryKind delivery = DeliveryKind::kHost;
@@ -114,6 +118,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   uint64_t id() const { return params_.id; }
   const std::string& token() const { return params_.token; }
+  uint32_t owner_uid() const { return params_.owner_uid; }
   const std::string& job() const { return params_.job; }
   int32_t rank() const { return params_.rank; }
   const Feed& feed() const { return *feed_; }
@@ -144,6 +149,10 @@ class Session : public std::enable_shared_from_this<Session> {
                        absl::Duration waited = absl::ZeroDuration());
   // Position after the last batch handed to the stream.
   Position delivered() const;
+  // Since when the consumer has held every slot of the ring (leased, none released since);
+  // InfiniteFuture while it does not. The manager ends a host session idle this long
+  // (idle_lease_timeout).
+  absl::Time all_leased_since() const;
 
   // A descriptor of the device ring's exported allocation (device delivery, VMM).
   absl::StatusOr<UniqueFd> ExportDeviceFd() const;
@@ -234,6 +243,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
   absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time all_leased_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 }  // namespace gpufeed::server

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
@@ -112,7 +113,7 @@ void Session::FinishCopy(Slot* slot, absl::Status s, bool closed) {
   }
   if (!s.ok()) {
     spdlog::error("session {} (job {} rank {}) copy to GPU failed: {}", params_.id, params_.job,
-                  params_.rank, s.ToString());
+                  params_.rank, EscapeForLog(s.ToString()));
   }
   Notify();
 }

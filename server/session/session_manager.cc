@@ -8,7 +8,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -25,6 +27,11 @@ std::string NewToken() {
     if (n > 0) got += static_cast<size_t>(n);
   }
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
+}
+
+bool IsJobNameByte(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+         absl::string_view("._:@+=/-").find(c) != absl::string_view::npos;
 }
 
 // Constant-time comparison: the token is a capability.
@@ -47,6 +54,14 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
   if (spec.job.empty() || spec.job.size() > kMaxJobNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job: must be 1 to ", kMaxJobNameBytes, " bytes, got ", spec.job.size()));
+  }
+  for (size_t i = 0; i < spec.job.size(); ++i) {
+    if (!IsJobNameByte(spec.job[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "job: byte %d is 0x%02x ('%s'); a job name is 1 to %d bytes of [A-Za-z0-9._:@+=/-]",
+          i, static_cast<unsigned char>(spec.job[i]), EscapeForLog(spec.job.substr(i, 1)),
+          kMaxJobNameBytes));
+    }
   }
   if (spec.feed.world_size < 1) {
     return absl::InvalidArgumentError(
@@ -159,6 +174,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
       return absl::ResourceExhaustedError(
           absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
     }
+    // Refused before the dataset is opened; checked again, with the ring's bytes, below.
+    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, 0));
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
@@ -199,6 +216,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
 
   SessionParams params;
   params.token = NewToken();
+  params.owner_uid = spec.caller.uid();
   params.gpu_uuid = spec.gpu_uuid;
   params.job = spec.job;
   params.rank = spec.rank;
@@ -215,7 +233,11 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
     // Opening the dataset can take long: a drain may have begun meanwhile.
     if (draining_) return absl::UnavailableError("gpufeedd is draining (gpufeedctl drain)");
-    auto it = jobs_.find(spec.job);
+    // The pool had room for the ring (a ring larger than the whole pool is refused as such,
+    // above); the uid's quotas decide now, under the lock that inserts the session.
+    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, ring->size()));
+    const JobKey key(spec.caller.uid(), spec.job);
+    auto it = jobs_.find(key);
     if (it != jobs_.end()) {
       if (it->second.canonical != canonical) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -233,16 +255,20 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     // behind (the attach thread turns the exception into this Attach's error).
     session = std::make_shared<Session>(params, feed, std::move(*ring), this, std::move(device),
                                         devices_);
-    Job& job = jobs_[spec.job];
+    Job& job = jobs_[key];
     job.canonical = canonical;
     job.world_size = spec.feed.world_size;
     job.ranks.insert(spec.rank);
     sessions_[params.id] = session;
+    Usage& usage = usage_[params.owner_uid];
+    ++usage.sessions;
+    usage.staging_bytes += session->ring_bytes();
   }
   session->Start();
-  spdlog::info("attach: session {} job '{}' rank {}/{} feed {} ({} samples, {} steps/epoch), "
-               "{} slots x {} bytes, start ({}, {})",
-               params.id, spec.job, spec.rank, spec.feed.world_size, feed->key(),
+  spdlog::info("attach: session {} uid {} job '{}' rank {}/{} feed {} (dataset '{}': {} "
+               "samples, {} steps/epoch), {} slots x {} bytes, start ({}, {})",
+               params.id, params.owner_uid, EscapeForLog(spec.job), spec.rank,
+               spec.feed.world_size, feed->key(), EscapeForLog(spec.feed.dataset.path),
                feed->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
                spec.start.step);
 
@@ -319,16 +345,53 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,
                                                               absl::string_view token,
                                                               const Caller& caller) const {
-  // Issue 12 in progress: sessions get an owner uid with peer credentials; until then the
-  // token alone decides, as in Find(id, token).
-  (void)caller;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    // Another uid's session answers exactly as a missing one: ids are no oracle.
+    if (it == sessions_.end() || it->second->owner_uid() != caller.uid()) {
+      return absl::NotFoundError(absl::StrCat("no session ", id, " (detached or expired)"));
+    }
+  }
   return Find(id, token);
+}
+
+absl::Status SessionManager::Detach(uint64_t id, absl::string_view token, const Caller& caller) {
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      caller.admin ? Find(id, token) : Find(id, token, caller);
+  if (!session.ok()) return session.status();
+  Remove(id, absl::CancelledError("session detached"),
+         (*session)->owner_uid() == caller.uid() ? "detach" : "detach by an admin");
+  return absl::OkStatus();
 }
 
 absl::Status SessionManager::Detach(uint64_t id, absl::string_view token) {
   absl::StatusOr<std::shared_ptr<Session>> session = Find(id, token);
   if (!session.ok()) return session.status();
   Remove(id, absl::CancelledError("session detached"), "detach");
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::CheckQuotaLocked(const Caller& caller, uint64_t bytes) const {
+  // Admins are trusted (docs/SECURITY.md section 6): root, the daemon's own uid and those the
+  // config names. Their sessions are counted but not capped.
+  if (caller.admin) return absl::OkStatus();
+  const uint32_t uid = caller.uid();
+  auto it = usage_.find(uid);
+  const Usage usage = it == usage_.end() ? Usage() : it->second;
+  if (options_.max_sessions_per_uid > 0 && usage.sessions >= options_.max_sessions_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_sessions_per_uid: uid ", uid, " has ", usage.sessions,
+        " sessions attached, the most one uid may hold; detach one (or an admin raises "
+        "max_sessions_per_uid)"));
+  }
+  const uint64_t quota = options_.max_staging_bytes_per_uid;
+  if (quota > 0 && bytes > 0 && (bytes > quota || usage.staging_bytes > quota - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_staging_bytes_per_uid: uid ", uid, "'s rings hold ", usage.staging_bytes,
+        " bytes of staging; a ring of ", bytes, " more would pass its quota of ", quota,
+        " bytes (use fewer or smaller rings, or an admin raises max_staging_bytes_per_uid)"));
+  }
   return absl::OkStatus();
 }
 
@@ -342,15 +405,22 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
     if (it == sessions_.end()) return;
     session = std::move(it->second);
     sessions_.erase(it);
-    auto job = jobs_.find(session->job());
+    auto job = jobs_.find(JobKey(session->owner_uid(), session->job()));
     if (job != jobs_.end()) {
       job->second.ranks.erase(session->rank());
       if (job->second.ranks.empty()) jobs_.erase(job);
     }
+    auto usage = usage_.find(session->owner_uid());
+    if (usage != usage_.end()) {
+      --usage->second.sessions;
+      usage->second.staging_bytes -= std::min(usage->second.staging_bytes, session->ring_bytes());
+      if (usage->second.sessions <= 0) usage_.erase(usage);
+    }
   }
   session->Close(why);
-  spdlog::info("{}: session {} job '{}' rank {} feed {} ({})", verb, id, session->job(),
-               session->rank(), session->feed().key(), why.ToString());
+  spdlog::info("{}: session {} uid {} job '{}' rank {} feed {} ({})", verb, id,
+               session->owner_uid(), EscapeForLog(session->job()), session->rank(),
+               session->feed().key(), EscapeForLog(why.ToString()));
 }
 
 std::vector<SessionSnapshot> SessionManager::ListSessions() const {
@@ -365,14 +435,39 @@ std::vector<SessionSnapshot> SessionManager::ListSessions() const {
   return out;
 }
 
+std::vector<SessionSnapshot> SessionManager::ListSessions(const Caller& caller) const {
+  std::vector<SessionSnapshot> out = ListSessions();
+  if (caller.admin) return out;
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [&](const SessionSnapshot& s) { return s.owner_uid != caller.uid(); }),
+            out.end());
+  return out;
+}
+
 std::vector<FeedSnapshot> SessionManager::ListFeeds() const {
+  return ListFeedsWhere(nullptr);
+}
+
+std::vector<FeedSnapshot> SessionManager::ListFeeds(const Caller& caller) const {
+  if (caller.admin) return ListFeeds();
+  // A non-admin sees the feeds its own sessions use; `sessions` counts its own only.
+  return ListFeedsWhere(
+      [uid = caller.uid()](const Session& s) { return s.owner_uid() == uid; });
+}
+
+std::vector<FeedSnapshot> SessionManager::ListFeedsWhere(
+    const std::function<bool(const Session&)>& visible) const {
   absl::flat_hash_map<std::string, int32_t> counts;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, session] : sessions_) ++counts[session->feed().key()];
+    for (const auto& [id, session] : sessions_) {
+      if (visible == nullptr || visible(*session)) ++counts[session->feed().key()];
+    }
   }
   std::vector<FeedSnapshot> out;
   for (const std::shared_ptr<Feed>& feed : feeds_.List()) {
+    // Filtered: only the feeds the visible sessions use.
+    if (visible != nullptr && !counts.contains(feed->key())) continue;
     FeedSnapshot f;
     f.key = feed->key();
     f.spec = feed->spec();
@@ -431,12 +526,18 @@ void SessionManager::ParallelFor(int n, const std::function<void(int)>& fn) {
 void SessionManager::ReaperLoop() {
   while (!stop_reaper_.WaitForNotificationWithTimeout(options_.reap_interval)) {
     std::vector<uint64_t> expired;
+    std::vector<uint64_t> idle;
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
       for (const auto& [id, session] : sessions_) {
         if (!session->streaming() && now - session->attached_at() > options_.attach_timeout) {
           expired.push_back(id);
+        } else if (options_.idle_lease_timeout > absl::ZeroDuration() &&
+                   !session->device_delivery() &&
+                   now - session->all_leased_since() >= options_.idle_lease_timeout) {
+          // all_leased_since is InfiniteFuture unless every slot is held: now - it < 0.
+          idle.push_back(id);
         }
       }
     }
@@ -446,6 +547,14 @@ void SessionManager::ReaperLoop() {
                  "no stream opened within ", absl::FormatDuration(options_.attach_timeout),
                  " of Attach")),
              "lease expired");
+    }
+    for (uint64_t id : idle) {
+      Remove(id,
+             absl::DeadlineExceededError(absl::StrCat(
+                 "idle lease: the consumer held every slot of its ring and released none for ",
+                 absl::FormatDuration(options_.idle_lease_timeout),
+                 " (idle_lease_timeout); the session is ended")),
+             "idle lease");
     }
   }
 }
@@ -460,6 +569,7 @@ void SessionManager::Shutdown(const absl::Status& reason) {
     for (auto& [id, session] : sessions_) sessions.push_back(std::move(session));
     sessions_.clear();
     jobs_.clear();
+    usage_.clear();
   }
   for (const auto& session : sessions) session->Close(reason);
   workers_.Shutdown(reason);

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -29,6 +31,10 @@
 namespace gpufeed::server {
 
 struct AttachSpec {
+  // Who attaches (peer credentials and policy, from the service layer): the session's owner;
+  // feed.dataset.handle must be this uid's, and no handle needs caller.admin.
+  Caller caller;
+  // Namespaced by the caller's uid: job "train" of uid 1000 is not job "train" of uid 1001.
   std::string job;
   int32_t rank = 0;
   FeedSpec feed;
@@ -42,14 +48,13 @@ struct AttachSpec {
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;
-  // Who attaches: feed.dataset.handle must be this uid's; no handle needs caller.admin.
-  Caller caller;
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.
 int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes);
 
 // Checks what can be checked without opening the dataset; INVALID_ARGUMENT naming the field.
+// A job name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-].
 absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots);
 
 struct Attachment {
@@ -98,6 +103,14 @@ struct SessionManagerOptions {
   uint64_t max_ids_bytes = uint64_t{256} << 20;
   // dataset_roots and the image_folder walk's bounds; handles live attach_timeout.
   FeedAccessOptions access;
+  // Per-uid quotas (docs/SECURITY.md section 4): sessions attached at once, and bytes of
+  // staging their host rings hold together (0 = no limit of its own; the daemon passes half
+  // of --staging_bytes when the config leaves it 0). Admins (Caller::admin) are exempt.
+  int max_sessions_per_uid = 64;
+  uint64_t max_staging_bytes_per_uid = 0;
+  // A host-delivery session whose consumer has held every slot, releasing none, this long is
+  // ended with DEADLINE_EXCEEDED; zero: never. Device sessions are exempt.
+  absl::Duration idle_lease_timeout = absl::Minutes(5);
 };
 
 class SessionManager final : public FillScheduler {
@@ -107,6 +120,8 @@ class SessionManager final : public FillScheduler {
                  DeviceBackend* devices = nullptr);
   ~SessionManager() override;
 
+  // The session is owned by spec.caller's uid. RESOURCE_EXHAUSTED naming the quota past
+  // max_sessions_per_uid or max_staging_bytes_per_uid (a non-admin caller's).
   absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
   // Where a session's images are decoded and augmented, from Attach's choices, the delivery
   // and what the device backend can do; INVALID_ARGUMENT / FAILED_PRECONDITION naming the
@@ -115,10 +130,15 @@ class SessionManager final : public FillScheduler {
   // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
   // token does not match.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;
-  // As Find, for a request from `caller`: a session of another uid answers as one that does
-  // not exist (docs/SECURITY.md section 1). The memory socket and the Feed service use this.
+  // As Find, for a request from `caller`: a session of another uid answers exactly as one
+  // that does not exist (NOT_FOUND, same message), so ids are no oracle; then the token is
+  // checked (PERMISSION_DENIED). Admins get no exception here. The memory socket and the Feed
+  // service use this.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token,
                                                 const Caller& caller) const;
+  // Ends the session. The token is always required; the owner check is Find's, except that
+  // an admin may detach a session of any uid.
+  absl::Status Detach(uint64_t id, absl::string_view token, const Caller& caller);
   absl::Status Detach(uint64_t id, absl::string_view token);
   // Ends a session whose stream is gone (cancelled, closed, finished).
   void End(uint64_t id, const absl::Status& why);
@@ -130,6 +150,10 @@ class SessionManager final : public FillScheduler {
 
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;
+  // What `caller` may see: everything for an admin, else only its own sessions and the feeds
+  // they use (docs/SECURITY.md section 1).
+  std::vector<SessionSnapshot> ListSessions(const Caller& caller) const;
+  std::vector<FeedSnapshot> ListFeeds(const Caller& caller) const;
   int num_sessions() const;
   // Bytes of max_ids_bytes held by sessions that still exist.
   uint64_t ids_bytes_in_use() const { return ids_budget_->used(); }
@@ -155,6 +179,21 @@ class SessionManager final : public FillScheduler {
     int32_t world_size = 0;
     absl::flat_hash_set<int32_t> ranks;
   };
+  // Jobs are namespaced by their owner: (uid, name as given).
+  using JobKey = std::pair<uint32_t, std::string>;
+  // What one uid's open sessions hold, for the quotas.
+  struct Usage {
+    int sessions = 0;
+    uint64_t staging_bytes = 0;
+  };
+
+  // RESOURCE_EXHAUSTED naming the quota when `caller` may not add a session holding `bytes`;
+  // admins are not capped.
+  absl::Status CheckQuotaLocked(const Caller& caller, uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The feeds, with their sessions counted; `visible` (null: every session) filters both.
+  std::vector<FeedSnapshot> ListFeedsWhere(
+      const std::function<bool(const Session&)>& visible) const;
 
   // Removes the session from the maps and closes it.
   void Remove(uint64_t id, const absl::Status& why, const char* verb);
@@ -174,7 +213,8 @@ class SessionManager final : public FillScheduler {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<JobKey, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, Usage> usage_ ABSL_GUARDED_BY(mu_);
 
   std::thread reaper_;
 };

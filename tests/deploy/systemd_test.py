@@ -12,6 +12,8 @@
 3. `systemd-sysusers` into an empty root: gpufeed.sysusers makes a system user and group.
 4. The unit agrees with the example config and the sysusers file: user, socket directory and
    path, config path, notify, watchdog, drain inside the stop timeout.
+5. docs/SECURITY.md section 5: Restart=always (a drained daemon exits 0 and must come back),
+   its own IPC namespace, and /dev/shm left shared (CUDA's interprocess events meet there).
 
 Exit 0 when all holds, 1 with one line per problem, 77 (ctest's skip) without systemd-analyze.
 """
@@ -158,6 +160,17 @@ def main(argv: List[str]) -> int:
                f"drain --timeout {timeout} is not below TimeoutStopSec={one('TimeoutStopSec')}")
     expect("multi-user.target" in unit.get("Install", {}).get("WantedBy", []),
            "not WantedBy=multi-user.target")
+
+    # 5. Restarts and IPC (docs/SECURITY.md section 5).
+    expect(one("Restart") == "always",
+           f"Restart={one('Restart')}, not always: a drained daemon (exit 0) would stay stopped")
+    expect(seconds(one("RestartSec").rstrip("s")) > 0, "RestartSec= is 0: restarts would spin")
+    expect(one("PrivateIPC") == "yes", "PrivateIPC= is not yes")
+    for key in ("TemporaryFileSystem", "InaccessiblePaths", "BindPaths", "BindReadOnlyPaths"):
+        for value in service.get(key, []):
+            expect("/dev/shm" not in value,
+                   f"{key}={value} hides the host's /dev/shm: CUDA interprocess events (device "
+                   "delivery) need it shared with the consumers")
 
     for p in problems:
         print("FAIL:", p)

@@ -137,10 +137,11 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   absl::SleepFor(absl::Seconds(1));
   const std::string live = HttpGet(port, "/metrics");
   EXPECT_EQ(Sample(live, "gpufeed_sessions{delivery=\"host\"}"), 1);
-  const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total{job=\"slow\",rank=\"3\"}");
-  const double blocked =
-      Sample(live, "gpufeed_producer_blocked_seconds_total{job=\"slow\",rank=\"3\"}");
-  const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total{job=\"slow\",rank=\"3\"}");
+  // Jobs are per uid: the owner's uid is a label too.
+  const std::string labels = absl::StrCat("{job=\"slow\",rank=\"3\",uid=\"", ::getuid(), "\"}");
+  const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total" + labels);
+  const double blocked = Sample(live, "gpufeed_producer_blocked_seconds_total" + labels);
+  const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total" + labels);
   EXPECT_GT(wall, 0.5);
   // A consumer that takes 20 ms a step: the daemon waits for it, not the other way round.
   EXPECT_GT(blocked, 0.5 * wall);
@@ -379,6 +380,33 @@ TEST_F(OpsTest, StatsAndVersion) {
   CtlResult wrong = RunCtl(daemon.socket(), {"stats", "--timeout", "1s"}, dir_.File("wrong"));
   EXPECT_EQ(wrong.exit_code, 2);
   EXPECT_THAT(wrong.err, HasSubstr("stats does not take --timeout"));
+}
+
+// Sessions have an owner, the uid that attached (its peer credentials on the socket):
+// `gpufeedctl sessions` shows it (docs/SECURITY.md section 1).
+TEST_F(OpsTest, SessionsShowTheUidThatAttached) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "owned", "--epochs", "0",
+                                                        "--max-batches", "100000", "--step-ms",
+                                                        "10"})),
+                      dir_.File("consumer"));
+  const std::string want = absl::StrCat("\"owner_uid\":", ::getuid(), ",\"job\":\"owned\"");
+  CtlResult json;
+  for (int i = 0; i < 100; ++i) {  // until the consumer has attached
+    json = RunCtl(daemon.socket(), {"-o", "json", "sessions"}, dir_.File("sessions"));
+    if (json.out.find(want) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr(want));
+  CtlResult table = RunCtl(daemon.socket(), {"sessions"}, dir_.File("table"));
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, ::testing::StartsWith("ID  UID"));
+  EXPECT_THAT(table.out,
+              ::testing::ContainsRegex(absl::StrCat("\n[0-9]+ +", ::getuid(), " +owned ")));
+  consumer.Kill(SIGKILL);
+  consumer.Wait();
 }
 
 // gpufeedctl's command line (CLI11): help, both flag forms, base-10 integers, and the exit

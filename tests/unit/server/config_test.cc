@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "gmock/gmock.h"
+#include "gpufeed/v1/config.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
 
@@ -64,6 +65,87 @@ TEST_F(ConfigTest, DefaultsAreValidatedAndDerivedFieldsFilled) {
   EXPECT_EQ(c->device_bytes, uint64_t{4} << 30);
   EXPECT_EQ(c->metrics_listen, "");
   EXPECT_EQ(c->health_listen, "");
+  // docs/SECURITY.md: anyone who can connect may consume; no admins besides root and the
+  // daemon's uid; 64 sessions and half the staging per uid; idle leases end after 300 s.
+  EXPECT_TRUE(c->allow_uids.empty());
+  EXPECT_TRUE(c->allow_gids.empty());
+  EXPECT_TRUE(c->admin_uids.empty());
+  EXPECT_TRUE(c->admin_gids.empty());
+  EXPECT_EQ(c->max_sessions_per_uid, 64);
+  EXPECT_EQ(c->max_staging_bytes_per_uid, 0u);
+  EXPECT_EQ(StagingBytesPerUid(*c), uint64_t{512} << 20);
+  EXPECT_EQ(c->idle_lease_timeout, absl::Seconds(300));
+}
+
+TEST_F(ConfigTest, AccessAndQuotasFromTheFileAndFlags) {
+  // Field numbers as docs/SECURITY.md gives them, through the binary form.
+  v1::DaemonConfig numbered;
+  const google::protobuf::Descriptor* d = numbered.GetDescriptor();
+  EXPECT_EQ(d->FindFieldByName("allow_uids")->number(), 20);
+  EXPECT_EQ(d->FindFieldByName("allow_gids")->number(), 21);
+  EXPECT_EQ(d->FindFieldByName("admin_uids")->number(), 22);
+  EXPECT_EQ(d->FindFieldByName("admin_gids")->number(), 23);
+  EXPECT_EQ(d->FindFieldByName("max_sessions_per_uid")->number(), 24);
+  EXPECT_EQ(d->FindFieldByName("max_staging_bytes_per_uid")->number(), 25);
+  EXPECT_EQ(d->FindFieldByName("idle_lease_timeout_ms")->number(), 26);
+
+  const std::string file = File("access.textproto",
+                                "allow_uids: [1000, 1001]\n"
+                                "allow_gids: 3000\n"
+                                "admin_uids: 1500\n"
+                                "admin_gids: [4000, 4001]\n"
+                                "max_sessions_per_uid: 8\n"
+                                "max_staging_bytes_per_uid: 1048576\n"
+                                "idle_lease_timeout_ms: 2500\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allow_uids, (std::vector<uint32_t>{1000, 1001}));
+  EXPECT_EQ(c->allow_gids, (std::vector<uint32_t>{3000}));
+  EXPECT_EQ(c->admin_uids, (std::vector<uint32_t>{1500}));
+  EXPECT_EQ(c->admin_gids, (std::vector<uint32_t>{4000, 4001}));
+  EXPECT_EQ(c->max_sessions_per_uid, 8);
+  EXPECT_EQ(c->max_staging_bytes_per_uid, uint64_t{1} << 20);
+  EXPECT_EQ(StagingBytesPerUid(*c), uint64_t{1} << 20);
+  EXPECT_EQ(c->idle_lease_timeout, absl::Milliseconds(2500));
+
+  // Flags replace the file's lists (an empty flag: the empty list).
+  c = Load({"--config=" + file, "--allow_uids=7,8,9", "--admin_gids=", "--admin_uids", "0",
+            "--max_sessions_per_uid=2", "--max_staging_bytes_per_uid=0",
+            "--idle_lease_timeout=0"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allow_uids, (std::vector<uint32_t>{7, 8, 9}));
+  EXPECT_EQ(c->allow_gids, (std::vector<uint32_t>{3000}));  // still the file's
+  EXPECT_EQ(c->admin_uids, (std::vector<uint32_t>{0}));
+  EXPECT_TRUE(c->admin_gids.empty());
+  EXPECT_EQ(c->max_sessions_per_uid, 2);
+  EXPECT_EQ(StagingBytesPerUid(*c), c->staging_bytes / 2);
+  EXPECT_EQ(c->idle_lease_timeout, absl::ZeroDuration());
+
+  const std::string json = File("access.json",
+                                "{\"allowUids\": [5], \"admin_gids\": [6], "
+                                "\"idleLeaseTimeoutMs\": 1000}");
+  c = Load({"--config=" + json});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->allow_uids, (std::vector<uint32_t>{5}));
+  EXPECT_EQ(c->admin_gids, (std::vector<uint32_t>{6}));
+  EXPECT_EQ(c->idle_lease_timeout, absl::Seconds(1));
+}
+
+TEST_F(ConfigTest, IdListsInFlagsAreNumbers) {
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--allow_uids=1000,bob", "allow_uids: want numeric ids separated by commas (e.g. "
+                                     "1000,1001), got 'bob'"},
+           {"--allow_gids=-1", "allow_gids: want numeric ids separated by commas (e.g. "
+                               "1000,1001), got '-1'"},
+           {"--admin_uids=1,,2", "admin_uids: want numeric ids separated by commas (e.g. "
+                                 "1000,1001), got ''"},
+           {"--admin_gids=4294967296", "admin_gids: want numeric ids separated by commas (e.g. "
+                                       "1000,1001), got '4294967296'"},
+       }) {
+    absl::StatusOr<DaemonConfig> c = Load({flag});
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_EQ(c.status().message(), message);
+  }
 }
 
 TEST_F(ConfigTest, NvjpegDefaultsComeFromTheEnvironment) {
@@ -241,7 +323,11 @@ INSTANTIATE_TEST_SUITE_P(
         Bad("--read_mode=x", "read_mode: \"x\"", "read_mode: want mmap or pread, got 'x'"),
         Bad("--log_format=xml", "log_format: \"xml\"", "log_format: want text or json, got 'xml'"),
         Bad("--log_level=loud", "log_level: \"loud\"",
-            "log_level: want trace, debug, info, warn, error or off, got 'loud'")));
+            "log_level: want trace, debug, info, warn, error or off, got 'loud'"),
+        Bad("--max_sessions_per_uid=0", "max_sessions_per_uid: 0",
+            "max_sessions_per_uid: >= 1, got 0"),
+        Bad("--idle_lease_timeout=-1s", "idle_lease_timeout_ms: -1",
+            "idle_lease_timeout: must be >= 0 (0 = off)", "idle_lease_timeout_ms")));
 
 TEST_F(ConfigTest, AFlagReplacingABadFileValueNamesNoFile) {
   const std::string file = File("f.textproto", "threads: 3\nmax_sessions: 0\n");

@@ -215,6 +215,7 @@ struct FeedInfo {
 
 struct SessionSummary {
   uint64_t session_id = 0;
+  uint32_t owner_uid = 0;  // the uid that attached it
   std::string job;
   int32_t rank = 0;
   int32_t world_size = 0;

@@ -48,5 +48,19 @@ TEST(ShippedPipelinesTest, AnEmptyOpIsRefusedByIndex) {
   EXPECT_EQ(steps.status().message(), "pipeline[1]: no op set");
 }
 
+
+TEST(ConvertTest, SessionInfoCarriesTheOwnerUid) {
+  SessionSnapshot snapshot;
+  snapshot.id = 7;
+  snapshot.owner_uid = 4242;
+  snapshot.job = "train";
+  v1::SessionInfo info;
+  ToProto(snapshot, &info);
+  EXPECT_EQ(info.session_id(), 7u);
+  EXPECT_EQ(info.owner_uid(), 4242u);
+  EXPECT_EQ(info.job(), "train");
+  EXPECT_EQ(v1::SessionInfo::descriptor()->FindFieldByName("owner_uid")->number(), 19);
+}
+
 }  // namespace
 }  // namespace gpufeed::server

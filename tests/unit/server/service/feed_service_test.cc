@@ -5,12 +5,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <memory>
 #include <new>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/service/access_policy.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "tests/testing/temp_dir.h"
@@ -39,7 +42,17 @@ TEST(FeedServiceTest, AnExceptionOnAnAttachThreadFailsThatAttachOnly) {
   SessionManagerOptions options;
   options.threads = 2;
   SessionManager manager(options, pool->get(), PosixFileSystem(), &devices);
-  auto service = std::make_unique<FeedService>(&manager, "/run/test.mem.sock", 1);
+  // Every in-process call is the daemon's own uid: an admin, who may attach by path.
+  AccessPolicy policy;
+  policy.daemon_uid = static_cast<uint32_t>(::geteuid());
+  CallerResolver callers(
+      [](absl::string_view) {
+        PeerCred self;
+        self.uid = static_cast<uint32_t>(::geteuid());
+        return std::optional<PeerCred>(self);
+      },
+      policy);
+  auto service = std::make_unique<FeedService>(&manager, &callers, "/run/test.mem.sock", 1);
   grpc::ServerBuilder builder;
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -222,5 +222,30 @@ TEST(DeviceSessionNoGpuTest, DeviceAttachWithoutGpuIsFailedPrecondition) {
   EXPECT_THAT(a.status().message(), HasSubstr("no CUDA device visible to gpufeedd"));
 }
 
+
+// idle_lease_timeout is for host rings: a device session's GPU may legitimately hold every
+// slot (docs/SECURITY.md section 4), so one holding both of its slots is never ended.
+TEST_F(DeviceSessionTest, DeviceSessionsAreExemptFromTheIdleLeaseTimeout) {
+  manager_.reset();
+  SessionManagerOptions options;
+  options.threads = 2;
+  options.idle_lease_timeout = absl::Milliseconds(50);
+  options.reap_interval = absl::Milliseconds(5);
+  manager_ = std::make_unique<SessionManager>(options, pool_.get(), MappedFileSystem(), &devices_);
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto session = manager_->Find(a->session_id, a->token);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->BindStream([] {}).ok());
+  ASSERT_EQ(Next(**session).kind, StreamEvent::kBatch);
+  ASSERT_EQ(Next(**session).kind, StreamEvent::kBatch);
+  const absl::Time full_since = (*session)->all_leased_since();
+  ASSERT_NE(full_since, absl::InfiniteFuture());
+  // Eight timeouts and many reaper rounds later: still open.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_FALSE((*session)->closed());
+  EXPECT_TRUE(manager_->Find(a->session_id, a->token).ok());
+}
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "server/reader/npy.h"
 #include "server/sampler/sampler.h"
 #include "server/staging/staging_pool.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/testing/fake_file_system.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/printers.h"
@@ -1114,6 +1117,345 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
   EXPECT_FALSE(
       FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50)).has_value());
   manager_.reset();  // stop the workers before `fs` goes away
+}
+
+// ---- Owners, jobs, quotas (docs/SECURITY.md sections 1 and 4) ----
+
+Caller AsUid(uint32_t uid, bool admin = false) {
+  Caller c;
+  c.cred.uid = uid;
+  c.cred.gid = uid;
+  c.admin = admin;
+  return c;
+}
+
+AttachSpec SpecOf(AttachSpec spec, uint32_t uid, bool admin = false) {
+  spec.caller = AsUid(uid, admin);
+  return spec;
+}
+
+TEST_F(SessionManagerTest, AnotherUidsSessionAnswersExactlyAsAMissingOne) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(a.ok()) << a.status();
+  // The owner, with its token.
+  absl::StatusOr<std::shared_ptr<Session>> own =
+      manager_->Find(a->session_id, a->token, AsUid(1000));
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ((*own)->owner_uid(), 1000u);
+  EXPECT_EQ((*own)->Snapshot().owner_uid, 1000u);
+  // The owner with a wrong token: PERMISSION_DENIED, as before.
+  std::string wrong = a->token;
+  wrong[0] = wrong[0] == '0' ? '1' : '0';
+  EXPECT_EQ(manager_->Find(a->session_id, wrong, AsUid(1000)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Another uid, right or wrong token, even an admin: what a missing session answers.
+  const absl::Status missing = manager_->Find(a->session_id + 1, a->token, AsUid(1001)).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.message(),
+            absl::StrCat("no session ", a->session_id + 1, " (detached or expired)"));
+  for (const absl::Status& s :
+       {manager_->Find(a->session_id, a->token, AsUid(1001)).status(),
+        manager_->Find(a->session_id, wrong, AsUid(1001)).status(),
+        manager_->Find(a->session_id, a->token, AsUid(0, /*admin=*/true)).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(s.message(), absl::StrCat("no session ", a->session_id, " (detached or expired)"));
+  }
+}
+
+TEST_F(SessionManagerTest, DetachChecksTheOwnerExceptForAnAdmin) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const absl::Status other = manager_->Detach(a->session_id, a->token, AsUid(1001));
+  EXPECT_EQ(other.code(), absl::StatusCode::kNotFound) << other;
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  // An admin still needs the token...
+  std::string wrong = a->token;
+  wrong[0] = wrong[0] == '0' ? '1' : '0';
+  EXPECT_EQ(manager_->Detach(a->session_id, wrong, AsUid(1002, true)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  // ...and may then detach another uid's session.
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token, AsUid(1002, true)).ok());
+  EXPECT_EQ(manager_->num_sessions(), 0);
+
+  absl::StatusOr<Attachment> b = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(manager_->Detach(b->session_id, b->token, AsUid(1000)).ok());
+  EXPECT_EQ(manager_->num_sessions(), 0);
+}
+
+TEST_F(SessionManagerTest, JobsAreNamespacedByTheOwnersUid) {
+  StartManager();
+  ASSERT_TRUE(manager_->Attach(SpecOf(Spec(), 1000)).ok());
+  // The same job and rank of another uid is another job: no squatting...
+  absl::StatusOr<Attachment> other = manager_->Attach(SpecOf(Spec(), 1001));
+  ASSERT_TRUE(other.ok()) << other.status();
+  // ...even with a different feed, which within one uid's job is refused.
+  AttachSpec reseeded = Spec();
+  reseeded.feed.seed = 99;
+  reseeded.rank = 1;
+  EXPECT_TRUE(manager_->Attach(SpecOf(reseeded, 1002)).ok());
+  const absl::Status mismatch = manager_->Attach(SpecOf(reseeded, 1000)).status();
+  EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition) << mismatch;
+  EXPECT_THAT(mismatch.message(), HasSubstr("job 'train' is attached with feed"));
+  const absl::Status twice = manager_->Attach(SpecOf(Spec(), 1001)).status();
+  EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(twice.message(), "job 'train' rank 0 is already attached");
+  // Detaching uid 1001's rank frees only uid 1001's (job, rank).
+  ASSERT_TRUE(manager_->Detach(other->session_id, other->token, AsUid(1001)).ok());
+  EXPECT_TRUE(manager_->Attach(SpecOf(Spec(), 1001)).ok());
+  EXPECT_EQ(manager_->Attach(SpecOf(Spec(), 1000)).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(SessionManagerTest, JobNamesAreBoundedPrintableNames) {
+  for (const std::string& good :
+       {std::string("a"), std::string("train-v2.1_run:3@node+x=y/z"), std::string(128, 'j')}) {
+    AttachSpec spec = Spec();
+    spec.job = good;
+    EXPECT_TRUE(ValidateAttachSpec(spec, 64).ok()) << good;
+  }
+  const std::string charset = "; a job name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-]";
+  struct Case {
+    std::string job;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "job: must be 1 to 128 bytes, got 0"},
+           {std::string(129, 'j'), "job: must be 1 to 128 bytes, got 129"},
+           {"a b", "job: byte 1 is 0x20 (' ')" + charset},
+           {"x\nINFO forged", "job: byte 1 is 0x0a ('\\n')" + charset},
+           {"\x1b[31m", "job: byte 0 is 0x1b ('\\x1b')" + charset},
+           {"caf\xc3\xa9", "job: byte 3 is 0xc3 ('\\xc3')" + charset},
+           {"a;b", "job: byte 1 is 0x3b (';')" + charset},
+           {"a\\b", "job: byte 1 is 0x5c ('\\\\')" + charset},
+       }) {
+    AttachSpec spec = Spec();
+    spec.job = c.job;
+    const absl::Status s = ValidateAttachSpec(spec, 64);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_EQ(s.message(), c.message);
+  }
+}
+
+TEST_F(SessionManagerTest, SessionsPerUidAreCapped) {
+  SessionManagerOptions options;
+  options.max_sessions_per_uid = 2;
+  StartManager(options);
+  std::vector<Attachment> held;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    AttachSpec spec = SpecOf(Spec(), 1000);
+    spec.rank = rank;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    held.push_back(*a);
+  }
+  const uint64_t free_before = pool_->free_bytes();
+  AttachSpec third = SpecOf(Spec(), 1000);
+  third.job = "eval";
+  const absl::Status s = manager_->Attach(third).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(),
+            "max_sessions_per_uid: uid 1000 has 2 sessions attached, the most one uid may hold; "
+            "detach one (or an admin raises max_sessions_per_uid)");
+  EXPECT_EQ(pool_->free_bytes(), free_before);
+  // Another uid is not affected; a detach frees the uid's slot.
+  EXPECT_TRUE(manager_->Attach(SpecOf(third, 1001)).ok());
+  ASSERT_TRUE(manager_->Detach(held[0].session_id, held[0].token, AsUid(1000)).ok());
+  EXPECT_TRUE(manager_->Attach(third).ok());
+}
+
+TEST_F(SessionManagerTest, AdminsAreNotCappedByTheQuotas) {
+  SessionManagerOptions options;
+  options.max_sessions_per_uid = 1;
+  options.max_staging_bytes_per_uid = 1;  // less than any ring
+  StartManager(options);
+  EXPECT_EQ(manager_->Attach(SpecOf(Spec(), 1000)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Root, the daemon's uid, admin_uids: trusted (docs/SECURITY.md section 6).
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    AttachSpec spec = SpecOf(Spec(), 0, /*admin=*/true);
+    spec.rank = rank;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    EXPECT_TRUE(a.ok()) << a.status();
+  }
+  EXPECT_EQ(manager_->num_sessions(), 2);
+}
+
+TEST_F(SessionManagerTest, StagingBytesPerUidAreCapped) {
+  StartManager();
+  absl::StatusOr<Attachment> probe = manager_->Attach(Spec());
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const uint64_t ring = MustFind(*probe)->ring_bytes();
+  ASSERT_GT(ring, 0u);
+  manager_.reset();
+
+  SessionManagerOptions options;
+  options.max_staging_bytes_per_uid = 2 * ring - 1;  // room for one ring, not two
+  StartManager(options);
+  absl::StatusOr<Attachment> first = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(first.ok()) << first.status();
+  AttachSpec second = SpecOf(Spec(), 1000);
+  second.rank = 1;
+  const absl::Status s = manager_->Attach(second).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), absl::StrCat("max_staging_bytes_per_uid: uid 1000's rings hold ", ring,
+                                      " bytes of staging; a ring of ", ring,
+                                      " more would pass its quota of ", 2 * ring - 1,
+                                      " bytes (use fewer or smaller rings, or an admin raises "
+                                      "max_staging_bytes_per_uid)"));
+  // The refused ring went back to the pool at once.
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - ring);
+  EXPECT_EQ(manager_->num_sessions(), 1);
+  EXPECT_TRUE(manager_->Attach(SpecOf(second, 1001)).ok());  // another uid's own quota
+  ASSERT_TRUE(manager_->Detach(first->session_id, first->token, AsUid(1000)).ok());
+  EXPECT_TRUE(manager_->Attach(second).ok());
+}
+
+TEST_F(SessionManagerTest, ListingsShowANonAdminOnlyItsOwn) {
+  StartManager();
+  absl::StatusOr<Attachment> mine = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  AttachSpec theirs = SpecOf(Spec(), 1001);
+  theirs.feed.seed = 77;  // another feed
+  absl::StatusOr<Attachment> other = manager_->Attach(theirs);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_NE(mine->feed_key, other->feed_key);
+
+  std::vector<SessionSnapshot> sessions = manager_->ListSessions(AsUid(1000));
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions[0].id, mine->session_id);
+  EXPECT_EQ(sessions[0].owner_uid, 1000u);
+  std::vector<FeedSnapshot> feeds = manager_->ListFeeds(AsUid(1000));
+  ASSERT_EQ(feeds.size(), 1u);
+  EXPECT_EQ(feeds[0].key, mine->feed_key);
+  EXPECT_EQ(feeds[0].sessions, 1);
+  EXPECT_TRUE(manager_->ListSessions(AsUid(1002)).empty());
+  EXPECT_TRUE(manager_->ListFeeds(AsUid(1002)).empty());
+
+  sessions = manager_->ListSessions(AsUid(1002, /*admin=*/true));
+  ASSERT_EQ(sessions.size(), 2u);
+  EXPECT_EQ(sessions[1].owner_uid, 1001u);
+  EXPECT_EQ(manager_->ListFeeds(AsUid(1002, true)).size(), 2u);
+}
+
+TEST_F(SessionManagerTest, AHostSessionHoldingEverySlotIsEndedAfterTheIdleLeaseTimeout) {
+  SessionManagerOptions options;
+  options.idle_lease_timeout = absl::Milliseconds(300);
+  options.reap_interval = absl::Milliseconds(10);
+  StartManager(options);
+  absl::StatusOr<Attachment> hog = manager_->Attach(SpecOf(Spec(), 1000));
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  AttachSpec spec1 = SpecOf(Spec(), 1000);
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> slow = manager_->Attach(spec1);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  std::shared_ptr<Session> hog_session = MustFind(*hog);
+  std::shared_ptr<Session> slow_session = MustFind(*slow);
+  StreamProbe hog_probe, slow_probe;
+  ASSERT_TRUE(hog_session->BindStream(hog_probe.Callback()).ok());
+  ASSERT_TRUE(slow_session->BindStream(slow_probe.Callback()).ok());
+  // The hog takes both of its slots and releases none; the slow consumer takes one of two
+  // (the other stays ready, undelivered).
+  ASSERT_EQ(slow_probe.Next(*slow_session).kind, StreamEvent::kBatch);
+  ASSERT_EQ(hog_probe.Next(*hog_session).kind, StreamEvent::kBatch);
+  ASSERT_EQ(hog_probe.Next(*hog_session).kind, StreamEvent::kBatch);
+  const absl::Time all_leased = absl::Now();
+  EXPECT_LE(hog_session->all_leased_since(), all_leased);
+  EXPECT_EQ(slow_session->all_leased_since(), absl::InfiniteFuture());
+
+  ASSERT_TRUE(Eventually([&] { return hog_session->closed(); }, absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - all_leased, absl::Milliseconds(295));
+  StreamEvent ev = hog_session->NextEvent();
+  ASSERT_EQ(ev.kind, StreamEvent::kClosed);
+  EXPECT_EQ(ev.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ev.status.message(),
+            "idle lease: the consumer held every slot of its ring and released none for 300ms "
+            "(idle_lease_timeout); the session is ended");
+  EXPECT_EQ(manager_->Find(hog->session_id, hog->token, AsUid(1000)).status().code(),
+            absl::StatusCode::kNotFound);
+  // Holding only some slots is no idle lease: the slow session is still served.
+  EXPECT_FALSE(slow_session->closed());
+  EXPECT_TRUE(manager_->Find(slow->session_id, slow->token, AsUid(1000)).ok());
+  ASSERT_EQ(slow_probe.Next(*slow_session).kind, StreamEvent::kBatch);
+}
+
+TEST_F(SessionManagerTest, AReleaseRestartsTheIdleLeaseClock) {
+  SessionManagerOptions options;
+  options.idle_lease_timeout = absl::Milliseconds(400);
+  options.reap_interval = absl::Milliseconds(10);
+  StartManager(options);
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  // The ring full between releases, one release every 100 ms (well inside the timeout):
+  // over three timeouts the session is never ended.
+  StreamEvent held = probe.Next(*session);
+  ASSERT_EQ(held.kind, StreamEvent::kBatch);
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < absl::Milliseconds(1200)) {
+    StreamEvent next = probe.Next(*session);
+    ASSERT_EQ(next.kind, StreamEvent::kBatch) << next.status;
+    ASSERT_NE(session->all_leased_since(), absl::InfiniteFuture());
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(session->Release(held.batch.slot, held.batch.generation).ok());
+    EXPECT_EQ(session->all_leased_since(), absl::InfiniteFuture());
+    held = next;
+  }
+  EXPECT_FALSE(session->closed());
+}
+
+TEST_F(SessionManagerTest, IdleLeaseTimeoutZeroIsOff) {
+  SessionManagerOptions options;
+  options.idle_lease_timeout = absl::ZeroDuration();
+  options.reap_interval = absl::Milliseconds(5);
+  StartManager(options);
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  ASSERT_EQ(probe.Next(*session).kind, StreamEvent::kBatch);
+  ASSERT_EQ(probe.Next(*session).kind, StreamEvent::kBatch);
+  const absl::Time full_since = session->all_leased_since();
+  ASSERT_NE(full_since, absl::InfiniteFuture());
+  // Many reaper rounds later the session is still open.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(session->closed());
+  EXPECT_EQ(session->all_leased_since(), full_since);
+}
+
+TEST_F(SessionManagerTest, RequestStringsInLogLinesAreEscaped) {
+  // A dataset whose path holds a newline and a terminal escape, as a caller may name it.
+  const std::string path = dir_.WriteFile("we\nird\x1b[2J.bin", tokens_);
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  auto logger = std::make_shared<spdlog::logger>("test", sink);
+  logger->set_pattern("%v");
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  StartManager();
+  AttachSpec spec = SpecOf(Spec(), 1000);
+  spec.feed.dataset.path = path;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token, AsUid(1000)).ok());
+  manager_.reset();
+  spdlog::set_default_logger(previous);
+  const std::string text = lines.str();
+  EXPECT_NE(text.find(absl::StrCat("attach: session ", a->session_id, " uid 1000 job 'train'")),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("we\\nird\\x1b[2J.bin"), std::string::npos) << text;
+  EXPECT_EQ(text.find("we\nird"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_NE(text.find(absl::StrCat("detach: session ", a->session_id, " uid 1000")),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

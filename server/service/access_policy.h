@@ -1,0 +1,60 @@
+// Who may do what, from the peer's credentials (docs/SECURITY.md section 1): who may
+// consume (allow_uids / allow_gids), who is an admin (root, the daemon's effective uid,
+// admin_uids, members of admin_gids), and the identity of a gRPC call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/os/peer_cred.h"
+#include "server/session/caller.h"
+
+namespace gpufeed::server {
+
+struct AccessPolicy {
+  // Who may consume (Attach, Stream, GetPosition, Detach); both empty: any uid that can
+  // connect. Admins always may.
+  std::vector<uint32_t> allow_uids;
+  std::vector<uint32_t> allow_gids;
+  std::vector<uint32_t> admin_uids;
+  std::vector<uint32_t> admin_gids;
+  // The daemon's effective uid (geteuid()): always an admin, as root is.
+  uint32_t daemon_uid = 0;
+};
+
+// The caller `cred` is under `policy`: admin = uid 0, the daemon's uid, admin_uids, or a
+// member (primary or supplementary group) of one of admin_gids.
+Caller MakeCaller(const PeerCred& cred, const AccessPolicy& policy);
+
+// OK when `caller` may consume; PERMISSION_DENIED naming its uid and the config that would
+// allow it otherwise.
+absl::Status CheckMayConsume(const Caller& caller, const AccessPolicy& policy);
+
+// The Feed and Admin services' view of a call's identity: the peer's credentials, looked up
+// by the name gRPC gives the connection (ctx->peer()), under the policy.
+class CallerResolver {
+ public:
+  using Lookup = std::function<std::optional<PeerCred>(absl::string_view peer)>;
+  CallerResolver(Lookup lookup, AccessPolicy policy)
+      : lookup_(std::move(lookup)), policy_(std::move(policy)) {}
+
+  // UNAUTHENTICATED when the connection has no recorded identity (it did not come through
+  // the daemon's own listener): fail closed.
+  absl::StatusOr<Caller> Identify(absl::string_view peer) const;
+  // As Identify, then CheckMayConsume.
+  absl::StatusOr<Caller> IdentifyConsumer(absl::string_view peer) const;
+
+  const AccessPolicy& policy() const { return policy_; }
+
+ private:
+  const Lookup lookup_;
+  const AccessPolicy policy_;
+};
+
+}  // namespace gpufeed::server

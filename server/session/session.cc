@@ -20,8 +20,6 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       attached_at_(absl::Now()),
       stride_(params_.stage == StageMode::kNone ? feed_->layout().stride_bytes
                                                 : feed_->staged_layout()->stride_bytes),
-      ring_slab_(ring.slab()),
-      ring_offset_(ring.offset()),
       ring_bytes_(ring.size()),
       ring_data_(ring.data()),
       backend_(backend),
@@ -128,6 +126,16 @@ absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
         absl::StrCat("session ", params_.id, " has no device ring"));
   }
   return device_->ExportFd();
+}
+
+absl::StatusOr<UniqueFd> Session::ShareRingFd() const {
+  absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
+  if (device_delivery()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", params_.id, " delivers to a GPU: its host staging is never handed out"));
+  }
+  return ring_.DupMemfd();  // a dup, under the lock: the ring cannot go meanwhile
 }
 
 void Session::TakeRingsIfIdleLocked(TakenRings* rings) {

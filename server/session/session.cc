@@ -1,5 +1,8 @@
 #include "server/session/session.h"
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <span>
 #include <utility>
 
@@ -21,6 +24,7 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       stride_(params_.stage == StageMode::kNone ? feed_->layout().stride_bytes
                                                 : feed_->staged_layout()->stride_bytes),
       ring_bytes_(ring.size()),
+      ring_fd_(ring.TakeMemfd()),
       ring_data_(ring.data()),
       backend_(backend),
       device_export_(device != nullptr ? device->exported() : DeviceRingExport{}),
@@ -129,13 +133,13 @@ absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
 }
 
 absl::StatusOr<UniqueFd> Session::ShareRingFd() const {
-  absl::MutexLock lock(&mu_);
-  if (!closed_.ok()) return closed_;
-  if (device_delivery()) {
+  if (!ring_fd_.valid()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", params_.id, " delivers to a GPU: its host staging is never handed out"));
   }
-  return ring_.DupMemfd();  // a dup, under the lock: the ring cannot go meanwhile
+  UniqueFd fd(::fcntl(ring_fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's memfd");
+  return fd;
 }
 
 void Session::TakeRingsIfIdleLocked(TakenRings* rings) {

@@ -117,8 +117,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // The host ring's size (page-rounded): for host delivery, the size of its own memfd.
   uint64_t ring_bytes() const { return ring_bytes_; }
   // A new descriptor of the host ring's own memfd, for the memory socket to hand to the
-  // consumer (mapped from offset 0, ring_bytes() long). The session's close status once it
-  // has ended; FAILED_PRECONDITION for device delivery, whose host slots never leave the
+  // consumer (mapped from offset 0, ring_bytes() long): always this session's own ring, also
+  // after it ended (the consumer then learns why on its stream, and sees only its own old
+  // batches). FAILED_PRECONDITION for device delivery, whose host slots never leave the
   // daemon.
   absl::StatusOr<UniqueFd> ShareRingFd() const;
   absl::Time attached_at() const { return attached_at_; }
@@ -204,6 +205,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const absl::Time attached_at_;
   const uint64_t stride_;
   const uint64_t ring_bytes_;
+  // Host delivery: the ring's own memfd, kept while this object lives (the region, which
+  // goes when the session ends, keeps the mapping and the budget). Invalid for device.
+  const UniqueFd ring_fd_;
   std::byte* const ring_data_;
   DeviceBackend* const backend_;
   const DeviceRingExport device_export_;

@@ -53,7 +53,8 @@ void StagingRegion::Return() {
 absl::StatusOr<UniqueFd> StagingRegion::DupMemfd() const {
   if (!memfd_.valid()) {
     return absl::FailedPreconditionError(
-        "this ring stages in the daemon's private slabs, which are never handed out");
+        own_memfd() ? "this ring's memfd is held by its session"
+                    : "this ring stages in the daemon's private slabs, which are never handed out");
   }
   UniqueFd fd(::fcntl(memfd_.get(), F_DUPFD_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's memfd");

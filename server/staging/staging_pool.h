@@ -4,8 +4,9 @@
 // - A host-delivery ring is its own memfd, of exactly the ring's bytes (page-rounded), sealed
 //   against resizing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), created and mapped at
 //   Attach. The memory socket hands that memfd to the ring's consumer and nothing else: a
-//   consumer can map only its own ring. When the session ends the daemon unmaps and closes
-//   it; a consumer that still maps it keeps only its own old pages, never another session's.
+//   consumer can map only its own ring. When the session ends the daemon unmaps it and the
+//   bytes return to the budget (the session closes its descriptor when it goes); a consumer
+//   that still maps it keeps only its own old pages, never another session's.
 // - A device-delivery session stages through a region of the daemon's slabs: memfd slabs
 //   created once at start-up (pinned when a GPU is present: pinning is slow, never per batch)
 //   and never handed to any consumer.
@@ -43,10 +44,14 @@ class StagingRegion {
   uint64_t offset() const { return offset_; }
   int slab() const { return slab_; }
   // Whether this is a ring's own memfd (the region is the whole file, size() bytes).
-  bool own_memfd() const { return memfd_.valid(); }
+  bool own_memfd() const { return pool_ != nullptr && slab_ < 0; }
   // A new close-on-exec descriptor of the ring's own memfd, for the memory socket.
-  // FAILED_PRECONDITION for a slab region: slabs never leave the daemon.
+  // FAILED_PRECONDITION for a slab region (slabs never leave the daemon), or once taken.
   absl::StatusOr<UniqueFd> DupMemfd() const;
+  // Hands the own memfd's descriptor to the caller (invalid for a slab region); the region
+  // keeps the mapping and the budget until it goes. A session holds the descriptor so that
+  // its consumer can be given its ring for as long as the session object lives.
+  UniqueFd TakeMemfd() { return std::move(memfd_); }
 
  private:
   friend class StagingPool;
@@ -57,7 +62,7 @@ class StagingRegion {
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
   std::byte* data_ = nullptr;
-  // Own memfd only: the daemon's mapping of it (unmapped before the fd closes).
+  // Own memfd only: its descriptor (until taken) and the daemon's mapping of it.
   UniqueFd memfd_;
   Mapping mapping_;
 };

@@ -529,6 +529,25 @@ TEST(StagingPoolTest, MovingAnOwnMemfdKeepsOneOwnerAndReturnsItsBytesOnce) {
   EXPECT_EQ(pool->free_bytes(), 4 * kPage);
 }
 
+TEST(StagingPoolTest, TakingTheMemfdLeavesTheMappingAndTheBudgetWithTheRegion) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion r = MustAllocateOwn(*pool, kPage);
+  UniqueFd fd = r.TakeMemfd();
+  ASSERT_TRUE(fd.valid());
+  EXPECT_TRUE(r.own_memfd());
+  EXPECT_EQ(r.DupMemfd().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.DupMemfd().status().message(), HasSubstr("held by its session"));
+  r.data()[3] = std::byte{0x5A};  // still mapped
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+  absl::StatusOr<Mapping> m = Mapping::Map(fd.get(), 0, kPage, false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->data()[3], std::byte{0x5A});
+  r = StagingRegion();
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);  // the budget went with the region
+  EXPECT_EQ(m->data()[3], std::byte{0x5A});  // the file lives on for whoever holds it
+}
+
 // The equivalent of ANewRegionIsZeroedWhateverTheLastOwnerWrote for rings of their own: a
 // new ring is zeroed, and a consumer that still maps an ended ring keeps only that ring's old
 // pages, never the next session's.

@@ -133,9 +133,13 @@ absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
 }
 
 absl::StatusOr<UniqueFd> Session::ShareRingFd() const {
-  if (!ring_fd_.valid()) {
+  if (device_delivery()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", params_.id, " delivers to a GPU: its host staging is never handed out"));
+  }
+  if (!ring_fd_.valid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", params_.id, "'s ring has no memfd of its own"));
   }
   UniqueFd fd(::fcntl(ring_fd_.get(), F_DUPFD_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's memfd");

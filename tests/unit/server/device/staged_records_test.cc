@@ -7,11 +7,13 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_device_backend.h"
+#include "tests/testing/image_files.h"
 
 namespace gpufeed::server {
 namespace {
@@ -174,6 +176,31 @@ TEST_F(StagedRecordsTest, TheFakeRingsStageInRefusesACorruptedSlot) {
   EXPECT_EQ(ring.finals.load(), 0);  // nothing was acted on before the check
   refused = ring.StageIn(0, slot_.data(), layout_, kBatch + 1, output_);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInternal);
+}
+
+// nvJPEG writes the file's own size: the fake, as the contract, refuses a JPEG whose size is
+// not its record's (here 7 x 6 where the record says 6 x 7: the same bytes, another pitch),
+// and hands the row back for the CPU.
+TEST_F(StagedRecordsTest, TheFakeRingRefusesAJpegOfAnotherSizeThanItsRecord) {
+  for (const auto& [h, w, refused_rows] :
+       std::vector<std::tuple<int, int, size_t>>{{6, 7, 0}, {7, 6, 1}}) {
+    const std::vector<uint8_t> jpeg =
+        testing::EncodeJpeg(testing::Picture(h, w, 3, 1), h, w, TJPF_RGB, TJSAMP_444, 95);
+    ASSERT_LE(Record(2).host_offset + jpeg.size(), layout_.arena_bytes);
+    std::memcpy(slot_.data() + layout_.arena_offset + Record(2).host_offset, jpeg.data(),
+                jpeg.size());
+    Record(2).host_bytes = jpeg.size();
+    auto log = std::make_shared<testing::FakeDeviceLog>();
+    testing::FakeDeviceRing ring(log, 1, output_.label_offset + kBatch * sizeof(int64_t),
+                                 layout_.device_scratch_bytes);
+    absl::StatusOr<std::vector<int>> refused =
+        ring.StageIn(0, slot_.data(), layout_, kBatch, output_);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->size(), refused_rows) << h << " x " << w;
+    if (refused_rows > 0) {
+      EXPECT_EQ((*refused)[0], 2);
+    }
+  }
 }
 
 }  // namespace

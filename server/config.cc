@@ -33,10 +33,11 @@ ABSL_FLAG(std::string, listen, DaemonConfig().listen,
 ABSL_FLAG(std::string, mem_socket, DaemonConfig().mem_socket,
           "Unix socket that hands over memory; default: beside --listen, NAME.mem.sock");
 ABSL_FLAG(uint64_t, staging_bytes, DaemonConfig().staging_bytes,
-          "bytes of host staging memory (memfd slabs) shared by all sessions' rings");
+          "bytes of host staging memory shared by all sessions' rings (host rings: a memfd "
+          "each; device sessions: memfd slabs)");
 ABSL_FLAG(uint64_t, staging_slab_bytes, DaemonConfig().staging_slab_bytes,
-          "the staging memory is made of memfd slabs of at most this many bytes; one session's "
-          "ring must fit in one slab");
+          "device sessions stage in memfd slabs of at most this many bytes; one device "
+          "session's staging must fit in one slab");
 ABSL_FLAG(int, threads, DaemonConfig().threads, "reader threads; 0 = one per core");
 ABSL_FLAG(int, attach_threads, DaemonConfig().attach_threads,
           "threads that run Attach (open a dataset, allocate its rings), 1 to 64");

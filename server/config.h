@@ -28,7 +28,8 @@ struct DaemonConfig {
   // validation).
   std::string mem_socket;
   uint64_t staging_bytes = uint64_t{1} << 30;
-  // The staging pool is made of memfd slabs of at most this size; one ring must fit in one.
+  // Device sessions stage in memfd slabs of at most this size; one session's staging must
+  // fit in one. (A host ring is a memfd of its own, any size within staging_bytes.)
   uint64_t staging_slab_bytes = uint64_t{1} << 30;
   int threads = 0;  // 0: one per core (filled in by validation)
   // Threads that run Attach (open datasets, allocate rings), off gRPC's callback threads.

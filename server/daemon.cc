@@ -60,7 +60,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   GPUFEED_ASSIGN_OR_RETURN(d->devices_, CreateCudaBackend(cuda));
   if (!d->devices_->gpu_uuids().empty()) {
     // Pinned once at start-up (13.5 ms per 256 MiB measured): copies from it run at full
-    // PCIe speed and asynchronously.
+    // PCIe speed and asynchronously. Only the slabs: device sessions stage there. Host rings
+    // (their own memfds) are not pinned: the daemon never copies from one to a GPU, and a
+    // registration is the daemon's own (its CUDA context), so it would not speed up a
+    // consumer's copies from its mapping, only cost time per Attach and locked memory.
     for (int i = 0; i < d->pool_->num_slabs(); ++i) {
       GPUFEED_RETURN_IF_ERROR(PinHost(d->pool_->slab_data(i), d->pool_->slab_bytes(i)));
     }
@@ -86,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
-                           MemServer::Start(c.mem_socket, d->sessions_.get(), d->pool_.get(),
+                           MemServer::Start(c.mem_socket, d->sessions_.get(),
                                             MemServerOptions{c.mem_request_timeout}));
 
   AccessPolicy policy;

@@ -11,6 +11,7 @@
 #include "common/os/fd.h"
 #include "common/status.h"
 #include "server/device/augment_kernel.h"
+#include "server/device/staged_records.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
@@ -194,12 +195,16 @@ class CudaRing final : public DeviceRing {
 
   absl::StatusOr<std::vector<int>> StageIn(int slot, std::byte* host, const StagedLayout& layout,
                                            int count, const StagedOutput& output) override {
+    // Records copied out of the slot and bounds-checked before anything acts on them; only
+    // the checked copy is used below (docs/SECURITY.md section 3).
+    GPUFEED_ASSIGN_OR_RETURN(const std::vector<StagedRecord> records,
+                             ReadStagedRecords(host, layout, count, output));
     cuda::DeviceGuard guard(gpu_->ordinal);
     const size_t k = static_cast<size_t>(slot);
     std::byte* dst = base_ + k * stride_;
     GPUFEED_RETURN_IF_ERROR(Upload(dst + output.label_offset, host + layout.labels_offset,
                                    static_cast<uint64_t>(count) * sizeof(int64_t)));
-    const auto* records = reinterpret_cast<const StagedRecord*>(host + layout.records_offset);
+    // At most `count` <= batch tasks: within the slot's task area.
     auto* tasks = reinterpret_cast<AugmentTask*>(host + layout.tasks_offset);
     const std::byte* arena = host + layout.arena_offset;
     Scratch& sc = scratch_[next_scratch_];
@@ -216,7 +221,7 @@ class CudaRing final : public DeviceRing {
       return s;
     };
     for (int i = 0; i < count; ++i) {
-      const StagedRecord& r = records[i];
+      const StagedRecord& r = records[static_cast<size_t>(i)];
       if (r.kind == StagedKind::kFinal) {
         GPUFEED_RETURN_IF_ERROR(Upload(dst + output.image_offset + i * output.image_row_bytes,
                                        arena + r.host_offset, output.image_row_bytes));
@@ -243,7 +248,7 @@ class CudaRing final : public DeviceRing {
     }
     GPUFEED_RETURN_IF_ERROR(flush());
     std::vector<int> refused;
-    if (!jpeg_rows.empty() && !DecodeJpegs(sc, records, arena, jpeg_rows).ok()) {
+    if (!jpeg_rows.empty() && !DecodeJpegs(sc, records.data(), arena, jpeg_rows).ok()) {
       // nvJPEG refused the batch (a corrupt file it cannot say which of): a worker redoes its
       // JPEG rows on the CPU and FinishRows writes them over what the kernel left there.
       refused = jpeg_rows;

@@ -29,22 +29,20 @@ void SetError(const absl::Status& status, v1::MemResponse* response) {
 
 absl::StatusOr<std::unique_ptr<MemServer>> MemServer::Start(const std::string& path,
                                                            SessionManager* sessions,
-                                                           const StagingPool* pool,
                                                            MemServerOptions options) {
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd listen, ListenUnix(path));
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoToStatus(errno, "eventfd");
   return std::unique_ptr<MemServer>(
-      new MemServer(path, std::move(listen), std::move(wake), sessions, pool, options));
+      new MemServer(path, std::move(listen), std::move(wake), sessions, options));
 }
 
 MemServer::MemServer(std::string path, UniqueFd listen, UniqueFd wake, SessionManager* sessions,
-                     const StagingPool* pool, MemServerOptions options)
+                     MemServerOptions options)
     : path_(std::move(path)),
       listen_(std::move(listen)),
       wake_(std::move(wake)),
       sessions_(sessions),
-      pool_(pool),
       options_(options) {
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "memsock");
@@ -140,6 +138,7 @@ void MemServer::Serve(int connection) {
   const absl::Time deadline = absl::Now() + options_.request_timeout;
   v1::MemResponse response;
   int pass_fd = -1;
+  UniqueFd ring_fd;    // a dup of the host ring's memfd, closed once sent
   UniqueFd device_fd;  // a dup of the VMM export, closed once sent
   absl::StatusOr<PeerCred> cred = GetPeerCred(connection);
   absl::StatusOr<Frame> frame =
@@ -177,9 +176,17 @@ void MemServer::Serve(int connection) {
     if (!session.ok()) {
       SetError(session.status(), &response);
     } else if (!(*session)->device_delivery()) {
-      pass_fd = pool_->slab_fd((*session)->ring_slab());
-      response.set_map_offset((*session)->ring_offset());
-      response.set_map_bytes((*session)->ring_bytes());
+      // The ring's own memfd, the whole of it: nothing of another session's memory.
+      absl::StatusOr<UniqueFd> ring = (*session)->ShareRingFd();
+      if (!ring.ok()) {
+        response.set_code(static_cast<int32_t>(ring.status().code()));
+        response.set_message(std::string(ring.status().message()));
+      } else {
+        ring_fd = std::move(*ring);
+        pass_fd = ring_fd.get();
+        response.set_map_offset(0);
+        response.set_map_bytes((*session)->ring_bytes());
+      }
     } else if ((*session)->device_export().ipc != IpcKind::kVmm) {
       response.set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
       response.set_message("this session's device ring is shared by legacy CUDA IPC, not an fd");

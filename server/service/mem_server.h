@@ -1,5 +1,6 @@
 // The memory socket: hands a session's ring to its consumer as a file descriptor
-// (SCM_RIGHTS), after the consumer shows the session token, and takes a client's dataset
+// (SCM_RIGHTS), after the consumer shows the session token: a host ring's own memfd (never
+// the daemon's slabs) or a device ring's VMM export; and it takes a client's dataset
 // descriptor in exchange for a dataset handle (open_dataset). gRPC cannot carry fds.
 //
 // Connections are served concurrently, each on a thread of its own ("mem/conn"), at most
@@ -21,7 +22,6 @@
 #include "common/os/fd.h"
 #include "common/os/peer_cred.h"
 #include "server/session/session_manager.h"
-#include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
 
@@ -35,7 +35,6 @@ class MemServer {
   // Binds `path` (ALREADY_EXISTS when another daemon serves it) and starts the accept thread.
   static absl::StatusOr<std::unique_ptr<MemServer>> Start(const std::string& path,
                                                           SessionManager* sessions,
-                                                          const StagingPool* pool,
                                                           MemServerOptions options = {});
   // Stops accepting, cuts off the connections in progress, joins every thread, removes the
   // socket file.
@@ -47,7 +46,7 @@ class MemServer {
 
  private:
   MemServer(std::string path, UniqueFd listen, UniqueFd wake, SessionManager* sessions,
-            const StagingPool* pool, MemServerOptions options);
+            MemServerOptions options);
   void Loop();
   // Serves one connection on its own thread, then hands that thread over to be joined.
   void RunConnection(uint64_t id, UniqueFd connection) ABSL_LOCKS_EXCLUDED(mu_);
@@ -59,7 +58,6 @@ class MemServer {
   const UniqueFd listen_;
   const UniqueFd wake_;  // eventfd: written once to stop everything; stays readable
   SessionManager* const sessions_;
-  const StagingPool* const pool_;
   const MemServerOptions options_;
 
   mutable absl::Mutex mu_;

@@ -1,6 +1,9 @@
 #include "server/session/session.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <span>
 #include <utility>
 
@@ -22,9 +25,8 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
       attached_at_(absl::Now()),
       stride_(params_.stage == StageMode::kNone ? feed_->layout().stride_bytes
                                                 : feed_->staged_layout()->stride_bytes),
-      ring_slab_(ring.slab()),
-      ring_offset_(ring.offset()),
       ring_bytes_(ring.size()),
+      ring_fd_(ring.TakeMemfd()),
       ring_data_(ring.data()),
       backend_(backend),
       device_export_(device != nullptr ? device->exported() : DeviceRingExport{}),
@@ -130,6 +132,20 @@ absl::StatusOr<UniqueFd> Session::ExportDeviceFd() const {
         absl::StrCat("session ", params_.id, " has no device ring"));
   }
   return device_->ExportFd();
+}
+
+absl::StatusOr<UniqueFd> Session::ShareRingFd() const {
+  if (device_delivery()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", params_.id, " delivers to a GPU: its host staging is never handed out"));
+  }
+  if (!ring_fd_.valid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", params_.id, "'s ring has no memfd of its own"));
+  }
+  UniqueFd fd(::fcntl(ring_fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's memfd");
+  return fd;
 }
 
 void Session::TakeRingsIfIdleLocked(TakenRings* rings) {

@@ -1,5 +1,6 @@
 // A session: one consumer process (rank r of a job) attached to a feed, with its own ring of
-// K slots carved from the staging pool and its own cursor. The spine, per slot:
+// K slots from the staging pool (host delivery: a memfd of its own, the only memory its
+// consumer receives; device delivery: daemon-private slab memory) and its own cursor. The spine, per slot:
 //
 //   kFree --(a worker claims it: next position)--> kFilling --(read done)--> kReady
 //     ^                                                                        |
@@ -122,10 +123,14 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& job() const { return params_.job; }
   int32_t rank() const { return params_.rank; }
   const Feed& feed() const { return *feed_; }
-  // The ring's place in the staging pool (slab, offset, size), for the memory socket.
-  int ring_slab() const { return ring_slab_; }
-  uint64_t ring_offset() const { return ring_offset_; }
+  // The host ring's size (page-rounded): for host delivery, the size of its own memfd.
   uint64_t ring_bytes() const { return ring_bytes_; }
+  // A new descriptor of the host ring's own memfd, for the memory socket to hand to the
+  // consumer (mapped from offset 0, ring_bytes() long): always this session's own ring, also
+  // after it ended (the consumer then learns why on its stream, and sees only its own old
+  // batches). FAILED_PRECONDITION for device delivery, whose host slots never leave the
+  // daemon.
+  absl::StatusOr<UniqueFd> ShareRingFd() const;
   absl::Time attached_at() const { return attached_at_; }
 
   // Queues the first fills. Called once, right after construction.
@@ -212,9 +217,10 @@ class Session : public std::enable_shared_from_this<Session> {
   FillScheduler* const scheduler_;
   const absl::Time attached_at_;
   const uint64_t stride_;
-  const int ring_slab_;
-  const uint64_t ring_offset_;
   const uint64_t ring_bytes_;
+  // Host delivery: the ring's own memfd, kept while this object lives (the region, which
+  // goes when the session ends, keeps the mapping and the budget). Invalid for device.
+  const UniqueFd ring_fd_;
   std::byte* const ring_data_;
   DeviceBackend* const backend_;
   const DeviceRingExport device_export_;

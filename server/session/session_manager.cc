@@ -196,8 +196,12 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<const IdsBudget::Charge> ids_charge,
                            IdsBudget::Take(ids_budget_, spec.feed.batch_size, slots));
-  // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap.
-  absl::StatusOr<StagingRegion> ring = pool_->Allocate(stride * static_cast<uint64_t>(slots));
+  // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap. A host ring
+  // is a memfd of its own (its consumer maps it); device staging stays in the private slabs.
+  const uint64_t ring_bytes = stride * static_cast<uint64_t>(slots);
+  absl::StatusOr<StagingRegion> ring = spec.delivery == DeliveryKind::kHost
+                                           ? pool_->AllocateOwnMemfd(ring_bytes)
+                                           : pool_->Allocate(ring_bytes);
   if (!ring.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));

@@ -1,6 +1,9 @@
 #include "server/staging/staging_pool.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -19,18 +22,43 @@ uint64_t RoundUpToPage(uint64_t bytes) {
 
 StagingRegion& StagingRegion::operator=(StagingRegion&& other) noexcept {
   if (this != &other) {
-    if (pool_ != nullptr) pool_->Free(slab_, offset_, size_);
+    Return();
     pool_ = std::exchange(other.pool_, nullptr);
     slab_ = std::exchange(other.slab_, -1);
     offset_ = std::exchange(other.offset_, 0);
     size_ = std::exchange(other.size_, 0);
     data_ = std::exchange(other.data_, nullptr);
+    memfd_ = std::move(other.memfd_);
+    mapping_ = std::move(other.mapping_);
   }
   return *this;
 }
 
-StagingRegion::~StagingRegion() {
-  if (pool_ != nullptr) pool_->Free(slab_, offset_, size_);
+StagingRegion::~StagingRegion() { Return(); }
+
+void StagingRegion::Return() {
+  if (pool_ == nullptr) return;
+  if (slab_ >= 0) {
+    pool_->Free(slab_, offset_, size_);
+  } else {
+    // An own memfd: the daemon lets go of the file; a consumer's mapping keeps its pages,
+    // for it alone.
+    mapping_ = Mapping();
+    memfd_.Reset();
+    pool_->Unreserve(size_);
+  }
+  pool_ = nullptr;
+}
+
+absl::StatusOr<UniqueFd> StagingRegion::DupMemfd() const {
+  if (!memfd_.valid()) {
+    return absl::FailedPreconditionError(
+        own_memfd() ? "this ring's memfd is held by its session"
+                    : "this ring stages in the daemon's private slabs, which are never handed out");
+  }
+  UniqueFd fd(::fcntl(memfd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "dup of the ring's memfd");
+  return fd;
 }
 
 absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_bytes,
@@ -60,7 +88,7 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_
   return pool;
 }
 
-absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
+absl::StatusOr<uint64_t> StagingPool::RoundRequest(uint64_t bytes) const {
   // Rounded in 128 bits: a request near 2^64 must not wrap to a tiny region.
   const __uint128_t page = PageSize();
   const __uint128_t rounded = (std::max<__uint128_t>(bytes, 1) + page - 1) / page * page;
@@ -71,7 +99,18 @@ absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
         " bytes, more than the whole pool (",
         total_bytes_, " bytes free at most); start gpufeedd with a larger --staging_bytes"));
   }
-  const uint64_t size = static_cast<uint64_t>(rounded);
+  return static_cast<uint64_t>(rounded);
+}
+
+absl::Status StagingPool::ExhaustedLocked(uint64_t size, uint64_t largest) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "staging pool: asked for ", size, " bytes, ", free_bytes_, " of ", total_bytes_,
+      " bytes free (largest free block ", largest, " bytes); detach other sessions, use fewer "
+      "ring_slots or a smaller batch, or start gpufeedd with a larger --staging_bytes"));
+}
+
+absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
+  GPUFEED_ASSIGN_OR_RETURN(const uint64_t size, RoundRequest(bytes));
   absl::StatusOr<StagingRegion> region = Take(size);
   // A new ring never shows the previous owner's bytes: zeroed outside the pool's lock (a
   // 64 MiB ring takes a few milliseconds, once per Attach).
@@ -79,13 +118,37 @@ absl::StatusOr<StagingRegion> StagingPool::Allocate(uint64_t bytes) {
   return region;
 }
 
+absl::StatusOr<StagingRegion> StagingPool::AllocateOwnMemfd(uint64_t bytes) {
+  GPUFEED_ASSIGN_OR_RETURN(const uint64_t size, RoundRequest(bytes));
+  {
+    absl::MutexLock lock(&mu_);
+    // Any free byte of the budget will do: an own memfd needs no contiguous range.
+    if (size > free_bytes_) return ExhaustedLocked(size, free_bytes_);
+    free_bytes_ -= size;
+  }
+  // Created and mapped outside the lock; on failure the reservation goes back.
+  StagingRegion region;
+  region.pool_ = this;
+  region.size_ = size;
+  absl::StatusOr<UniqueFd> fd = CreateSealedMemfd("gpufeed-ring", size);
+  if (!fd.ok()) return Annotate(fd.status(), "staging pool: a ring's memfd");  // region returns
+  region.memfd_ = std::move(*fd);
+  absl::StatusOr<Mapping> mapping = Mapping::Map(region.memfd_.get(), 0, size, true);
+  if (!mapping.ok()) return Annotate(mapping.status(), "staging pool: mapping a ring's memfd");
+  region.mapping_ = std::move(*mapping);
+  region.data_ = region.mapping_.data();
+  return region;  // a new memfd reads as zeros: nothing to clear
+}
+
 absl::StatusOr<StagingRegion> StagingPool::Take(uint64_t size) {
   absl::MutexLock lock(&mu_);
+  // Own memfds hold budget outside the slabs: a free range counts up to the budget left.
+  const bool in_budget = size <= free_bytes_;
   uint64_t largest = 0;
   for (size_t s = 0; s < free_.size(); ++s) {
     for (auto it = free_[s].begin(); it != free_[s].end(); ++it) {
-      largest = std::max(largest, it->second);
-      if (it->second < size) continue;  // first fit
+      largest = std::max(largest, std::min(it->second, free_bytes_));
+      if (!in_budget || it->second < size) continue;  // first fit
       StagingRegion region;
       region.pool_ = this;
       region.slab_ = static_cast<int>(s);
@@ -100,10 +163,7 @@ absl::StatusOr<StagingRegion> StagingPool::Take(uint64_t size) {
       return region;
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "staging pool: asked for ", size, " bytes, ", free_bytes_, " of ", total_bytes_,
-      " bytes free (largest free block ", largest, " bytes); detach other sessions, use fewer "
-      "ring_slots or a smaller batch, or start gpufeedd with a larger --staging_bytes"));
+  return ExhaustedLocked(size, largest);
 }
 
 void StagingPool::Free(int slab, uint64_t offset, uint64_t size) {
@@ -124,6 +184,11 @@ void StagingPool::Free(int slab, uint64_t offset, uint64_t size) {
       ranges.erase(it);
     }
   }
+}
+
+void StagingPool::Unreserve(uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  free_bytes_ += size;
 }
 
 uint64_t StagingPool::free_bytes() const {

@@ -19,6 +19,7 @@
 #include "server/decode/image_decoder.h"
 #include "server/device/copy_thread.h"
 #include "server/device/device_backend.h"
+#include "server/device/staged_records.h"
 
 namespace gpufeed::testing {
 
@@ -101,16 +102,21 @@ class FakeDeviceRing final : public server::DeviceRing {
                                            const server::StagedLayout& layout, int count,
                                            const server::StagedOutput& output) override {
     log_->Add(absl::StrCat("stage ", slot, Reused(slot) ? " reused" : " first"));
+    if (before_stage) before_stage(host, layout);
+    // As the CUDA ring: the records are copied out of the slot and checked before use.
+    absl::StatusOr<std::vector<server::StagedRecord>> checked =
+        server::ReadStagedRecords(host, layout, count, output);
+    if (!checked.ok()) return checked.status();
+    const std::vector<server::StagedRecord>& records = *checked;
     std::byte* dst = memory_.data() + static_cast<uint64_t>(slot) * stride_;
     std::memcpy(dst + output.label_offset, host + layout.labels_offset,
                 static_cast<size_t>(count) * sizeof(int64_t));
-    const auto* records = reinterpret_cast<const server::StagedRecord*>(host + layout.records_offset);
     const std::byte* arena = host + layout.arena_offset;
     std::vector<server::AugmentTask> tasks;
     std::vector<int> jpeg_rows;
     bool jpeg_ok = !refuse_jpeg;
     for (int i = 0; i < count; ++i) {
-      const server::StagedRecord& r = records[i];
+      const server::StagedRecord& r = records[static_cast<size_t>(i)];
       if (r.kind == server::StagedKind::kFinal) {
         std::memcpy(dst + output.image_offset + i * output.image_row_bytes, arena + r.host_offset,
                     output.image_row_bytes);
@@ -129,7 +135,9 @@ class FakeDeviceRing final : public server::DeviceRing {
         const auto* bytes = reinterpret_cast<const uint8_t*>(arena + r.host_offset);
         absl::StatusOr<server::Image> image =
             server::DecodeImage(std::span<const uint8_t>(bytes, r.host_bytes));
-        if (!image.ok() || image->rgb.size() != r.device_bytes) {
+        // nvJPEG writes the file's own size: one that is not the record's is refused.
+        if (!image.ok() || image->height != r.geometry.src_height ||
+            image->width != r.geometry.src_width || image->rgb.size() != r.device_bytes) {
           jpeg_ok = false;
         } else {
           std::memcpy(scratch_.data() + r.device_offset, image->rgb.data(), image->rgb.size());
@@ -171,6 +179,8 @@ class FakeDeviceRing final : public server::DeviceRing {
   // Rows staged so far, by kind, and rows redone on the CPU.
   std::atomic<int> finals{0}, raws{0}, jpegs{0}, redone{0};
   bool refuse_jpeg = false;  // set before the session starts
+  // Runs on the host slot before StageIn reads it: how a test corrupts a staged slot.
+  std::function<void(std::byte* host, const server::StagedLayout& layout)> before_stage;
 
   absl::Status WaitCopied(int slot) override {
     log_->Add(absl::StrCat("wait-copied ", slot));
@@ -213,6 +223,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
     used_ += bytes;
     auto ring = std::make_unique<FakeDeviceRing>(log, slots, stride, scratch_bytes);
     ring->refuse_jpeg = refuse_jpeg;
+    ring->before_stage = before_stage;
     last = ring.get();
     return std::unique_ptr<server::DeviceRing>(std::move(ring));
   }
@@ -224,6 +235,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   bool stage = true;          // StageIn works
   bool nvjpeg = true;         // NvjpegStatus is OK
   bool refuse_jpeg = false;   // given to new rings
+  std::function<void(std::byte*, const server::StagedLayout&)> before_stage;  // given to new rings
 
   void Post(const std::string&, std::function<void()> work) override {
     thread_.Post(std::move(work));

@@ -52,7 +52,7 @@ class MemServerTest : public ::testing::Test {
 
   void Start(MemServerOptions options) {
     absl::StatusOr<std::unique_ptr<MemServer>> server =
-        MemServer::Start(path_, sessions_.get(), pool_.get(), options);
+        MemServer::Start(path_, sessions_.get(), options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }

@@ -105,6 +105,20 @@ TEST_F(DeviceSessionTest, BatchesAreCopiedToTheDeviceRingAndReusedSlotsWaitForRe
   EXPECT_THAT(calls, Contains("wait-copied 0"));  // the host slot is refilled only after its copy
 }
 
+// docs/SECURITY.md section 3: a device session stages in the daemon's private slabs (counted
+// against the same budget), which are never handed out.
+TEST_F(DeviceSessionTest, HostStagingOfADeviceSessionStaysInThePrivateSlabs) {
+  const uint64_t free_before = pool_->free_bytes();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto session = manager_->Find(a->session_id, a->token);
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ(pool_->free_bytes(), free_before - (*session)->ring_bytes());
+  absl::StatusOr<UniqueFd> fd = (*session)->ShareRingFd();
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fd.status().message(), HasSubstr("never handed out"));
+}
+
 // A consumer whose GPU still reads slot 0 (its release event not yet complete): the copy
 // thread polls and writes the slot again only once the event completes, and meanwhile another
 // session on the same GPU gets its batches. Before, the GPU's one stream waited for the

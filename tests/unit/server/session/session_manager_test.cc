@@ -2,7 +2,10 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstddef>
@@ -177,12 +180,13 @@ class SessionManagerTest : public ::testing::Test {
   }
 
   // Checks that `batch`'s slot holds, row by row, the token windows of its sample ids, as a
-  // consumer would see them through its own mapping of the slab.
+  // consumer would see them through its own mapping of the ring's memfd.
   void ExpectSlotBytes(const Session& session, const Attachment& a, const ReadyBatch& batch) {
     ASSERT_EQ(a.layout.tensors.size(), 1u);
     const TensorLayout& t = a.layout.tensors[0];
-    absl::StatusOr<Mapping> m = Mapping::Map(pool_->slab_fd(session.ring_slab()),
-                                             session.ring_offset(), session.ring_bytes(), false);
+    absl::StatusOr<UniqueFd> fd = session.ShareRingFd();
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    absl::StatusOr<Mapping> m = Mapping::Map(fd->get(), 0, session.ring_bytes(), false);
     ASSERT_TRUE(m.ok()) << m.status();
     const char* slot = reinterpret_cast<const char*>(m->data()) +
                        static_cast<uint64_t>(batch.slot) * a.layout.stride_bytes;
@@ -586,7 +590,7 @@ TEST_F(SessionManagerTest, FullFlowDeliversTheSamplersIdsAndTheFilesBytes) {
 
   std::shared_ptr<Session> session = MustFind(*a);
   ASSERT_NE(session, nullptr);
-  EXPECT_EQ(session->ring_offset() % PageSize(), 0u);
+  EXPECT_EQ(session->ring_bytes() % PageSize(), 0u);
   EXPECT_EQ(session->ring_bytes(), 2 * a->layout.stride_bytes);
   StreamProbe probe;
   ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
@@ -846,6 +850,77 @@ TEST_F(SessionManagerTest, DetachReturnsTheRingToThePool) {
   EXPECT_GT(probe.notified(), 0);
   // The (job, rank) is free again.
   EXPECT_TRUE(manager_->Attach(Spec()).ok());
+}
+
+// docs/SECURITY.md section 3: a host ring is a sealed memfd of its own, exactly the ring's
+// bytes; two sessions' rings are different files; once the session ends it is handed out no
+// more, its bytes are back in the budget, and a consumer still mapping it keeps only its own
+// old batch.
+TEST_F(SessionManagerTest, AHostRingIsItsOwnMemfdOfExactlyTheRingsBytes) {
+  StartManager();
+  const uint64_t free_before = pool_->free_bytes();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  AttachSpec spec1 = Spec();
+  spec1.rank = 1;
+  absl::StatusOr<Attachment> b = manager_->Attach(spec1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::shared_ptr<Session> sa = MustFind(*a);
+  std::shared_ptr<Session> sb = MustFind(*b);
+  ASSERT_TRUE(sa != nullptr && sb != nullptr);
+  const uint64_t ring = 2 * a->layout.stride_bytes;
+  EXPECT_EQ(pool_->free_bytes(), free_before - 2 * ring);  // counted against the budget
+  absl::StatusOr<UniqueFd> fa = sa->ShareRingFd();
+  absl::StatusOr<UniqueFd> fb = sb->ShareRingFd();
+  ASSERT_TRUE(fa.ok() && fb.ok()) << fa.status() << fb.status();
+  struct stat st_a {}, st_b {}, st_slab {};
+  ASSERT_EQ(::fstat(fa->get(), &st_a), 0);
+  ASSERT_EQ(::fstat(fb->get(), &st_b), 0);
+  ASSERT_EQ(::fstat(pool_->slab_fd(0), &st_slab), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st_a.st_size), ring);  // not the 4 MiB slab
+  EXPECT_EQ(sa->ring_bytes(), ring);
+  EXPECT_NE(st_a.st_ino, st_b.st_ino);
+  EXPECT_NE(st_a.st_ino, st_slab.st_ino);
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fa->get(), static_cast<off_t>(ring + PageSize())), -1);
+  EXPECT_EQ(errno, EPERM);
+
+  StreamProbe probe;
+  ASSERT_TRUE(sa->BindStream(probe.Callback()).ok());
+  StreamEvent ev = probe.Next(*sa);
+  ASSERT_EQ(ev.kind, StreamEvent::kBatch);
+  ExpectSlotBytes(*sa, *a, ev.batch);
+  absl::StatusOr<Mapping> kept = Mapping::Map(fa->get(), 0, ring, false);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const std::string batch(reinterpret_cast<const char*>(kept->data()) +
+                              static_cast<uint64_t>(ev.batch.slot) * a->layout.stride_bytes,
+                          a->layout.tensors[0].byte_size);
+
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  EXPECT_TRUE(Eventually([&] { return pool_->free_bytes() == free_before - ring; }))
+      << "free " << pool_->free_bytes();
+  // A new session takes the budget back; the old mapping still shows only the old batch.
+  AttachSpec again = Spec();
+  absl::StatusOr<Attachment> c = manager_->Attach(again);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::shared_ptr<Session> sc = MustFind(*c);
+  ASSERT_NE(sc, nullptr);
+  ASSERT_TRUE(sc->BindStream([] {}).ok());
+  absl::StatusOr<UniqueFd> fc = sc->ShareRingFd();
+  ASSERT_TRUE(fc.ok());
+  struct stat st_c {};
+  ASSERT_EQ(::fstat(fc->get(), &st_c), 0);
+  EXPECT_NE(st_c.st_ino, st_a.st_ino);
+  // The ended session still gives only its own ring (the memory socket no longer finds it;
+  // a stream learns why it ended), never the new session's memory.
+  absl::StatusOr<UniqueFd> fa_after = sa->ShareRingFd();
+  ASSERT_TRUE(fa_after.ok()) << fa_after.status();
+  struct stat st_after {};
+  ASSERT_EQ(::fstat(fa_after->get(), &st_after), 0);
+  EXPECT_EQ(st_after.st_ino, st_a.st_ino);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(kept->data()) +
+                            static_cast<uint64_t>(ev.batch.slot) * a->layout.stride_bytes,
+                        a->layout.tensors[0].byte_size),
+            batch);
 }
 
 TEST_F(SessionManagerTest, EndClosesWithTheGivenStatus) {

@@ -254,6 +254,39 @@ TEST_F(StagedSessionTest, ACorruptJpegFoundOnTheGpuFollowsTheBadSamplePolicy) {
   EXPECT_EQ(labels[0], 0);  // sample 1's label (class a)
 }
 
+// docs/SECURITY.md section 3: a staged slot whose record points outside the slot (however
+// it got there) ends the session with a clean error before the device acts on it; the ring's
+// staging goes back to the pool.
+TEST_F(StagedSessionTest, ACorruptedStagedSlotEndsTheSessionWithACleanError) {
+  const uint64_t free_before = pool_->free_bytes();
+  devices_.before_stage = [](std::byte* host, const StagedLayout& layout) {
+    auto* records = reinterpret_cast<StagedRecord*>(host + layout.records_offset);
+    records[1].host_offset = layout.arena_bytes - 1;  // its bytes run past the arena's end
+  };
+  for (StageMode mode : {StageMode::kCpuDecode, StageMode::kNvjpeg}) {
+    AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+    spec.job = absl::StrCat("corrupt-", static_cast<int>(mode));
+    spec.decode = mode == StageMode::kCpuDecode ? DecodeChoice::kCpu : DecodeChoice::kAuto;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->stage, mode);
+    auto session = manager_->Find(a->session_id, a->token);
+    ASSERT_TRUE(session.ok());
+    (void)(*session)->BindStream([] {});  // the session may have ended already
+    StreamEvent e = Next(**session);
+    ASSERT_EQ(e.kind, StreamEvent::kClosed) << "a batch from a corrupted slot was delivered";
+    EXPECT_EQ(e.status.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(e.status.message(), HasSubstr("staged batch row 1: "));
+    EXPECT_THAT(e.status.message(), HasSubstr("outside the slot's arena"));
+    ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (pool_->free_bytes() != free_before && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(pool_->free_bytes(), free_before);
+  }
+}
+
 TEST_F(StagedSessionTest, DecodeAndAugmentChoicesAreCheckedAtAttach) {
   AttachSpec host = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
   host.delivery = DeliveryKind::kHost;

@@ -1,5 +1,6 @@
 #include "server/staging/staging_pool.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -355,6 +356,220 @@ TEST(StagingPoolTest, ANewRegionIsZeroedWhateverTheLastOwnerWrote) {
   ASSERT_TRUE(spanning.ok());
   EXPECT_EQ(spanning->offset(), 0u);
   EXPECT_TRUE(all_zero(*spanning));
+}
+
+}  // namespace
+}  // namespace gpufeed::server
+
+// ---- a host ring's own memfd (docs/SECURITY.md section 3) ----
+
+namespace gpufeed::server {
+namespace {
+
+struct stat Stat(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0) << std::strerror(errno);
+  return st;
+}
+
+UniqueFd MustDup(const StagingRegion& r) {
+  absl::StatusOr<UniqueFd> fd = r.DupMemfd();
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  return fd.ok() ? std::move(*fd) : UniqueFd();
+}
+
+StagingRegion MustAllocateOwn(StagingPool& pool, uint64_t bytes) {
+  absl::StatusOr<StagingRegion> r = pool.AllocateOwnMemfd(bytes);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? std::move(*r) : StagingRegion();
+}
+
+TEST(StagingPoolTest, AnOwnMemfdIsExactlyTheRingRoundedToAPageAndSealed) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion ring = MustAllocateOwn(*pool, 3 * kPage - 5);
+  ASSERT_TRUE(ring.own_memfd());
+  EXPECT_EQ(ring.size(), 3 * kPage);
+  EXPECT_EQ(ring.slab(), -1);
+  EXPECT_EQ(ring.offset(), 0u);
+  EXPECT_EQ(pool->free_bytes(), 5 * kPage);
+  UniqueFd fd = MustDup(ring);
+  ASSERT_TRUE(fd.valid());
+  EXPECT_EQ(::fcntl(fd.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  // The file is the ring, not the pool's 8 pages.
+  EXPECT_EQ(static_cast<uint64_t>(Stat(fd.get()).st_size), 3 * kPage);
+  EXPECT_EQ(::fcntl(fd.get(), F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // Whoever holds the fd cannot widen it (to reach memory beyond), shrink it (to SIGBUS the
+  // daemon) or lift the seals.
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(8 * kPage)), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(kPage)), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  const char byte = 'x';
+  EXPECT_EQ(::pwrite(fd.get(), &byte, 1, static_cast<off_t>(3 * kPage)), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(static_cast<uint64_t>(Stat(fd.get()).st_size), 3 * kPage);
+  // What the daemon writes is what a consumer's mapping of the fd reads.
+  const std::string text = "through the ring's own memfd";
+  std::memcpy(ring.data() + kPage + 7, text.data(), text.size());
+  absl::StatusOr<Mapping> m = Mapping::Map(fd.get(), 0, ring.size(), false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()) + kPage + 7, text.size()), text);
+}
+
+TEST(StagingPoolTest, OwnMemfdsAreDifferentFilesFromEachOtherAndFromTheSlabs) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocateOwn(*pool, kPage);
+  StagingRegion b = MustAllocateOwn(*pool, kPage);
+  UniqueFd fa = MustDup(a);
+  UniqueFd fb = MustDup(b);
+  ASSERT_TRUE(fa.valid() && fb.valid());
+  const struct stat sa = Stat(fa.get()), sb = Stat(fb.get()), slab = Stat(pool->slab_fd(0));
+  EXPECT_NE(sa.st_ino, sb.st_ino);
+  EXPECT_NE(sa.st_ino, slab.st_ino);
+  EXPECT_NE(sb.st_ino, slab.st_ino);
+  // A second dup is the same file (the consumer may ask twice), a new descriptor.
+  UniqueFd fa2 = MustDup(a);
+  EXPECT_NE(fa2.get(), fa.get());
+  EXPECT_EQ(Stat(fa2.get()).st_ino, sa.st_ino);
+  std::memset(a.data(), 0xAA, a.size());
+  std::memset(b.data(), 0xBB, b.size());
+  EXPECT_EQ(a.data()[0], std::byte{0xAA});
+  EXPECT_EQ(b.data()[kPage - 1], std::byte{0xBB});
+  for (int s = 0; s < pool->num_slabs(); ++s) {
+    EXPECT_EQ(pool->slab_data(s)[0], std::byte{0}) << "an own memfd wrote into slab " << s;
+  }
+}
+
+TEST(StagingPoolTest, ASlabRegionIsNeverHandedOut) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion r = MustAllocate(*pool, kPage);
+  EXPECT_FALSE(r.own_memfd());
+  absl::StatusOr<UniqueFd> fd = r.DupMemfd();
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(fd.status().message(), HasSubstr("never handed out"));
+  EXPECT_EQ(StagingRegion().DupMemfd().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StagingPoolTest, OwnMemfdsAndSlabRegionsShareOneBudget) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  {
+    StagingRegion own = MustAllocateOwn(*pool, 3 * kPage);
+    EXPECT_EQ(pool->free_bytes(), 5 * kPage);
+    // The slab is all free, but the budget has 5 pages left.
+    absl::StatusOr<StagingRegion> slab = pool->Allocate(6 * kPage);
+    EXPECT_EQ(slab.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(slab.status().message(),
+                HasSubstr(absl::StrCat("asked for ", 6 * kPage, " bytes, ", 5 * kPage, " of ",
+                                       8 * kPage, " bytes free (largest free block ", 5 * kPage)));
+    StagingRegion s = MustAllocate(*pool, 4 * kPage);
+    EXPECT_EQ(pool->free_bytes(), kPage);
+    absl::StatusOr<StagingRegion> more = pool->AllocateOwnMemfd(2 * kPage);
+    EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(more.status().message(),
+                HasSubstr(absl::StrCat("staging pool: asked for ", 2 * kPage, " bytes, ", kPage,
+                                       " of ", 8 * kPage, " bytes free")));
+    EXPECT_THAT(more.status().message(), HasSubstr("--staging_bytes"));
+    EXPECT_EQ(pool->free_bytes(), kPage);  // a refusal takes nothing
+    StagingRegion last = MustAllocateOwn(*pool, kPage);
+    EXPECT_EQ(pool->free_bytes(), 0u);
+  }
+  // Every byte came back: the whole budget can be had again, either way.
+  EXPECT_EQ(pool->free_bytes(), 8 * kPage);
+  StagingRegion all = MustAllocateOwn(*pool, 8 * kPage);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+  all = StagingRegion();
+  StagingRegion whole_slab = MustAllocate(*pool, 8 * kPage);
+  EXPECT_EQ(whole_slab.offset(), 0u);
+}
+
+TEST(StagingPoolTest, AnOwnMemfdLargerThanThePoolIsRefused) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  absl::StatusOr<StagingRegion> r = pool->AllocateOwnMemfd(4 * kPage + 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("asked for ", 5 * kPage, " bytes, more than the whole pool")));
+  for (uint64_t bytes : {~uint64_t{0}, uint64_t{1} << 63}) {
+    r = pool->AllocateOwnMemfd(bytes);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << bytes;
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", bytes)));
+  }
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  StagingRegion zero = MustAllocateOwn(*pool, 0);  // at least a page
+  EXPECT_EQ(zero.size(), kPage);
+}
+
+TEST(StagingPoolTest, MovingAnOwnMemfdKeepsOneOwnerAndReturnsItsBytesOnce) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion a = MustAllocateOwn(*pool, kPage);
+  std::byte* data = a.data();
+  StagingRegion b(std::move(a));
+  EXPECT_FALSE(a.own_memfd());
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_TRUE(b.own_memfd());
+  EXPECT_EQ(b.data(), data);
+  StagingRegion c = MustAllocateOwn(*pool, 2 * kPage);
+  EXPECT_EQ(pool->free_bytes(), kPage);
+  c = std::move(b);  // c's 2 pages go back
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+  EXPECT_EQ(c.data(), data);
+  c = StagingRegion();
+  a = StagingRegion();
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+}
+
+TEST(StagingPoolTest, TakingTheMemfdLeavesTheMappingAndTheBudgetWithTheRegion) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion r = MustAllocateOwn(*pool, kPage);
+  UniqueFd fd = r.TakeMemfd();
+  ASSERT_TRUE(fd.valid());
+  EXPECT_TRUE(r.own_memfd());
+  EXPECT_EQ(r.DupMemfd().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.DupMemfd().status().message(), HasSubstr("held by its session"));
+  r.data()[3] = std::byte{0x5A};  // still mapped
+  EXPECT_EQ(pool->free_bytes(), 3 * kPage);
+  absl::StatusOr<Mapping> m = Mapping::Map(fd.get(), 0, kPage, false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->data()[3], std::byte{0x5A});
+  r = StagingRegion();
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);  // the budget went with the region
+  EXPECT_EQ(m->data()[3], std::byte{0x5A});  // the file lives on for whoever holds it
+}
+
+// The equivalent of ANewRegionIsZeroedWhateverTheLastOwnerWrote for rings of their own: a
+// new ring is zeroed, and a consumer that still maps an ended ring keeps only that ring's old
+// pages, never the next session's.
+TEST(StagingPoolTest, ANewOwnMemfdIsZeroedAndAnOldMappingSeesOnlyItsOwnPages) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  auto all = [](const std::byte* p, uint64_t n, std::byte v) {
+    return std::all_of(p, p + n, [v](std::byte b) { return b == v; });
+  };
+  absl::StatusOr<Mapping> old_view;
+  {
+    StagingRegion first = MustAllocateOwn(*pool, 4 * kPage);
+    std::memset(first.data(), 0xAB, first.size());
+    UniqueFd fd = MustDup(first);
+    old_view = Mapping::Map(fd.get(), 0, first.size(), false);
+    ASSERT_TRUE(old_view.ok()) << old_view.status();
+  }  // the session ended: the daemon unmapped and closed it, the budget is back
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  StagingRegion second = MustAllocateOwn(*pool, 4 * kPage);  // the whole budget again
+  EXPECT_TRUE(all(second.data(), second.size(), std::byte{0}));
+  std::memset(second.data(), 0xCD, second.size());
+  EXPECT_TRUE(all(old_view->data(), old_view->size(), std::byte{0xAB}));
 }
 
 }  // namespace

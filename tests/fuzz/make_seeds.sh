@@ -103,7 +103,7 @@ sys.stdout.buffer.write(bytes([int(sys.argv[1]), int(sys.argv[2])]) + struct.pac
 echo 'session_id: 7 token: "0123456789abcdef0123456789abcdef"' | memreq | frame request 0 63
 echo 'session_id: 18446744073709551615 token: "x"' | memreq | frame request_split_fds 5 2
 echo 'session_id: 1' | memreq | frame request_three_fds 65 0
-printf '\0\0\x00\x04\0\0' > $c/mem_frame/oversize   # declares 1024 bytes, sends none
+printf '\0\0\x00\x04\0\0' > $c/mem_frame/length_only  # declares 1024 bytes, sends none
 printf '\0\0\x01\x04\0\0' > $c/mem_frame/too_long   # declares 1025 bytes
 printf '\x01\x00\x05\x00' > $c/mem_frame/short      # 2 bytes of a 4-byte length
 
@@ -120,11 +120,12 @@ cat > "$tmp/make.cc" <<'P'
 static void Put(const std::string& path, const unsigned char* p, size_t n) {
   FILE* f = std::fopen(path.c_str(), "wb"); std::fwrite(p, 1, n, f); std::fclose(f);
 }
-static void Jpeg(const std::string& path, int w, int h, int samp, int flags) {
-  std::vector<unsigned char> rgb(w * h * 3);
-  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = (i * 37) & 255;
+static void Jpeg(const std::string& path, int w, int h, int samp, int flags,
+                 int format = TJPF_RGB) {
+  std::vector<unsigned char> px(w * h * tjPixelSize[format]);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = (i * 37) & 255;
   tjhandle t = tjInitCompress(); unsigned char* out = nullptr; unsigned long n = 0;
-  tjCompress2(t, rgb.data(), w, 0, h, TJPF_RGB, &out, &n, samp, 75, flags);
+  tjCompress2(t, px.data(), w, 0, h, format, &out, &n, samp, 75, flags);
   Put(path, out, n); tjFree(out); tjDestroy(t);
 }
 static void Png(const std::string& path, int w, int h, png_uint_32 format) {
@@ -143,6 +144,9 @@ int main(int, char** argv) {
   Jpeg(d + "/baseline_420.jpg", 9, 7, TJSAMP_420, 0);
   Jpeg(d + "/progressive_444.jpg", 5, 3, TJSAMP_444, TJFLAG_PROGRESSIVE);
   Jpeg(d + "/gray.jpg", 4, 4, TJSAMP_GRAY, 0);
+  Jpeg(d + "/cmyk.jpg", 3, 3, TJSAMP_444, 0, TJPF_CMYK);
+  Jpeg(d + "/422.jpg", 17, 2, TJSAMP_422, 0);
+  Jpeg(d + "/440.jpg", 2, 17, TJSAMP_440, 0);
   Png(d + "/rgba.png", 5, 3, PNG_FORMAT_RGBA);
   Png(d + "/gray.png", 3, 2, PNG_FORMAT_GRAY);
   Png(d + "/rgb16.png", 2, 2, PNG_FORMAT_RGB | PNG_FORMAT_FLAG_LINEAR);

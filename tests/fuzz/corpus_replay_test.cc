@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct Target {
   const char* name;
   int (*fn)(const uint8_t*, size_t);
 };
+
+// The name, not the bytes: ctest names each parameterised test by its printed parameter.
+void PrintTo(const Target& target, std::ostream* os) { *os << target.name; }
 
 constexpr Target kTargets[] = {
     {"attach_request", FuzzAttachRequest}, {"npy_header", FuzzNpyHeader},
@@ -60,10 +64,7 @@ TEST_P(CorpusReplayTest, SeedsAndRegressionsPass) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, CorpusReplayTest, ::testing::ValuesIn(kTargets),
-                         [](const ::testing::TestParamInfo<Target>& info) {
-                           return std::string(info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(Targets, CorpusReplayTest, ::testing::ValuesIn(kTargets));
 
 }  // namespace
 }  // namespace gpufeed::fuzz

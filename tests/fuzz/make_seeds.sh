@@ -103,6 +103,7 @@ sys.stdout.buffer.write(bytes([int(sys.argv[1]), int(sys.argv[2])]) + struct.pac
 echo 'session_id: 7 token: "0123456789abcdef0123456789abcdef"' | memreq | frame request 0 63
 echo 'session_id: 18446744073709551615 token: "x"' | memreq | frame request_split_fds 5 2
 echo 'session_id: 1' | memreq | frame request_three_fds 65 0
+echo 'session_id: 2' | memreq | frame request_eight_fds 193 0  # more than RecvFrame takes
 printf '\0\0\x00\x04\0\0' > $c/mem_frame/length_only  # declares 1024 bytes, sends none
 printf '\0\0\x01\x04\0\0' > $c/mem_frame/too_long   # declares 1025 bytes
 printf '\x01\x00\x05\x00' > $c/mem_frame/short      # 2 bytes of a 4-byte length

@@ -2,8 +2,9 @@
 // RecvFrame (common/os/unix_socket.h) as the daemon reads it, then parsed as a MemRequest.
 //
 // Input: byte 0 says which of the first six writes carry file descriptors (bits 0-5) and
-// whether each carries three instead of one (bit 6); byte 1 the size of each of those
-// writes (1-64 bytes); the rest is the stream, the part past six writes sent in one more.
+// how many each carries (bits 6-7: 1, 3, 6 or 8; RecvFrame's control buffer holds 4); byte 1
+// the size of each of those writes (1-64 bytes); the rest is the stream, the part past six
+// writes sent in one more.
 // The sender then shuts its side down, so a short frame ends instead of blocking.
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -44,8 +45,8 @@ bool Send(int socket, const char* bytes, size_t size, int fds) {
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 3)] = {};
-  UniqueFd passed[3];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+  UniqueFd passed[8];
   if (fds > 0) {
     for (int i = 0; i < fds; ++i) passed[i].Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     msg.msg_control = control;
@@ -78,7 +79,8 @@ int FuzzMemFrame(const uint8_t* data, size_t size) {
     size_t sent = 0;
     for (int i = 0; i < 7 && sent < stream.size(); ++i) {
       const size_t n = i < 6 ? std::min(chunk, stream.size() - sent) : stream.size() - sent;
-      const int fds = i < 6 && (fd_bits >> i & 1) ? ((fd_bits & 0x40) ? 3 : 1) : 0;
+      static constexpr int kFds[] = {1, 3, 6, 8};
+      const int fds = i < 6 && (fd_bits >> i & 1) ? kFds[fd_bits >> 6] : 0;
       FUZZ_CHECK(Send(client_end.get(), stream.data() + sent, n, fds));
       sent += n;
     }

@@ -19,6 +19,9 @@ if [ "${1:-}" != "--build-only" ]; then
     libgtest-dev libgmock-dev prometheus
     # .ci/thread-safety.sh: clang's -Wthread-safety (GCC ignores ABSL_GUARDED_BY)
     clang
+    # .ci/fuzz.sh: libFuzzer and the sanitizer runtimes for clang (-fsanitize=fuzzer); clang
+    # only recommends them, and recommends are not installed here
+    libclang-rt-dev
     python3-numpy python3-pytest python3-torch
     # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
     systemd python3-yaml

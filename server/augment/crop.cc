@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace gpufeed::server {
 namespace {
@@ -46,9 +47,12 @@ CropBox RandomResizedCropBox(int image_height, int image_width,
   for (int attempt = 0; attempt < 10; ++attempt) {
     const double target_area = area * random.Uniform(o.scale_min, o.scale_max);
     const double aspect = std::exp(random.Uniform(log_lo, log_hi));
-    const int w = RoundHalfEven(std::sqrt(target_area * aspect));
-    const int h = RoundHalfEven(std::sqrt(target_area / aspect));
-    if (0 < w && w <= image_width && 0 < h && h <= image_height) {
+    // Compared before the conversion to int: an extreme ratio gives sides far past any int
+    // (or NaN), which simply do not fit.
+    const double wd = std::nearbyint(std::sqrt(target_area * aspect));
+    const double hd = std::nearbyint(std::sqrt(target_area / aspect));
+    if (0 < wd && wd <= image_width && 0 < hd && hd <= image_height) {
+      const int w = static_cast<int>(wd), h = static_cast<int>(hd);
       const int top = static_cast<int>(random.RandInt(0, image_height - h + 1));
       const int left = static_cast<int>(random.RandInt(0, image_width - w + 1));
       return {top, left, h, w};
@@ -67,6 +71,10 @@ CropBox RandomResizedCropBox(int image_height, int image_width,
     w = image_width;
     h = image_height;
   }
+  // A ratio range far from the image's can round a side to 0, which torchvision would
+  // then fail on: keep at least one pixel. (The clamped side never exceeds the image's.)
+  h = std::max(h, 1);
+  w = std::max(w, 1);
   return {(image_height - h) / 2, (image_width - w) / 2, h, w};
 }
 
@@ -77,12 +85,17 @@ CropBox CenterCropBox(int image_height, int image_width, int crop_height, int cr
 }
 
 void ResizeShorterSide(int height, int width, int shorter, int* out_height, int* out_width) {
+  // In 64 bits, then saturated: 8192 x (64M / 1) does not fit an int.
+  auto longer = [&](int side, int short_side) {
+    const int64_t l = static_cast<int64_t>(shorter) * side / short_side;
+    return static_cast<int>(std::min<int64_t>(l, std::numeric_limits<int>::max()));
+  };
   if (height <= width) {
     *out_height = shorter;
-    *out_width = static_cast<int>(static_cast<int64_t>(shorter) * width / height);
+    *out_width = longer(width, height);
   } else {
     *out_width = shorter;
-    *out_height = static_cast<int>(static_cast<int64_t>(shorter) * height / width);
+    *out_height = longer(height, width);
   }
 }
 

@@ -52,6 +52,8 @@ CropBox CenterCropBox(int image_height, int image_width, int crop_height, int cr
 
 // torchvision's Resize(size) with one int: the shorter side becomes `shorter`, the longer
 // keeps the aspect ratio (truncated, as torchvision's int()).
+// A longer side past INT_MAX (an extreme panorama) saturates at INT_MAX: callers bound the
+// resized size before allocating it.
 void ResizeShorterSide(int height, int width, int shorter, int* out_height, int* out_width);
 
 }  // namespace gpufeed::server

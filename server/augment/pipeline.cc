@@ -1,5 +1,7 @@
 #include "server/augment/pipeline.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -26,8 +28,8 @@ absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& st
       if (!(o.scale_min > 0 && o.scale_min <= o.scale_max && o.scale_max <= 1)) {
         return Invalid(i, "random_resized_crop", "scale: want 0 < scale_min <= scale_max <= 1");
       }
-      if (!(o.ratio_min > 0 && o.ratio_min <= o.ratio_max)) {
-        return Invalid(i, "random_resized_crop", "ratio: want 0 < ratio_min <= ratio_max");
+      if (!(o.ratio_min > 0 && o.ratio_min <= o.ratio_max && std::isfinite(o.ratio_max))) {
+        return Invalid(i, "random_resized_crop", "ratio: want 0 < ratio_min <= ratio_max, finite");
       }
       plan.random_resized_crop = *s;
     } else if (const auto* s = std::get_if<ResizeStep>(&step)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -95,8 +96,10 @@ class ImageFolderDataset final : public ImageDataset {
         const uint64_t decoded = static_cast<uint64_t>(header->height) * header->width * 3;
         if (header->gpu_decodable && target.arena->TryClaim(bytes->size(), decoded, &claim)) {
           std::memcpy(arena + claim.host_offset, bytes->data(), bytes->size());
+          absl::StatusOr<StagedGeometry> g = PlanGeometry(header->height, header->width, random);
+          if (!g.ok()) return g.status();
           record->kind = StagedKind::kJpeg;
-          record->geometry = PlanGeometry(header->height, header->width, random);
+          record->geometry = *g;
           record->host_offset = claim.host_offset;
           record->host_bytes = bytes->size();
           record->device_offset = claim.device_offset;
@@ -172,7 +175,10 @@ class ImageFolderDataset final : public ImageDataset {
       absl::StatusOr<JpegHeader> header = InspectJpeg(bytes, options);
       if (!header.ok()) return header.status();
       if (header->height > 0) {  // a JPEG
-        *g = PlanGeometry(header->height, header->width, random);
+        absl::StatusOr<StagedGeometry> planned =
+            PlanGeometry(header->height, header->width, random);
+        if (!planned.ok()) return planned.status();
+        *g = *planned;
         int denom = 8;
         while (denom > 1 && (g->crop_height / denom < g->resize_height ||
                              g->crop_width / denom < g->resize_width)) {
@@ -185,7 +191,10 @@ class ImageFolderDataset final : public ImageDataset {
       }
     }
     absl::StatusOr<Image> image = Decode(bytes);
-    if (image.ok()) *g = PlanGeometry(image->height, image->width, random);
+    if (!image.ok()) return image;
+    absl::StatusOr<StagedGeometry> planned = PlanGeometry(image->height, image->width, random);
+    if (!planned.ok()) return planned.status();
+    *g = *planned;
     return image;
   }
 
@@ -247,8 +256,10 @@ class ImageFolderDataset final : public ImageDataset {
   }
 
   // A sample's geometry on an image of height x width, drawing from `random` in torchvision's
-  // order: the crop box (random resized crop), then the flip.
-  StagedGeometry PlanGeometry(int height, int width, SampleRandom& random) const {
+  // order: the crop box (random resized crop), then the flip. A resize past the pixel cap
+  // (a 1 x 65536 image resized to a shorter side of 256 is 256 x 16M) is a bad image,
+  // too_large, as a decode past it is: the CPU path would allocate it whole.
+  absl::StatusOr<StagedGeometry> PlanGeometry(int height, int width, SampleRandom& random) const {
     StagedGeometry g;
     g.src_height = height;
     g.src_width = width;
@@ -271,6 +282,15 @@ class ImageFolderDataset final : public ImageDataset {
       if (plan_.resize) {
         ResizeShorterSide(height, width, plan_.resize->shorter_side, &g.resize_height,
                           &g.resize_width);
+        const uint64_t pixels = static_cast<uint64_t>(g.resize_height) * g.resize_width;
+        if (pixels > max_pixels_ || g.resize_height == std::numeric_limits<int>::max() ||
+            g.resize_width == std::numeric_limits<int>::max()) {
+          return MarkBadImage(
+              absl::InvalidArgumentError(absl::StrCat(
+                  "image of ", width, "x", height, " resized to ", g.resize_width, "x",
+                  g.resize_height, " exceeds the cap of ", max_pixels_, " pixels")),
+              BadImage::kTooLarge);
+        }
       }
       const CropBox box =
           CenterCropBox(g.resize_height, g.resize_width, plan_.out_height, plan_.out_width);

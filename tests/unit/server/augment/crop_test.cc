@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -122,6 +123,33 @@ TEST(SampleRandomTest, RealCropsStayInsideTheImage) {
   }
 }
 
+// Found by fuzzing (tests/fuzz, pipeline_json): ratios of 1e-30 and 1e30 are valid, and a
+// side of sqrt(area * 1e30) was converted to int (undefined; UBSan: float-cast-overflow).
+// Such attempts do not fit, and the fallback crop stays inside the image.
+TEST(RandomResizedCropTest, ExtremeRatiosStayInsideTheImage) {
+  for (const auto& [h, w] : {std::pair{1, 64000000}, {64000000, 1}, {1, 1}, {375, 500}}) {
+    for (uint64_t id = 0; id < 50; ++id) {
+      SampleRandom random(1, 0, id);
+      const CropBox box = RandomResizedCropBox(h, w, {0.08, 1.0, 1e-30, 1e30}, random);
+      ASSERT_GE(box.height, 1);
+      ASSERT_GE(box.width, 1);
+      ASSERT_GE(box.top, 0);
+      ASSERT_GE(box.left, 0);
+      ASSERT_LE(int64_t{box.top} + box.height, h);
+      ASSERT_LE(int64_t{box.left} + box.width, w);
+    }
+  }
+}
+
+// A ratio range far from a small image's rounded the fallback's clamped side to 0 (a 1 x 1
+// image, ratios in [1000, 1000]: h = round(1 / 1000) = 0), an empty crop to resize from.
+TEST(RandomResizedCropTest, TheFallbackCropIsNeverEmpty) {
+  SampleRandom random(0, 0, 0);
+  EXPECT_EQ(RandomResizedCropBox(1, 1, {0.08, 1.0, 1000, 1000}, random), (CropBox{0, 0, 1, 1}));
+  SampleRandom tall(0, 0, 0);
+  EXPECT_EQ(RandomResizedCropBox(3, 1, {0.08, 1.0, 0.001, 0.001}, tall), (CropBox{0, 0, 3, 1}));
+}
+
 TEST(CenterCropTest, MatchesTorchvisionRounding) {
   // torchvision: top = int(round((256 - 224) / 2)) = 16; (257 - 224) / 2 = 16.5 -> 16 (even).
   EXPECT_EQ(CenterCropBox(256, 256, 224, 224), (CropBox{16, 16, 224, 224}));
@@ -139,6 +167,20 @@ TEST(ResizeTest, ShorterSideKeepsTheAspectRatioTruncated) {
   ResizeShorterSide(300, 300, 224, &h, &w);
   EXPECT_EQ(h, 224);
   EXPECT_EQ(w, 224);
+}
+
+// Found by fuzzing (tests/fuzz, attach_request): 256 x 64M / 1 wrapped an int (to
+// -795869184); the longer side now saturates at INT_MAX, for the caller's pixel cap.
+TEST(ResizeTest, AnExtremePanoramaSaturatesInsteadOfWrapping) {
+  int h, w;
+  ResizeShorterSide(1, 64000000, 256, &h, &w);
+  EXPECT_EQ(h, 256);
+  EXPECT_EQ(w, std::numeric_limits<int>::max());
+  ResizeShorterSide(64000000, 1, 8192, &h, &w);
+  EXPECT_EQ(h, std::numeric_limits<int>::max());
+  EXPECT_EQ(w, 8192);
+  ResizeShorterSide(1, 65536, 256, &h, &w);  // fits: 16M
+  EXPECT_EQ(w, 16777216);
 }
 
 }  // namespace

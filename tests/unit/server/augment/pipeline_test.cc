@@ -1,5 +1,7 @@
 #include "server/augment/pipeline.h"
 
+#include <cmath>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -40,6 +42,9 @@ TEST(PipelineTest, ErrorsNameTheOpAndTheField) {
       {{RandomResizedCropStep{0, {}}}, "pipeline[0] random_resized_crop: size"},
       {{RandomResizedCropStep{224, {0.5, 0.2, 0.75, 1.33}}}, "pipeline[0] random_resized_crop: scale"},
       {{RandomResizedCropStep{224, {0.08, 1, 2, 1}}}, "pipeline[0] random_resized_crop: ratio"},
+      // Found by fuzzing (tests/fuzz): an infinite ratio drew NaN aspects.
+      {{RandomResizedCropStep{224, {0.08, 1, 0.75, INFINITY}}},
+       "pipeline[0] random_resized_crop: ratio: want 0 < ratio_min <= ratio_max, finite"},
       {{RandomResizedCropStep{224, {}}, CenterCropStep{224}}, "pipeline[1] center_crop: only one geometry"},
       {{ResizeStep{200}, CenterCropStep{224}}, "pipeline[1] center_crop: size: 224 is larger"},
       {{CenterCropStep{224}, FlipStep{1.5}}, "pipeline[1] flip: p"},

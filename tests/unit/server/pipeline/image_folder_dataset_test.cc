@@ -32,8 +32,10 @@ class ImageFolderDatasetTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<Dataset>> Open(std::vector<PipelineStep> pipeline,
-                                                BadSamplePolicy policy = BadSamplePolicy::kSkip) {
+                                                BadSamplePolicy policy = BadSamplePolicy::kSkip,
+                                                uint64_t max_pixels = 0) {
     DatasetSpec spec;
+    if (max_pixels != 0) spec.max_pixels = max_pixels;
     spec.kind = DatasetKind::kImageFolder;
     spec.path = root_;
     spec.pipeline = std::move(pipeline);
@@ -202,6 +204,44 @@ TEST_F(ImageFolderDatasetTest, AFileLargerThanMaxImageBytesIsTooLargeAndNeverRea
   EXPECT_EQ(used.status().message(),
             absl::StrCat("image ", root_, "/c/huge.jpg (too_large): the file holds 17179869184 "
                          "bytes, more than max_image_bytes (", png_bytes, ")"));
+}
+
+// Found by fuzzing (tests/fuzz, attach_request): the resize of an extreme panorama is far
+// larger than the image, and the CPU path allocates it whole (a 1 x 65536 PNG resized to 256
+// is 256 x 16M floats x 3, 51 GB). Past the pixel cap it is a bad image, too_large, in the
+// CPU and the DCT-scaled JPEG paths alike.
+TEST_F(ImageFolderDatasetTest, AResizePastThePixelCapIsTooLarge) {
+  std::filesystem::remove_all(root_);
+  WriteFileBytes(root_ + "/a/wide.png", EncodePng(Picture(1, 512, 3, 4), 1, 512));
+  WriteFileBytes(root_ + "/a/wide.jpg", EncodeJpeg(Picture(8, 512, 3, 5), 8, 512));
+  WriteFileBytes(root_ + "/a/wide_tall.png", EncodePng(Picture(512, 2, 3, 6), 512, 2));
+  // 4096 pixels: every image fits (512, 4096, 1024) but not its resize to a shorter side of
+  // 16 (16 x 8192, 16 x 1024, 4096 x 16 = 65536 > 4096).
+  for (bool dct : {false, true}) {
+    std::vector<PipelineStep> pipeline = {ResizeStep{16}, CenterCropStep{16}};
+    if (dct) pipeline.insert(pipeline.begin(), DecodeStep{true});
+    auto ds = Open(pipeline, BadSamplePolicy::kFail, /*max_pixels=*/4096);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    ASSERT_EQ((*ds)->num_samples(), 3u);
+    std::vector<uint8_t> image;
+    int64_t label;
+    const std::pair<const char*, const char*> kFiles[] = {
+        {"/a/wide.jpg", "image of 512x8 resized to 1024x16 exceeds the cap of 4096 pixels"},
+        {"/a/wide.png", "image of 512x1 resized to 8192x16 exceeds the cap of 4096 pixels"},
+        {"/a/wide_tall.png", "image of 2x512 resized to 16x4096 exceeds the cap of 4096 pixels"}};
+    for (uint64_t id = 0; id < 3; ++id) {
+      absl::StatusOr<uint64_t> read = Read(**ds, id, {}, &image, &label);
+      EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << id;
+      EXPECT_THAT(read.status().message(), HasSubstr(root_ + kFiles[id].first + " (too_large)"));
+      EXPECT_THAT(read.status().message(), HasSubstr(kFiles[id].second));
+    }
+  }
+  // Under a cap that holds the resize, the same images are served.
+  auto ds = Open({ResizeStep{16}, CenterCropStep{16}}, BadSamplePolicy::kFail, 1 << 20);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::vector<uint8_t> image;
+  int64_t label;
+  for (uint64_t id = 0; id < 3; ++id) EXPECT_TRUE(Read(**ds, id, {}, &image, &label).ok()) << id;
 }
 
 TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {

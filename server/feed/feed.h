@@ -166,6 +166,9 @@ class FeedRegistry {
   // The memory socket's open_dataset: checks that `fd` is a regular file or a directory and
   // keeps it for `from`'s uid; returns the handle.
   absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from);
+  // Spends `uid`'s handle unused (an Attach refused before its dataset was opened): its
+  // descriptor is closed. Unknown handles are ignored.
+  void DropDatasetHandle(const std::string& handle, uint32_t uid) { (void)handles_.Take(handle, uid); }
   // Ends image_folder walks in progress (CANCELLED) and those to come: shutdown does not wait
   // for an attach that is walking a tree.
   void CancelOpens() { cancel_.store(true, std::memory_order_relaxed); }

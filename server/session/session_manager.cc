@@ -150,8 +150,8 @@ SessionManager::~SessionManager() {
   Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
 }
 
-absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
-  if (absl::Status s = ValidateAttachSpec(spec, options_.max_ring_slots); !s.ok()) return s;
+absl::Status SessionManager::Admit(const AttachSpec& spec) const {
+  GPUFEED_RETURN_IF_ERROR(ValidateAttachSpec(spec, options_.max_ring_slots));
   if (spec.delivery == DeliveryKind::kDevice) {
     if (devices_ == nullptr || devices_->gpu_uuids().empty()) {
       return absl::FailedPreconditionError(
@@ -176,6 +176,19 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     }
     // Refused before the dataset is opened; checked again, with the ring's bytes, below.
     GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
+  if (absl::Status admitted = Admit(spec); !admitted.ok()) {
+    // A refused Attach spends its dataset handle all the same: the caller's descriptor is
+    // closed now, not held until the handle expires (and does not count against the uid's
+    // handles meanwhile).
+    if (!spec.feed.dataset.handle.empty()) {
+      feeds_.DropDatasetHandle(spec.feed.dataset.handle, spec.caller.uid());
+    }
+    return admitted;
   }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.

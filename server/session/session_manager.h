@@ -198,6 +198,9 @@ class SessionManager final : public FillScheduler {
   // Removes the session from the maps and closes it.
   void Remove(uint64_t id, const absl::Status& why, const char* verb);
   void ReaperLoop();
+  // Attach's checks before the dataset is opened: the spec, the GPU, shutdown, drain, the
+  // session count and the caller's quota.
+  absl::Status Admit(const AttachSpec& spec) const;
 
   const SessionManagerOptions options_;
   StagingPool* const pool_;

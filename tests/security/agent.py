@@ -352,30 +352,38 @@ def cmd_sessions(a: Dict[str, Any]) -> Dict[str, Any]:
     when `stream` is set; reports the codes; holds them until the test's cue; then Detaches."""
     client = Client(a["socket"])
     count = a["count"]
-    requests = []
-    for i in range(count):
-        # Distinct job names: one rank of one job each.
-        request, code, message = client.attach_request(
-            {**a, "job": f"{a.get('job', 'agent')}-{i}" if count > 1 else a.get("job", "agent")})
-        if request is None:
-            return {"error": f"dataset handle {i}: {code}: {message}"}
-        requests.append(request)
     call = client.channel.unary_unary(FEED + "Attach",
                                       request_serializer=lambda m: m.SerializeToString(),
                                       response_deserializer=pb.AttachResponse.FromString)
-    started = time.monotonic()
-    futures = [call.future(r, timeout=60) for r in requests]
-    sent_s = time.monotonic() - started
     codes: Dict[str, int] = {}
     messages: Dict[str, str] = {}
     attached = []
-    for f in futures:
-        try:
-            attached.append(f.result())
-            codes["OK"] = codes.get("OK", 0) + 1
-        except grpc.RpcError as e:
-            codes[e.code().name] = codes.get(e.code().name, 0) + 1
-            messages.setdefault(e.code().name, e.details() or "")
+    started = time.monotonic()
+    sent_s = 0.0
+    i = 0
+    # In rounds: the daemon bounds the dataset handles a uid may hold unattached (64), so take
+    # as many as it gives, fire those Attaches all at once, and go on until `count` are sent.
+    while i < count:
+        requests = []
+        while i < count:
+            # Distinct job names: one rank of one job each.
+            request, code, message = client.attach_request(
+                {**a, "job": f"{a.get('job', 'agent')}-{i}" if count > 1 else a.get("job", "agent")})
+            if request is None:
+                if code == "RESOURCE_EXHAUSTED" and requests:
+                    break  # the handle cap: attach these first
+                return {"error": f"dataset handle {i}: {code}: {message}"}
+            requests.append(request)
+            i += 1
+        futures = [call.future(r, timeout=60) for r in requests]
+        sent_s = time.monotonic() - started
+        for f in futures:
+            try:
+                attached.append(f.result())
+                codes["OK"] = codes.get("OK", 0) + 1
+            except grpc.RpcError as e:
+                codes[e.code().name] = codes.get(e.code().name, 0) + 1
+                messages.setdefault(e.code().name, e.details() or "")
     streams = []
     if a.get("stream"):
         for r in attached:

@@ -60,6 +60,9 @@ class MemServerRingTest : public ::testing::Test {
 
   AttachSpec Spec(int rank) const {
     AttachSpec spec;
+    // This process attaches by path as an admin; the memory socket sees the same uid.
+    spec.caller.cred.uid = static_cast<uint32_t>(::geteuid());
+    spec.caller.admin = true;
     spec.job = "mem";
     spec.rank = rank;
     spec.feed.dataset.kind = DatasetKind::kTokens;

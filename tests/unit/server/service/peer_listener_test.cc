@@ -208,6 +208,18 @@ class ServedTest : public ::testing::Test {
     r.mutable_dataset()->set_seq_len(10);
     r.set_batch_size(4);
     r.set_ring_slots(2);
+    // The dataset as the client library passes it: a descriptor given on the memory socket,
+    // bound to the uid acting now (only an admin may attach by path).
+    PeerCred cred;
+    {
+      absl::MutexLock lock(&mu_);
+      cred.uid = static_cast<uint32_t>(uid_ >= 0 ? uid_ : static_cast<int>(::geteuid()));
+      cred.gid = cred.uid;
+    }
+    UniqueFd fd(::open(tokens_path_.c_str(), O_RDONLY | O_CLOEXEC));
+    absl::StatusOr<std::string> handle = sessions_->AddDatasetHandle(std::move(fd), cred);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    if (handle.ok()) r.mutable_dataset()->set_handle(*handle);
     return r;
   }
 

@@ -78,6 +78,7 @@ class BoundsTest : public ::testing::Test {
 
   AttachSpec Spec(const std::string& job) const {
     AttachSpec spec;
+    spec.caller.admin = true;  // attach by path, as an admin (docs/SECURITY.md 2)
     spec.job = job;
     spec.feed.dataset.kind = DatasetKind::kTokens;
     spec.feed.dataset.path = path_;

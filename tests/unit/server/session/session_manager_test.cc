@@ -1,5 +1,6 @@
 #include "server/session/session_manager.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -118,8 +119,30 @@ bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl
   return true;
 }
 
+Caller AsUid(uint32_t uid, bool admin = false) {
+  Caller c;
+  c.cred.uid = uid;
+  c.cred.gid = uid;
+  c.admin = admin;
+  return c;
+}
+
 class SessionManagerTest : public ::testing::Test {
  protected:
+  // `spec` as uid `uid` attaches it: an admin by path, anyone else through a dataset handle
+  // (the descriptor the client library passes on the memory socket; docs/SECURITY.md 2).
+  AttachSpec SpecOf(AttachSpec spec, uint32_t uid, bool admin = false) const {
+    spec.caller = AsUid(uid, admin);
+    if (!admin) {
+      UniqueFd fd(::open(spec.feed.dataset.path.c_str(), O_RDONLY | O_CLOEXEC));
+      absl::StatusOr<std::string> handle =
+          manager_->AddDatasetHandle(std::move(fd), spec.caller.cred);
+      EXPECT_TRUE(handle.ok()) << handle.status();
+      if (handle.ok()) spec.feed.dataset.handle = *handle;
+    }
+    return spec;
+  }
+
   // 1001 tokens, seq_len 10: 100 samples.
   void SetUp() override {
     tokens_ = TokenFile(1001);
@@ -1196,18 +1219,6 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
 
 // ---- Owners, jobs, quotas (docs/SECURITY.md sections 1 and 4) ----
 
-Caller AsUid(uint32_t uid, bool admin = false) {
-  Caller c;
-  c.cred.uid = uid;
-  c.cred.gid = uid;
-  c.admin = admin;
-  return c;
-}
-
-AttachSpec SpecOf(AttachSpec spec, uint32_t uid, bool admin = false) {
-  spec.caller = AsUid(uid, admin);
-  return spec;
-}
 
 TEST_F(SessionManagerTest, AnotherUidsSessionAnswersExactlyAsAMissingOne) {
   StartManager();
@@ -1336,10 +1347,15 @@ TEST_F(SessionManagerTest, SessionsPerUidAreCapped) {
             "max_sessions_per_uid: uid 1000 has 2 sessions attached, the most one uid may hold; "
             "detach one (or an admin raises max_sessions_per_uid)");
   EXPECT_EQ(pool_->free_bytes(), free_before);
+  // The refused Attach spent its dataset handle: the descriptor is not held until it expires.
+  const absl::Status spent = manager_->Attach(third).status();
+  EXPECT_EQ(spent.code(), absl::StatusCode::kResourceExhausted);  // the quota, checked first
+  ASSERT_TRUE(manager_->Detach(held[1].session_id, held[1].token, AsUid(1000)).ok());
+  EXPECT_THAT(manager_->Attach(third).status().message(), HasSubstr("dataset.handle: no such"));
   // Another uid is not affected; a detach frees the uid's slot.
   EXPECT_TRUE(manager_->Attach(SpecOf(third, 1001)).ok());
   ASSERT_TRUE(manager_->Detach(held[0].session_id, held[0].token, AsUid(1000)).ok());
-  EXPECT_TRUE(manager_->Attach(third).ok());
+  EXPECT_TRUE(manager_->Attach(SpecOf(third, 1000)).ok());
 }
 
 TEST_F(SessionManagerTest, AdminsAreNotCappedByTheQuotas) {
@@ -1386,7 +1402,7 @@ TEST_F(SessionManagerTest, StagingBytesPerUidAreCapped) {
   EXPECT_EQ(manager_->num_sessions(), 1);
   EXPECT_TRUE(manager_->Attach(SpecOf(second, 1001)).ok());  // another uid's own quota
   ASSERT_TRUE(manager_->Detach(first->session_id, first->token, AsUid(1000)).ok());
-  EXPECT_TRUE(manager_->Attach(second).ok());
+  EXPECT_TRUE(manager_->Attach(SpecOf(second, 1000)).ok());  // a handle is single use
 }
 
 TEST_F(SessionManagerTest, ListingsShowANonAdminOnlyItsOwn) {

@@ -9,19 +9,12 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 
 namespace gpufeed::server {
 namespace {
 
-// Polls `done` for up to 5 s.
-bool Eventually(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Microseconds(200));
-  }
-  return true;
-}
+using ::gpufeed::testing::Eventually;
 
 TEST(CopyThreadTest, LaterWorkIsPolledWhilePostedWorkRuns) {
   CopyThread thread("h2d/test");

@@ -14,24 +14,17 @@
 #include "gmock/gmock.h"
 #include "gpufeed/v1/feed.pb.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
 namespace {
 
+using ::gpufeed::testing::Eventually;
+
 using ::gpufeed::testing::TempDir;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
-
-// Polls `pred` until it holds or `timeout` passes.
-bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl::Seconds(5)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!pred()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 class MemServerTest : public ::testing::Test {
  protected:

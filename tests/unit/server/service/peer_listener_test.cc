@@ -25,10 +25,13 @@
 #include "server/service/feed_service.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
 namespace {
+
+using ::gpufeed::testing::Eventually;
 
 AccessPolicy PolicyOf(uint32_t daemon_uid) {
   AccessPolicy p;
@@ -37,16 +40,6 @@ AccessPolicy PolicyOf(uint32_t daemon_uid) {
 }
 
 using ::testing::HasSubstr;
-
-// Polls `pred` until it holds or `timeout` passes.
-bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl::Seconds(5)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!pred()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 // The fds a listener handed over, kept open (owned) until the test ends.
 class HandedOver {

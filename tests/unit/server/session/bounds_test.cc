@@ -18,11 +18,14 @@
 #include "gtest/gtest.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
+
+using ::gpufeed::testing::Eventually;
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
@@ -49,15 +52,6 @@ StreamEvent NextEvent(Session& session) {
     event = session.NextEvent();
   }
   return event;
-}
-
-bool Eventually(const std::function<bool()>& pred) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (!pred()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 class BoundsTest : public ::testing::Test {

@@ -33,6 +33,7 @@
 #include "server/staging/staging_pool.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_file_system.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/printers.h"
@@ -40,6 +41,8 @@
 
 namespace gpufeed::server {
 namespace {
+
+using ::gpufeed::testing::Eventually;
 
 using ::gpufeed::testing::TempDir;
 using ::testing::ElementsAreArray;
@@ -108,16 +111,6 @@ class StreamProbe {
   };
   const std::shared_ptr<State> state_ = std::make_shared<State>();
 };
-
-// Polls `pred` until it holds or `timeout` passes.
-bool Eventually(const std::function<bool()>& pred, absl::Duration timeout = absl::Seconds(1)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!pred()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 Caller AsUid(uint32_t uid, bool admin = false) {
   Caller c;

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Issue 10 on the GPU machine, in one call (here: tests/run.sh && tests/gpu/bundle.sh; with
-# OLD=DIR, the previous binaries in .devbundle/old/ too). Steps:
+# A release's checks on the GPU machine, in one call (here: tests/run.sh && tests/gpu/bundle.sh;
+# the previous release's gpufeedd, gpufeedctl and image_bench in .devbundle/old/, if any, for
+# the before/after steps). Written for issue 10, rerun for issue 12. Steps:
 #   1. the GPU suite (label gpu), new daemon;
 #   2. the multi-session nvJPEG tests against the previous daemon, if bundled (they must fail
 #      or time out there: proof they catch issue 10's faults);
 #   3. issue 10's repro as users drive it: gpufeedctl consume, ImageNet training pipeline,
 #      B=256, device delivery, 3 epochs, on ~80 KB JPEGs; with the new daemon (and the old);
 #   4. compute-sanitizer memcheck, racecheck and synccheck of a daemon serving sequential and
-#      concurrent nvJPEG sessions.
+#      concurrent nvJPEG sessions;
+#   5. pytest tests/python; 6. image_bench feed old/new, interleaved; 7. feed_bench (host
+#      delivery, tokens, gpufeedctl consume) old/new.
 # Writes summary.log (and the logs) under $OUT.
 set -u
 final=${OUT:-/tmp/gpufeed-out}
-out=/tmp/gpufeed-issue10
+out=/tmp/gpufeed-release
 rm -rf "$out"; mkdir -p "$out" "$final"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=$root/.devbundle
@@ -24,15 +27,17 @@ if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
   export GPUFEED_NVJPEG_LIBRARY
 fi
 log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
-# SKIP="old sanitizer racecheck bench" leaves those steps out.
+# SKIP="suite old sanitizer racecheck pytest bench hostbench" leaves those steps out.
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |\[ measure \]|Failure|bad rows|epoch .* row' "$1" | head -${2:-60}; }
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
 
-log "1. GPU suite, this daemon"
-timeout 900 "$bundle/bin/gpufeed_gpu_tests" >"$out/gpu_tests.log" 2>&1
-echo "exit $?" >>"$out/gpu_tests.log"
-gtest_summary "$out/gpu_tests.log" 80 | tee -a "$out/summary.log"
+if want suite; then
+  log "1. GPU suite, this daemon"
+  timeout 900 "$bundle/bin/gpufeed_gpu_tests" >"$out/gpu_tests.log" 2>&1
+  echo "exit $?" >>"$out/gpu_tests.log"
+  gtest_summary "$out/gpu_tests.log" 80 | tee -a "$out/summary.log"
+fi
 
 if [ -x "$bundle/old/gpufeedd" ] && want old; then
   log "2. the multi-session nvJPEG tests against the previous daemon (expected to fail)"
@@ -48,8 +53,10 @@ python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images ${IMAGE
     --classes 100 --min-kb 70 --max-kb 90 >"$out/make_dataset.log" 2>&1
 tail -1 "$out/make_dataset.log" | tee -a "$out/summary.log"
 find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
-repro() {  # repro NAME DAEMON [consume flags]
+repro() {  # repro NAME DAEMON [consume flags]; the old daemon is driven by the old gpufeedctl
   local name=$1 daemon=$2; shift 2
+  local ctl=$ctl
+  [ "$daemon" = "$bundle/old/gpufeedd" ] && [ -x "$bundle/old/gpufeedctl" ] && ctl=$bundle/old/gpufeedctl
   local sock=/tmp/gf-$name.sock
   rm -f "$sock"
   "$daemon" --listen="unix://$sock" --threads=4 --staging_bytes=$((4 << 30)) \
@@ -101,22 +108,24 @@ for tool in $tools; do
   log "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
 done
 
-log "5. pytest tests/python on the GPU (device variants of the batch lifetime tests included)"
-export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
-export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  mkdir -p /tmp/pywheels
-  for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
-  export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
+if want pytest; then
+  log "5. pytest tests/python on the GPU (device variants of the batch lifetime tests included)"
+  export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
+  export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
+  if ! python3 -c 'import pytest' 2>/dev/null; then
+    mkdir -p /tmp/pywheels
+    for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
+    export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
+  fi
+  timeout 600 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1
+  tail -6 "$out/pytest.log" | tee -a "$out/summary.log"
 fi
-timeout 600 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1
-tail -6 "$out/pytest.log" | tee -a "$out/summary.log"
 
 if [ -x "$bundle/old/gpufeedd" ] && want bench; then
   log "6. throughput before/after (image_bench feed, imagenet_train, B=256, the step-3 dataset)"
-  bench=$bundle/bin/image_bench
   for name in old new old new; do
-    d=$GPUFEEDD; [ $name = old ] && d=$bundle/old/gpufeedd
+    d=$GPUFEEDD; bench=$bundle/bin/image_bench
+    [ $name = old ] && d=$bundle/old/gpufeedd && bench=$bundle/old/image_bench
     sock=/tmp/gf-bench.sock; rm -f "$sock"
     "$d" --listen="unix://$sock" --threads=3 --staging_bytes=$((4 << 30)) \
         --device_bytes=$((16 << 30)) >>"$out/daemon-bench.log" 2>&1 &
@@ -126,6 +135,19 @@ if [ -x "$bundle/old/gpufeedd" ] && want bench; then
         --decode nvjpeg --augment gpu --seconds 12 --label "$name nvJPEG + kernel (3 threads)" \
         2>>"$out/bench.err" | tee -a "$out/summary.log"
     kill -TERM $pid; wait $pid
+  done
+fi
+
+if [ -x "$bundle/old/gpufeedd" ] && want hostbench; then
+  log "7. host delivery before/after (feed_bench: gpufeedctl consume, tokens, 1 and 2 consumers)"
+  for name in old new old new; do
+    if [ $name = old ]; then
+      GPUFEEDD=$bundle/old/gpufeedd GPUFEEDCTL=$bundle/old/gpufeedctl "$bundle/old/feed_bench" \
+          >"$out/feed_bench-$name.log" 2>&1
+    else
+      "$bundle/bin/feed_bench" >"$out/feed_bench-$name.log" 2>&1
+    fi
+    log "$name:"; grep -E '^\| B=' "$out/feed_bench-$name.log" | tee -a "$out/summary.log"
   done
 fi
 

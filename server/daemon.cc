@@ -37,9 +37,10 @@ Daemon::Daemon(DaemonConfig config, std::function<void(StopReason)> request_stop
     : config_(std::move(config)), request_stop_(std::move(request_stop)) {}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
-    DaemonConfig config, std::function<void(StopReason)> request_stop) {
+    DaemonConfig config, std::function<void(StopReason)> request_stop, DaemonDeps deps) {
   ConfigureLogging(config.log_level, config.log_format);
   std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
+  d->clock_ = deps.clock;
   const DaemonConfig& c = d->config_;
   GPUFEED_ASSIGN_OR_RETURN(const std::string socket_path, UnixPathOf(c.listen));
   // The gRPC socket is ours (peer credentials, docs/SECURITY.md section 1): bound now, so a
@@ -52,24 +53,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
 
   GPUFEED_ASSIGN_OR_RETURN(d->pool_, StagingPool::Create(c.staging_bytes, c.staging_slab_bytes));
+  d->devices_ = std::move(deps.devices);
 #ifdef GPUFEED_WITH_CUDA
-  CudaBackendOptions cuda;
-  cuda.budget_bytes = c.device_bytes;
-  cuda.nvjpeg_library = c.nvjpeg_library;
-  cuda.nvjpeg_interpolation = c.nvjpeg_interpolation;
-  GPUFEED_ASSIGN_OR_RETURN(d->devices_, CreateCudaBackend(cuda));
-  if (!d->devices_->gpu_uuids().empty()) {
-    // Pinned once at start-up (13.5 ms per 256 MiB measured): copies from it run at full
-    // PCIe speed and asynchronously. Only the slabs: device sessions stage there. Host rings
-    // (their own memfds) are not pinned: the daemon never copies from one to a GPU, and a
-    // registration is the daemon's own (its CUDA context), so it would not speed up a
-    // consumer's copies from its mapping, only cost time per Attach and locked memory.
-    for (int i = 0; i < d->pool_->num_slabs(); ++i) {
-      GPUFEED_RETURN_IF_ERROR(PinHost(d->pool_->slab_data(i), d->pool_->slab_bytes(i)));
+  if (d->devices_ == nullptr) {
+    CudaBackendOptions cuda;
+    cuda.budget_bytes = c.device_bytes;
+    cuda.nvjpeg_library = c.nvjpeg_library;
+    cuda.nvjpeg_interpolation = c.nvjpeg_interpolation;
+    GPUFEED_ASSIGN_OR_RETURN(d->devices_, CreateCudaBackend(cuda));
+    if (!d->devices_->gpu_uuids().empty()) {
+      // Pinned once at start-up (13.5 ms per 256 MiB measured): copies from it run at full
+      // PCIe speed and asynchronously. Only the slabs: device sessions stage there. Host rings
+      // (their own memfds) are not pinned: the daemon never copies from one to a GPU, and a
+      // registration is the daemon's own (its CUDA context), so it would not speed up a
+      // consumer's copies from its mapping, only cost time per Attach and locked memory.
+      for (int i = 0; i < d->pool_->num_slabs(); ++i) {
+        GPUFEED_RETURN_IF_ERROR(PinHost(d->pool_->slab_data(i), d->pool_->slab_bytes(i)));
+      }
+      d->pinned_ = true;
+    } else {
+      spdlog::info("no CUDA device visible: serving host delivery only");
     }
-    d->pinned_ = true;
-  } else {
-    spdlog::info("no CUDA device visible: serving host delivery only");
   }
 #endif
   SessionManagerOptions options;
@@ -86,7 +90,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.max_sessions_per_uid = c.max_sessions_per_uid;
   options.max_staging_bytes_per_uid = StagingBytesPerUid(c);
   options.idle_lease_timeout = c.idle_lease_timeout;
-  FileSystem* fs = c.read_mode == ReadMode::kPread ? PosixFileSystem() : MappedFileSystem();
+  options.clock = d->clock_;
+  FileSystem* fs = deps.fs != nullptr                 ? deps.fs
+                   : c.read_mode == ReadMode::kPread ? PosixFileSystem()
+                                                     : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
                            MemServer::Start(c.mem_socket, d->sessions_.get(),
@@ -258,11 +265,11 @@ int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
                    ? absl::StrCat(", at most ", absl::FormatDuration(timeout))
                    : std::string());
   const absl::Time deadline =
-      timeout > absl::ZeroDuration() ? absl::Now() + timeout : absl::InfiniteFuture();
+      timeout > absl::ZeroDuration() ? clock_() + timeout : absl::InfiniteFuture();
   drain_watcher_ = std::thread([this, deadline, on_drained = std::move(on_drained)] {
     while (!stop_drain_watcher_) {
       const int left = sessions_->num_sessions();
-      if (left == 0 || absl::Now() >= deadline) {
+      if (left == 0 || clock_() >= deadline) {
         spdlog::info("drain: {}", left == 0 ? "the last session has ended"
                                             : absl::StrCat("deadline passed with ", left,
                                                            " sessions attached"));

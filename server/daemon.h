@@ -12,10 +12,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/config.h"
+#include "server/device/device_backend.h"
 
 namespace grpc {
 class Server;
+}
+
+namespace gpufeed {
+class FileSystem;
 }
 
 namespace gpufeed::server {
@@ -34,6 +40,19 @@ class CallerResolver;
 
 inline constexpr char kVersion[] = "0.1.0";
 
+// What the daemon would otherwise make for itself (docs/STYLE.md rule 8); the defaults are
+// gpufeedd's. Tests inject fakes (tests/testing/test_daemon.h).
+struct DaemonDeps {
+  // The file system datasets are read through; null: the POSIX one of config.read_mode.
+  // Must outlive the daemon.
+  FileSystem* fs = nullptr;
+  // The GPUs; null: the CUDA backend where built with CUDA (else none: host delivery only).
+  // A given backend is used as it is: the staging slabs are not pinned for it.
+  std::unique_ptr<DeviceBackend> devices;
+  // "Now" for the lease decisions (SessionManagerOptions::clock) and drain deadlines.
+  Clock clock = RealClock();
+};
+
 class Daemon {
  public:
   // Why the daemon asks the process to stop (see Start's `request_stop`).
@@ -48,7 +67,7 @@ class Daemon {
   // stop (once per reason at most); the owner then calls Shutdown() from another thread, as it
   // does for SIGTERM.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(
-      DaemonConfig config, std::function<void(StopReason)> request_stop);
+      DaemonConfig config, std::function<void(StopReason)> request_stop, DaemonDeps deps = {});
   ~Daemon();
 
   // Health NOT_SERVING, sessions end with UNAVAILABLE, the server stops within the grace
@@ -77,9 +96,10 @@ class Daemon {
 
   DaemonConfig config_;
   const std::function<void(StopReason)> request_stop_;
+  Clock clock_ = RealClock();
   std::atomic<bool> serving_{false};
   std::unique_ptr<StagingPool> pool_;
-  std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in
+  std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in or injected
   bool pinned_ = false;
   std::unique_ptr<SessionManager> sessions_;
   // The gRPC socket's listener (thread `accept`, peer credentials) and the services' view

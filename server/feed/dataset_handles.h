@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/os/fd.h"
 
 namespace gpufeed::server {
@@ -27,8 +28,7 @@ struct DatasetHandleOptions {
 
 class DatasetHandles {
  public:
-  using Clock = std::function<absl::Time()>;
-  explicit DatasetHandles(DatasetHandleOptions options = {}, Clock clock = &absl::Now)
+  explicit DatasetHandles(DatasetHandleOptions options = {}, Clock clock = RealClock())
       : options_(options), clock_(std::move(clock)) {}
 
   // Keeps `fd` for `uid` and returns its handle: 32 lowercase hex digits. RESOURCE_EXHAUSTED

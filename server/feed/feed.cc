@@ -336,8 +336,12 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   return valid;
 }
 
-FeedRegistry::FeedRegistry(FileSystem* fs, FeedAccessOptions access, const FeedLimits& limits)
-    : fs_(fs), access_(std::move(access)), limits_(limits), handles_(access_.handles) {}
+FeedRegistry::FeedRegistry(FileSystem* fs, FeedAccessOptions access, const FeedLimits& limits,
+                           Clock clock)
+    : fs_(fs),
+      access_(std::move(access)),
+      limits_(limits),
+      handles_(access_.handles, std::move(clock)) {}
 
 namespace {
 

@@ -149,8 +149,9 @@ struct FeedAccessOptions {
 // Feeds by key. Holds them weakly: a feed lives while a session uses it.
 class FeedRegistry {
  public:
+  // `clock` times the dataset handles' lifetime.
   explicit FeedRegistry(FileSystem* fs, FeedAccessOptions access = {},
-                        const FeedLimits& limits = {});
+                        const FeedLimits& limits = {}, Clock clock = RealClock());
 
   // The live feed with spec's key, or a new one, for `caller`: spec.dataset.handle names a
   // descriptor the caller passed (DatasetHandles::Take), read with the caller's rights; no

@@ -22,7 +22,7 @@ Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion
     : params_(std::move(params)),
       feed_(std::move(feed)),
       scheduler_(scheduler),
-      attached_at_(absl::Now()),
+      attached_at_(params_.clock()),
       stride_(params_.stage == StageMode::kNone ? feed_->layout().stride_bytes
                                                 : feed_->staged_layout()->stride_bytes),
       ring_bytes_(ring.size()),
@@ -95,7 +95,7 @@ absl::Status Session::BindStream(std::function<void()> notify,
           absl::StrCat("session ", params_.id, " already has a stream"));
     }
     streaming_ = true;
-    streaming_since_ = absl::Now();
+    streaming_since_ = params_.clock();
     notify_ = std::move(notify);
   }
   if (!release_events.empty()) {
@@ -189,7 +189,7 @@ StreamEvent Session::NextEvent() {
     delivered_ = feed_->sampler().Next(slot.batch.position);
     if (std::all_of(slots_.begin(), slots_.end(),
                     [](const Slot& s) { return s.state == SlotState::kLeased; })) {
-      all_leased_since_ = absl::Now();
+      all_leased_since_ = params_.clock();
     }
     event.kind = StreamEvent::kBatch;
     event.batch = slot.batch;
@@ -208,7 +208,7 @@ void Session::UpdateBlockedLocked() {
   for (const Slot& slot : slots_) {
     full = full && (slot.state == SlotState::kReady || slot.state == SlotState::kLeased);
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = params_.clock();
   if (full && blocked_since_ == absl::InfiniteFuture()) {
     blocked_since_ = now;
   } else if (!full && blocked_since_ != absl::InfiniteFuture()) {
@@ -377,7 +377,7 @@ SessionSnapshot Session::Snapshot() const {
   s.ring_bytes = ring_bytes_;
   s.batches_delivered = batches_delivered_;
   s.streaming = streaming_;
-  const absl::Time now = absl::Now();
+  const absl::Time now = params_.clock();
   s.age = now - attached_at_;
   s.bytes_delivered = bytes_delivered_;
   s.producer_blocked =

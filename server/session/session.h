@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/os/fd.h"
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
@@ -107,6 +108,9 @@ struct SessionParams {
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
   std::shared_ptr<const IdsBudget::Charge> ids_charge;
+  // What attached_at, streaming_for, all_leased_since and the blocked times are read from
+  // (the SessionManager's clock): the reaper compares them with its own "now".
+  Clock clock = RealClock();
 };
 
 class Session : public std::enable_shared_from_this<Session> {

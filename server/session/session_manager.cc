@@ -132,7 +132,7 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
                access.handles.lifetime = options.attach_timeout;
                return access;
              }(),
-             options.feed_limits),
+             options.feed_limits, options.clock),
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.
@@ -233,6 +233,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
 
   SessionParams params;
   params.token = NewToken();
+  params.clock = options_.clock;
   params.owner_uid = spec.caller.uid();
   params.gpu_uuid = spec.gpu_uuid;
   params.job = spec.job;
@@ -546,7 +547,7 @@ void SessionManager::ReaperLoop() {
     std::vector<uint64_t> idle;
     {
       absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
+      const absl::Time now = options_.clock();
       for (const auto& [id, session] : sessions_) {
         if (!session->streaming() && now - session->attached_at() > options_.attach_timeout) {
           expired.push_back(id);
@@ -573,6 +574,7 @@ void SessionManager::ReaperLoop() {
                  " (idle_lease_timeout); the session is ended")),
              "idle lease");
     }
+    reap_rounds_.fetch_add(1, std::memory_order_release);
   }
 }
 

@@ -3,6 +3,7 @@
 // pool of worker threads that fill their slots.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -111,6 +112,9 @@ struct SessionManagerOptions {
   // A host-delivery session whose consumer has held every slot, releasing none, this long is
   // ended with DEADLINE_EXCEEDED; zero: never. Device sessions are exempt.
   absl::Duration idle_lease_timeout = absl::Minutes(5);
+  // "Now" for the lease decisions (attach_timeout, idle_lease_timeout: the sessions record
+  // their times with it) and the dataset handles' lifetime; reap_interval stays real time.
+  Clock clock = RealClock();
 };
 
 class SessionManager final : public FillScheduler {
@@ -172,6 +176,9 @@ class SessionManager final : public FillScheduler {
   void ParallelFor(int n, const std::function<void(int)>& fn) override;
   // The workers' progress marks, for the liveness check (common/progress.h).
   std::vector<const BusyMark*> busy_marks() const { return workers_.busy_marks(); }
+  // Rounds the lease reaper has completed (every reap_interval): a test that moves the clock
+  // waits for a round to pass instead of sleeping.
+  int64_t reap_rounds() const { return reap_rounds_.load(std::memory_order_acquire); }
 
  private:
   struct Job {
@@ -210,6 +217,7 @@ class SessionManager final : public FillScheduler {
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;
   absl::Notification stop_reaper_;
+  std::atomic<int64_t> reap_rounds_{0};
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -34,6 +34,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_file_system.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/printers.h"
@@ -43,6 +44,7 @@ namespace gpufeed::server {
 namespace {
 
 using ::gpufeed::testing::Eventually;
+using ::gpufeed::testing::FakeClock;
 
 using ::gpufeed::testing::TempDir;
 using ::testing::ElementsAreArray;
@@ -215,9 +217,24 @@ class SessionManagerTest : public ::testing::Test {
     }
   }
 
+  // Options whose lease decisions read clock_, checked every millisecond of real time.
+  SessionManagerOptions FakeClockOptions() const {
+    SessionManagerOptions options;
+    options.clock = clock_.AsClock();
+    options.reap_interval = absl::Milliseconds(1);
+    return options;
+  }
+  // Waits until the reaper has completed `n` whole rounds after this call: every round but
+  // the first saw the clock as it is now.
+  void WaitReapRounds(int n = 2) {
+    const int64_t start = manager_->reap_rounds();
+    ASSERT_TRUE(Eventually([&] { return manager_->reap_rounds() >= start + n; }));
+  }
+
   TempDir dir_;
   std::string tokens_;
   std::string path_;
+  FakeClock clock_;
   std::unique_ptr<StagingPool> pool_;
   std::unique_ptr<SessionManager> manager_;
 };
@@ -955,11 +972,9 @@ TEST_F(SessionManagerTest, EndClosesWithTheGivenStatus) {
 }
 
 TEST_F(SessionManagerTest, UnboundSessionIsReapedAndItsBytesReturn) {
-  SessionManagerOptions options;
-  options.attach_timeout = absl::Milliseconds(200);
-  options.reap_interval = absl::Milliseconds(20);
+  SessionManagerOptions options = FakeClockOptions();
+  options.attach_timeout = absl::Seconds(10);
   StartManager(options);
-  const absl::Time before_attach = absl::Now();
   absl::StatusOr<Attachment> lazy = manager_->Attach(Spec());
   ASSERT_TRUE(lazy.ok()) << lazy.status();
   AttachSpec spec1 = Spec();
@@ -968,20 +983,26 @@ TEST_F(SessionManagerTest, UnboundSessionIsReapedAndItsBytesReturn) {
   ASSERT_TRUE(eager.ok()) << eager.status();
   std::shared_ptr<Session> lazy_session = MustFind(*lazy);
   std::shared_ptr<Session> eager_session = MustFind(*eager);
+  EXPECT_EQ(lazy_session->attached_at(), clock_.Now());
   StreamProbe probe;
   ASSERT_TRUE(eager_session->BindStream(probe.Callback()).ok());
   const uint64_t ring = 2 * lazy->layout.stride_bytes;
   EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - 2 * ring);
 
-  ASSERT_TRUE(Eventually([&] { return !manager_->Find(lazy->session_id, lazy->token).ok(); },
-                         absl::Seconds(3)));
-  EXPECT_GE(absl::Now() - before_attach, absl::Milliseconds(200));  // not before the timeout
+  // Exactly the timeout after Attach: not yet (the reaper ends sessions past it).
+  clock_.Advance(absl::Seconds(10));
+  WaitReapRounds();
+  ASSERT_TRUE(manager_->Find(lazy->session_id, lazy->token).ok());
+  EXPECT_FALSE(lazy_session->closed());
+  // A nanosecond later: ended.
+  clock_.Advance(absl::Nanoseconds(1));
+  ASSERT_TRUE(Eventually([&] { return !manager_->Find(lazy->session_id, lazy->token).ok(); }));
   EXPECT_EQ(manager_->Find(lazy->session_id, lazy->token).status().code(),
             absl::StatusCode::kNotFound);
   StreamEvent ev = lazy_session->NextEvent();
   ASSERT_EQ(ev.kind, StreamEvent::kClosed);
   EXPECT_EQ(ev.status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(ev.status.message(), HasSubstr("no stream"));
+  EXPECT_EQ(ev.status.message(), "no stream opened within 10s of Attach");
   EXPECT_TRUE(Eventually([&] { return pool_->free_bytes() == pool_->total_bytes() - ring; }))
       << pool_->free_bytes();
   // The session with a stream stays.
@@ -1426,9 +1447,8 @@ TEST_F(SessionManagerTest, ListingsShowANonAdminOnlyItsOwn) {
 }
 
 TEST_F(SessionManagerTest, AHostSessionHoldingEverySlotIsEndedAfterTheIdleLeaseTimeout) {
-  SessionManagerOptions options;
+  SessionManagerOptions options = FakeClockOptions();
   options.idle_lease_timeout = absl::Milliseconds(300);
-  options.reap_interval = absl::Milliseconds(10);
   StartManager(options);
   absl::StatusOr<Attachment> hog = manager_->Attach(SpecOf(Spec(), 1000));
   ASSERT_TRUE(hog.ok()) << hog.status();
@@ -1446,12 +1466,16 @@ TEST_F(SessionManagerTest, AHostSessionHoldingEverySlotIsEndedAfterTheIdleLeaseT
   ASSERT_EQ(slow_probe.Next(*slow_session).kind, StreamEvent::kBatch);
   ASSERT_EQ(hog_probe.Next(*hog_session).kind, StreamEvent::kBatch);
   ASSERT_EQ(hog_probe.Next(*hog_session).kind, StreamEvent::kBatch);
-  const absl::Time all_leased = absl::Now();
-  EXPECT_LE(hog_session->all_leased_since(), all_leased);
+  EXPECT_EQ(hog_session->all_leased_since(), clock_.Now());
   EXPECT_EQ(slow_session->all_leased_since(), absl::InfiniteFuture());
 
-  ASSERT_TRUE(Eventually([&] { return hog_session->closed(); }, absl::Seconds(5)));
-  EXPECT_GE(absl::Now() - all_leased, absl::Milliseconds(295));
+  // A nanosecond short of the timeout: still served.
+  clock_.Advance(absl::Milliseconds(300) - absl::Nanoseconds(1));
+  WaitReapRounds();
+  EXPECT_FALSE(hog_session->closed());
+  // At the timeout: ended.
+  clock_.Advance(absl::Nanoseconds(1));
+  ASSERT_TRUE(Eventually([&] { return hog_session->closed(); }));
   StreamEvent ev = hog_session->NextEvent();
   ASSERT_EQ(ev.kind, StreamEvent::kClosed);
   EXPECT_EQ(ev.status.code(), absl::StatusCode::kDeadlineExceeded);
@@ -1467,25 +1491,25 @@ TEST_F(SessionManagerTest, AHostSessionHoldingEverySlotIsEndedAfterTheIdleLeaseT
 }
 
 TEST_F(SessionManagerTest, AReleaseRestartsTheIdleLeaseClock) {
-  SessionManagerOptions options;
+  SessionManagerOptions options = FakeClockOptions();
   options.idle_lease_timeout = absl::Milliseconds(400);
-  options.reap_interval = absl::Milliseconds(10);
   StartManager(options);
   absl::StatusOr<Attachment> a = manager_->Attach(Spec());
   ASSERT_TRUE(a.ok()) << a.status();
   std::shared_ptr<Session> session = MustFind(*a);
   StreamProbe probe;
   ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
-  // The ring full between releases, one release every 100 ms (well inside the timeout):
-  // over three timeouts the session is never ended.
+  // The ring full between releases, each release a nanosecond inside the timeout: over
+  // three timeouts the session is never ended.
   StreamEvent held = probe.Next(*session);
   ASSERT_EQ(held.kind, StreamEvent::kBatch);
-  const absl::Time start = absl::Now();
-  while (absl::Now() - start < absl::Milliseconds(1200)) {
+  for (int i = 0; i < 4; ++i) {
     StreamEvent next = probe.Next(*session);
     ASSERT_EQ(next.kind, StreamEvent::kBatch) << next.status;
-    ASSERT_NE(session->all_leased_since(), absl::InfiniteFuture());
-    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_EQ(session->all_leased_since(), clock_.Now());
+    clock_.Advance(absl::Milliseconds(400) - absl::Nanoseconds(1));
+    WaitReapRounds();
+    ASSERT_FALSE(session->closed()) << "round " << i;
     ASSERT_TRUE(session->Release(held.batch.slot, held.batch.generation).ok());
     EXPECT_EQ(session->all_leased_since(), absl::InfiniteFuture());
     held = next;
@@ -1494,9 +1518,8 @@ TEST_F(SessionManagerTest, AReleaseRestartsTheIdleLeaseClock) {
 }
 
 TEST_F(SessionManagerTest, IdleLeaseTimeoutZeroIsOff) {
-  SessionManagerOptions options;
+  SessionManagerOptions options = FakeClockOptions();
   options.idle_lease_timeout = absl::ZeroDuration();
-  options.reap_interval = absl::Milliseconds(5);
   StartManager(options);
   absl::StatusOr<Attachment> a = manager_->Attach(Spec());
   ASSERT_TRUE(a.ok()) << a.status();
@@ -1506,9 +1529,10 @@ TEST_F(SessionManagerTest, IdleLeaseTimeoutZeroIsOff) {
   ASSERT_EQ(probe.Next(*session).kind, StreamEvent::kBatch);
   ASSERT_EQ(probe.Next(*session).kind, StreamEvent::kBatch);
   const absl::Time full_since = session->all_leased_since();
-  ASSERT_NE(full_since, absl::InfiniteFuture());
-  // Many reaper rounds later the session is still open.
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_EQ(full_since, clock_.Now());
+  // A day later, reaper rounds having seen it, the session is still open.
+  clock_.Advance(absl::Hours(24));
+  WaitReapRounds();
   EXPECT_FALSE(session->closed());
   EXPECT_EQ(session->all_leased_since(), full_since);
 }

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gpufeed/v1/config.pb.h"
 #include "gtest/gtest.h"
+#include "tests/testing/load_config.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -25,15 +26,9 @@ using ::testing::UnorderedElementsAre;
 
 class ConfigTest : public ::testing::Test {
  protected:
-  // gpufeedd `args`: absl parses them into the flags, as main does, then LoadConfig reads
-  // those given. The flags are back at their defaults afterwards.
+  // gpufeedd `args`, as main parses them; the flags are back at their defaults afterwards.
   absl::StatusOr<DaemonConfig> Load(std::vector<std::string> args) {
-    absl::FlagSaver saver;
-    args.insert(args.begin(), "gpufeedd");
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
-    return LoadConfig(GivenFlags(static_cast<int>(argv.size()), argv.data()));
+    return ::gpufeed::testing::LoadConfigFromArgs(std::move(args));
   }
   // A config file with `body`; its path.
   std::string File(const std::string& name, const std::string& body) {

@@ -24,6 +24,7 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
+#include "tests/testing/load_config.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_device_backend.h"
@@ -501,14 +502,8 @@ TEST_F(InProcessDaemonTest, ADrainRefusesNewSessionsServesRunningOnesAndEndsWith
 
 // ---- config ----
 
-// gpufeedd `args` through LoadConfig, as main parses them; the flags are restored after.
 absl::StatusOr<DaemonConfig> Load(std::vector<std::string> args) {
-  absl::FlagSaver saver;
-  args.insert(args.begin(), "gpufeedd");
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
-  return LoadConfig(GivenFlags(static_cast<int>(argv.size()), argv.data()));
+  return ::gpufeed::testing::LoadConfigFromArgs(std::move(args));
 }
 
 TEST_F(InProcessDaemonTest, AConfigFileStartsADaemonThatServesOnItsSockets) {

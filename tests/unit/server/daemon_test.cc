@@ -24,11 +24,11 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
-#include "tests/testing/load_config.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_device_backend.h"
 #include "tests/testing/fake_file_system.h"
+#include "tests/testing/load_config.h"
 #include "tests/testing/test_daemon.h"
 #include "tests/testing/wrapping_file_system.h"
 

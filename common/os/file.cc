@@ -109,7 +109,8 @@ absl::StatusOr<Opened> FromClientFd(int fd, const std::string& path) {
 
 absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative,
                                    const std::string& path, const PeerCred* reader) {
-  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, OpenBeneath(dirfd, relative, path));
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd,
+                           OpenBeneath(dirfd, relative, path, /*follow_links=*/reader == nullptr));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   if (!S_ISREG(st.st_mode)) {
@@ -237,10 +238,11 @@ absl::StatusOr<std::string> ResolvedPathOf(int fd) {
 }
 
 absl::StatusOr<UniqueFd> OpenBeneath(int dirfd, const std::string& relative,
-                                     absl::string_view display) {
+                                     absl::string_view display, bool follow_links) {
   open_how how{};
   how.flags = static_cast<uint64_t>(kDatasetOpenFlags);
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  if (!follow_links) how.resolve |= RESOLVE_NO_SYMLINKS;
   for (int attempt = 0;; ++attempt) {
     const long fd = ::syscall(SYS_openat2, dirfd, relative.c_str(), &how, sizeof(how));
     if (fd >= 0) return UniqueFd(static_cast<int>(fd));
@@ -249,6 +251,10 @@ absl::StatusOr<UniqueFd> OpenBeneath(int dirfd, const std::string& relative,
     if (errno == EXDEV) {
       return absl::PermissionDeniedError(
           absl::StrCat("opening ", display, ": it lies outside the dataset folder"));
+    }
+    if (errno == ELOOP && !follow_links) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "opening ", display, ": a symbolic link, which a caller's dataset may not use"));
     }
     return ErrnoToStatus(errno, absl::StrCat("opening ", display));
   }

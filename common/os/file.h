@@ -51,8 +51,11 @@ absl::StatusOr<std::string> ResolvedPathOf(int fd);
 // openat2(dirfd, relative, {kDatasetOpenFlags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS}):
 // nothing outside the directory is reachable by ".." or by links; `display` names the file
 // in errors (EXDEV, an escape, is PERMISSION_DENIED "... lies outside the dataset folder").
+// `follow_links` false adds RESOLVE_NO_SYMLINKS: a link anywhere on the way is refused (a
+// caller's read must not pass, by a link inside the folder, through a directory the caller
+// cannot search: its walk checked only the directories it listed).
 absl::StatusOr<UniqueFd> OpenBeneath(int dirfd, const std::string& relative,
-                                     absl::string_view display);
+                                     absl::string_view display, bool follow_links = true);
 
 class RandomAccessFile {
  public:

@@ -173,7 +173,10 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
       for (Entry& e : entries) {
         if (e.type == DT_DIR) {
           pending.push_back(absl::StrCat(dir, "/", e.name));
-        } else if ((e.type == DT_REG || e.type == DT_LNK) && IsImage(e.name)) {
+        } else if ((e.type == DT_REG || (e.type == DT_LNK && reader == nullptr)) &&
+                   IsImage(e.name)) {
+          // A caller's walk (reader) takes no links: one inside the folder could lead through
+          // a directory the caller cannot search (docs/SECURITY.md section 2).
           files.emplace_back(dir, std::move(e.name));
         }
       }

@@ -339,6 +339,11 @@ void Session::FillOne() {
   Notify();
 }
 
+void Session::KeepRingPagesForConsumer() {
+  absl::MutexLock lock(&mu_);
+  ring_.KeepPagesForConsumer();
+}
+
 void Session::Close(absl::Status reason) {
   if (reason.ok()) reason = absl::CancelledError("session closed");
   TakenRings rings;

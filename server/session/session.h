@@ -175,6 +175,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Ends the session: no more fills, the stream is told `reason`, and the ring returns to the
   // pool as soon as no fill is writing into it. Idempotent: the first reason wins.
   void Close(absl::Status reason);
+  // At shutdown, before Close: the host ring's pages stay with its consumer's mapping when the
+  // session goes, so that batches it holds across the daemon's restart keep their bytes.
+  void KeepRingPagesForConsumer() ABSL_LOCKS_EXCLUDED(mu_);
   bool closed() const;
 
   SessionSnapshot Snapshot() const;

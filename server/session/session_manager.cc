@@ -253,11 +253,20 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     if (draining_) return absl::UnavailableError("gpufeedd is draining (gpufeedctl drain)");
     // The pool had room for the ring (a ring larger than the whole pool is refused as such,
     // above); the uid's quotas decide now, under the lock that inserts the session.
+    // Admit checked the session count before the dataset was opened; attaches running at
+    // once may have filled it meanwhile.
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
+    }
     GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, ring->size()));
     const JobKey key(spec.caller.uid(), spec.job);
     auto it = jobs_.find(key);
     if (it != jobs_.end()) {
-      if (it->second.canonical != canonical) {
+      // The spec as shown, and the dataset as opened (its device and inode, and for an
+      // image folder its reader: the feed's key): two ranks passing different files under
+      // one display path are not one job.
+      if (it->second.canonical != canonical || it->second.feed_key != feed->key()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "job '", spec.job, "' is attached with feed {", it->second.canonical,
             "}; rank ", spec.rank, " asked for {", canonical,
@@ -275,6 +284,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
                                         devices_);
     Job& job = jobs_[key];
     job.canonical = canonical;
+    job.feed_key = feed->key();
     job.world_size = spec.feed.world_size;
     job.ranks.insert(spec.rank);
     sessions_[params.id] = session;
@@ -375,8 +385,19 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,
 }
 
 absl::Status SessionManager::Detach(uint64_t id, absl::string_view token, const Caller& caller) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      caller.admin ? Find(id, token) : Find(id, token, caller);
+  // An admin may end any session by its id alone (gpufeedctl sessions shows ids, never
+  // tokens); everyone else needs the session's token and must own it.
+  absl::StatusOr<std::shared_ptr<Session>> session;
+  if (caller.admin) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("no session ", id, " (detached or expired)"));
+    }
+    session = it->second;
+  } else {
+    session = Find(id, token, caller);
+  }
   if (!session.ok()) return session.status();
   Remove(id, absl::CancelledError("session detached"),
          (*session)->owner_uid() == caller.uid() ? "detach" : "detach by an admin");
@@ -590,7 +611,10 @@ void SessionManager::Shutdown(const absl::Status& reason) {
     jobs_.clear();
     usage_.clear();
   }
-  for (const auto& session : sessions) session->Close(reason);
+  for (const auto& session : sessions) {
+    session->KeepRingPagesForConsumer();  // held batches keep their bytes across a restart
+    session->Close(reason);
+  }
   workers_.Shutdown(reason);
   stop_reaper_.Notify();
   if (reaper_.joinable()) reaper_.join();

@@ -183,6 +183,7 @@ class SessionManager final : public FillScheduler {
  private:
   struct Job {
     std::string canonical;  // the feed spec every rank must agree on
+    std::string feed_key;   // and the dataset they opened (Feed::key: spec, device, inode)
     int32_t world_size = 0;
     absl::flat_hash_set<int32_t> ranks;
   };

@@ -1,5 +1,6 @@
 #include "server/staging/staging_pool.h"
 
+#include <sys/mman.h>
 #include <fcntl.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
 namespace {
@@ -30,6 +32,7 @@ StagingRegion& StagingRegion::operator=(StagingRegion&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     memfd_ = std::move(other.memfd_);
     mapping_ = std::move(other.mapping_);
+    release_pages_ = std::exchange(other.release_pages_, true);
   }
   return *this;
 }
@@ -41,8 +44,12 @@ void StagingRegion::Return() {
   if (slab_ >= 0) {
     pool_->Free(slab_, offset_, size_);
   } else {
-    // An own memfd: the daemon lets go of the file; a consumer's mapping keeps its pages,
-    // for it alone.
+    // An own memfd: its pages go with its place in the budget (a consumer's mapping then
+    // reads zeros), unless they are left to the consumer (KeepPagesForConsumer).
+    if (release_pages_ && mapping_.data() != nullptr &&
+        ::madvise(mapping_.data(), mapping_.size(), MADV_REMOVE) != 0) {
+      spdlog::warn("freeing a ring's pages: madvise(MADV_REMOVE): {}", std::strerror(errno));
+    }
     mapping_ = Mapping();
     memfd_.Reset();
     pool_->Unreserve(size_);

@@ -52,6 +52,13 @@ class StagingRegion {
   // keeps the mapping and the budget until it goes. A session holds the descriptor so that
   // its consumer can be given its ring for as long as the session object lives.
   UniqueFd TakeMemfd() { return std::move(memfd_); }
+  // An own memfd's pages are freed when the region goes (MADV_REMOVE: a consumer that still
+  // maps the ring then reads zeros), so that a ring's memory never outlives its place in the
+  // budget: a consumer cannot keep rings alive past --staging_bytes by holding their fds
+  // (docs/SECURITY.md section 3). KeepPagesForConsumer leaves them to the consumer's mapping
+  // instead: at shutdown, so that batches a consumer holds across a daemon restart keep
+  // their bytes.
+  void KeepPagesForConsumer() { release_pages_ = false; }
 
  private:
   friend class StagingPool;
@@ -65,6 +72,7 @@ class StagingRegion {
   // Own memfd only: its descriptor (until taken) and the daemon's mapping of it.
   UniqueFd memfd_;
   Mapping mapping_;
+  bool release_pages_ = true;
 };
 
 class StagingPool {

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/os/fd.h"
+#include "common/os/file.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -130,6 +131,40 @@ TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
   EXPECT_EQ(closed.status().message(), "dataset.path: the mode bits of " + root +
                                            " do not let uid 1000 list and search it");
   ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
+}
+
+// A link inside the folder to a file behind a directory the caller cannot search: an admin's
+// walk (no reader) follows it, a caller's walk skips it, and an open beneath the folder with a
+// reader refuses it, so the caller never reads what it could not open itself.
+TEST(ImageFolderTest, AReadersWalkTakesNoLinksThroughDirectoriesItCannotSearch) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  Touch(root + "/c/a.jpg");
+  Touch(root + "/bob/x.jpg");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/c").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root + "/bob").c_str(), 0700), 0);  // root's: the tests run as root
+  ASSERT_EQ(::chmod((root + "/bob/x.jpg").c_str(), 0644), 0);
+  std::filesystem::create_symlink("../bob/x.jpg", root + "/c/b.jpg");
+  UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const PeerCred user{1000, 1000, 1, {}};
+  absl::StatusOr<ImageFolderIndex> as_daemon = IndexImageFolder(fd.get(), root, {}, nullptr);
+  ASSERT_TRUE(as_daemon.ok()) << as_daemon.status();
+  EXPECT_THAT(as_daemon->paths, ElementsAre(root + "/bob/x.jpg", root + "/c/a.jpg",
+                                            root + "/c/b.jpg"));
+  absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
+  ASSERT_FALSE(as_user.ok());  // the user cannot list bob: refused as a class folder
+  ASSERT_EQ(::chmod((root + "/bob").c_str(), 0755), 0);
+  as_user = IndexImageFolder(fd.get(), root, {}, &user);
+  ASSERT_TRUE(as_user.ok()) << as_user.status();
+  EXPECT_THAT(as_user->paths, ElementsAre(root + "/bob/x.jpg", root + "/c/a.jpg"));
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> linked =
+      PosixFileSystem()->OpenForReadBeneath(fd.get(), "c/b.jpg", root + "/c/b.jpg", &user);
+  EXPECT_EQ(linked.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(linked.status().message(),
+            "opening " + root + "/c/b.jpg: a symbolic link, which a caller's dataset may not use");
+  EXPECT_TRUE(
+      PosixFileSystem()->OpenForReadBeneath(fd.get(), "c/b.jpg", root + "/c/b.jpg", nullptr).ok());
 }
 
 TEST(ImageFolderTest, ARootThatIsNotADirectoryIsRefusedWithoutBlocking) {

@@ -155,8 +155,8 @@ TEST_F(MemServerRingTest, AHostSessionReceivesExactlyItsOwnRing) {
     EXPECT_EQ(first, e.batch.ids[static_cast<size_t>(row)] * 10) << "row " << row;
   }
 
-  // Once detached the ring is handed out no more and its bytes are back in the budget; the
-  // consumer's old mapping still reads its own batch.
+  // Once detached the ring is handed out no more and its bytes are back in the budget, pages
+  // included: the consumer's old mapping reads zeros, never anything of another session.
   const std::string kept(reinterpret_cast<const char*>(slot), a->layout.tensors[0].byte_size);
   ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
   Reply after = Ask(a->session_id, a->token);
@@ -167,7 +167,9 @@ TEST_F(MemServerRingTest, AHostSessionReceivesExactlyItsOwnRing) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ(pool_->free_bytes(), free_before - ring);
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(slot), kept.size()), kept);
+  EXPECT_NE(kept, std::string(kept.size(), '\0'));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(slot), kept.size()),
+            std::string(kept.size(), '\0'));
 }
 
 TEST_F(MemServerRingTest, AWrongTokenGetsNoDescriptor) {

@@ -950,10 +950,15 @@ TEST_F(SessionManagerTest, AHostRingIsItsOwnMemfdOfExactlyTheRingsBytes) {
   struct stat st_after {};
   ASSERT_EQ(::fstat(fa_after->get(), &st_after), 0);
   EXPECT_EQ(st_after.st_ino, st_a.st_ino);
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(kept->data()) +
-                            static_cast<uint64_t>(ev.batch.slot) * a->layout.stride_bytes,
-                        a->layout.tensors[0].byte_size),
-            batch);
+  // The old mapping shows nothing of the new session: the ended ring's pages went with its
+  // budget (a consumer holding ring fds cannot keep memory past --staging_bytes).
+  sa.reset();  // the session object, and with it the ring, goes
+  EXPECT_TRUE(Eventually([&] {
+    const char* p = reinterpret_cast<const char*>(kept->data()) +
+                    static_cast<uint64_t>(ev.batch.slot) * a->layout.stride_bytes;
+    return std::all_of(p, p + a->layout.tensors[0].byte_size, [](char c) { return c == 0; });
+  }));
+  EXPECT_NE(batch, std::string(batch.size(), '\0'));
 }
 
 TEST_F(SessionManagerTest, EndClosesWithTheGivenStatus) {
@@ -1270,14 +1275,11 @@ TEST_F(SessionManagerTest, DetachChecksTheOwnerExceptForAnAdmin) {
   const absl::Status other = manager_->Detach(a->session_id, a->token, AsUid(1001));
   EXPECT_EQ(other.code(), absl::StatusCode::kNotFound) << other;
   EXPECT_EQ(manager_->num_sessions(), 1);
-  // An admin still needs the token...
-  std::string wrong = a->token;
-  wrong[0] = wrong[0] == '0' ? '1' : '0';
-  EXPECT_EQ(manager_->Detach(a->session_id, wrong, AsUid(1002, true)).code(),
-            absl::StatusCode::kPermissionDenied);
+  // An admin ends another uid's session by its id alone (listings show ids, never tokens).
+  EXPECT_EQ(manager_->Detach(a->session_id + 100, "", AsUid(1002, true)).code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(manager_->num_sessions(), 1);
-  // ...and may then detach another uid's session.
-  ASSERT_TRUE(manager_->Detach(a->session_id, a->token, AsUid(1002, true)).ok());
+  ASSERT_TRUE(manager_->Detach(a->session_id, "", AsUid(1002, true)).ok());
   EXPECT_EQ(manager_->num_sessions(), 0);
 
   absl::StatusOr<Attachment> b = manager_->Attach(SpecOf(Spec(), 1000));

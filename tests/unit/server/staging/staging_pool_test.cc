@@ -545,31 +545,41 @@ TEST(StagingPoolTest, TakingTheMemfdLeavesTheMappingAndTheBudgetWithTheRegion) {
   EXPECT_EQ(m->data()[3], std::byte{0x5A});
   r = StagingRegion();
   EXPECT_EQ(pool->free_bytes(), 4 * kPage);  // the budget went with the region
-  EXPECT_EQ(m->data()[3], std::byte{0x5A});  // the file lives on for whoever holds it
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd.get(), &st), 0);
+  EXPECT_EQ(st.st_blocks, 0);  // and so did its pages: nothing held outside the budget
+  // A mapping reads zeros (a page it touches now is its own process's to pay for).
+  EXPECT_EQ(m->data()[3], std::byte{0});
 }
 
 // The equivalent of ANewRegionIsZeroedWhateverTheLastOwnerWrote for rings of their own: a
-// new ring is zeroed, and a consumer that still maps an ended ring keeps only that ring's old
-// pages, never the next session's.
+// new ring is zeroed, and a consumer that still maps an ended ring sees nothing of the next
+// session's.
 TEST(StagingPoolTest, ANewOwnMemfdIsZeroedAndAnOldMappingSeesOnlyItsOwnPages) {
   std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
   ASSERT_NE(pool, nullptr);
   auto all = [](const std::byte* p, uint64_t n, std::byte v) {
     return std::all_of(p, p + n, [v](std::byte b) { return b == v; });
   };
-  absl::StatusOr<Mapping> old_view;
-  {
-    StagingRegion first = MustAllocateOwn(*pool, 4 * kPage);
-    std::memset(first.data(), 0xAB, first.size());
-    UniqueFd fd = MustDup(first);
-    old_view = Mapping::Map(fd.get(), 0, first.size(), false);
-    ASSERT_TRUE(old_view.ok()) << old_view.status();
-  }  // the session ended: the daemon unmapped and closed it, the budget is back
-  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
-  StagingRegion second = MustAllocateOwn(*pool, 4 * kPage);  // the whole budget again
-  EXPECT_TRUE(all(second.data(), second.size(), std::byte{0}));
-  std::memset(second.data(), 0xCD, second.size());
-  EXPECT_TRUE(all(old_view->data(), old_view->size(), std::byte{0xAB}));
+  for (bool keep : {false, true}) {
+    absl::StatusOr<Mapping> old_view;
+    {
+      StagingRegion first = MustAllocateOwn(*pool, 4 * kPage);
+      std::memset(first.data(), 0xAB, first.size());
+      UniqueFd fd = MustDup(first);
+      old_view = Mapping::Map(fd.get(), 0, first.size(), false);
+      ASSERT_TRUE(old_view.ok()) << old_view.status();
+      if (keep) first.KeepPagesForConsumer();
+    }  // the session ended: the daemon unmapped and closed it, the budget is back
+    EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+    StagingRegion second = MustAllocateOwn(*pool, 4 * kPage);  // the whole budget again
+    EXPECT_TRUE(all(second.data(), second.size(), std::byte{0}));
+    std::memset(second.data(), 0xCD, second.size());
+    // The ended ring's pages went with its budget (zeros), unless left to the consumer (a
+    // daemon shutting down): holding ring fds cannot keep memory past --staging_bytes.
+    EXPECT_TRUE(all(old_view->data(), old_view->size(), keep ? std::byte{0xAB} : std::byte{0}))
+        << keep;
+  }
 }
 
 }  // namespace

@@ -129,6 +129,11 @@ class Session : public std::enable_shared_from_this<Session> {
   const Feed& feed() const { return *feed_; }
   // The host ring's size (page-rounded): for host delivery, the size of its own memfd.
   uint64_t ring_bytes() const { return ring_bytes_; }
+  // What the session costs its owner's staging quota: its host ring and the heap of its
+  // per-slot sample ids (max_ids_bytes is daemon-wide; the quota makes it per uid too).
+  uint64_t quota_bytes() const {
+    return ring_bytes_ + (params_.ids_charge != nullptr ? params_.ids_charge->bytes() : 0);
+  }
   // A new descriptor of the host ring's own memfd, for the memory socket to hand to the
   // consumer (mapped from offset 0, ring_bytes() long): always this session's own ring, also
   // after it ended (the consumer then learns why on its stream, and sees only its own old

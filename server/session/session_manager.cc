@@ -259,7 +259,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
       return absl::ResourceExhaustedError(
           absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
     }
-    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, ring->size()));
+    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(
+        spec.caller, ring->size() + (params.ids_charge != nullptr ? params.ids_charge->bytes() : 0)));
     const JobKey key(spec.caller.uid(), spec.job);
     auto it = jobs_.find(key);
     if (it != jobs_.end()) {
@@ -290,7 +291,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     sessions_[params.id] = session;
     Usage& usage = usage_[params.owner_uid];
     ++usage.sessions;
-    usage.staging_bytes += session->ring_bytes();
+    usage.staging_bytes += session->quota_bytes();
   }
   session->Start();
   spdlog::info("attach: session {} uid {} job '{}' rank {}/{} feed {} (dataset '{}': {} "
@@ -428,7 +429,8 @@ absl::Status SessionManager::CheckQuotaLocked(const Caller& caller, uint64_t byt
   if (quota > 0 && bytes > 0 && (bytes > quota || usage.staging_bytes > quota - bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "max_staging_bytes_per_uid: uid ", uid, "'s rings hold ", usage.staging_bytes,
-        " bytes of staging; a ring of ", bytes, " more would pass its quota of ", quota,
+        " bytes of staging (with their sample ids); a ring of ", bytes,
+        " more would pass its quota of ", quota,
         " bytes (use fewer or smaller rings, or an admin raises max_staging_bytes_per_uid)"));
   }
   return absl::OkStatus();
@@ -452,7 +454,8 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
     auto usage = usage_.find(session->owner_uid());
     if (usage != usage_.end()) {
       --usage->second.sessions;
-      usage->second.staging_bytes -= std::min(usage->second.staging_bytes, session->ring_bytes());
+      usage->second.staging_bytes -=
+          std::min(usage->second.staging_bytes, session->quota_bytes());
       if (usage->second.sessions <= 0) usage_.erase(usage);
     }
   }

@@ -1395,8 +1395,9 @@ TEST_F(SessionManagerTest, StagingBytesPerUidAreCapped) {
   StartManager();
   absl::StatusOr<Attachment> probe = manager_->Attach(Spec());
   ASSERT_TRUE(probe.ok()) << probe.status();
-  const uint64_t ring = MustFind(*probe)->ring_bytes();
-  ASSERT_GT(ring, 0u);
+  // A session's share of the quota: its ring and its sample ids (4 rows x 2 slots x 8 bytes).
+  const uint64_t ring = MustFind(*probe)->ring_bytes() + 4 * 2 * 8;
+  EXPECT_EQ(MustFind(*probe)->quota_bytes(), ring);
   manager_.reset();
 
   SessionManagerOptions options;
@@ -1409,12 +1410,12 @@ TEST_F(SessionManagerTest, StagingBytesPerUidAreCapped) {
   const absl::Status s = manager_->Attach(second).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.message(), absl::StrCat("max_staging_bytes_per_uid: uid 1000's rings hold ", ring,
-                                      " bytes of staging; a ring of ", ring,
+                                      " bytes of staging (with their sample ids); a ring of ", ring,
                                       " more would pass its quota of ", 2 * ring - 1,
                                       " bytes (use fewer or smaller rings, or an admin raises "
                                       "max_staging_bytes_per_uid)"));
-  // The refused ring went back to the pool at once.
-  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - ring);
+  // The refused ring went back to the pool at once (the pool counts rings, not ids).
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - MustFind(*first)->ring_bytes());
   EXPECT_EQ(manager_->num_sessions(), 1);
   EXPECT_TRUE(manager_->Attach(SpecOf(second, 1001)).ok());  // another uid's own quota
   ASSERT_TRUE(manager_->Detach(first->session_id, first->token, AsUid(1000)).ok());

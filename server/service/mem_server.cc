@@ -94,27 +94,42 @@ void MemServer::Loop() {
     if (fds[0].revents == 0) continue;
     UniqueFd connection(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!connection.valid()) continue;
+    // The peer's uid now (the kernel's, at connect time): its share of the slots.
+    absl::StatusOr<PeerCred> peer = GetPeerCred(connection.get());
+    if (!peer.ok()) continue;  // no identity, no service
+    const uint32_t uid = peer->uid;
+    const bool exempt = options_.exempt_root_and_daemon &&
+                        (uid == 0 || uid == static_cast<uint32_t>(::geteuid()));
+    absl::Status refused;
     {
       absl::MutexLock lock(&mu_);
-      if (static_cast<int>(running_.size()) < options_.max_connections) {
+      int& mine = per_uid_[uid];
+      if (static_cast<int>(running_.size()) >= options_.max_connections) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "memory socket: ", options_.max_connections,
+            " connections are being served; retry shortly"));
+      } else if (!exempt && mine >= options_.max_connections_per_uid) {
+        refused = absl::ResourceExhaustedError(
+            absl::StrCat("memory socket: uid ", uid, " has ", mine,
+                         " connections being served, the most one uid may; retry shortly"));
+      } else {
+        ++mine;
         const uint64_t id = next_id_++;
         // The thread's last act waits for mu_, held until the thread is in running_.
         running_[id] = std::thread(
-            [this, id](UniqueFd c) {
+            [this, id, uid](UniqueFd c) {
               pthread_setname_np(pthread_self(), "mem/conn");
-              RunConnection(id, std::move(c));
+              RunConnection(id, uid, std::move(c));
             },
             std::move(connection));
         continue;
       }
+      if (mine == 0) per_uid_.erase(uid);
     }
     // Refused at once, without waiting for the request: the reply is small enough for the
     // socket buffer of a fresh connection, and MSG_DONTWAIT keeps the loop from blocking.
     v1::MemResponse busy;
-    SetError(absl::ResourceExhaustedError(absl::StrCat(
-                 "memory socket: ", options_.max_connections,
-                 " connections are being served; retry shortly")),
-             &busy);
+    SetError(refused, &busy);
     const std::string body = busy.SerializeAsString();
     std::string wire(4, '\0');
     for (int i = 0; i < 4; ++i) wire[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
@@ -124,10 +139,11 @@ void MemServer::Loop() {
   }
 }
 
-void MemServer::RunConnection(uint64_t id, UniqueFd connection) {
+void MemServer::RunConnection(uint64_t id, uint32_t uid, UniqueFd connection) {
   Serve(connection.get());
   connection.Reset();
   absl::MutexLock lock(&mu_);
+  if (auto n = per_uid_.find(uid); n != per_uid_.end() && --n->second <= 0) per_uid_.erase(n);
   auto it = running_.find(id);
   if (it == running_.end()) return;  // the destructor took it: it joins this thread
   finished_.push_back(std::move(it->second));

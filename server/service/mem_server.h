@@ -28,6 +28,10 @@ namespace gpufeed::server {
 struct MemServerOptions {
   absl::Duration request_timeout = absl::Seconds(2);  // mem_request_timeout
   int max_connections = 64;
+  // At most this many of them from one uid (root and the daemon's own uid excepted), so that
+  // one user trickling requests cannot hold every slot (docs/SECURITY.md section 4).
+  int max_connections_per_uid = 8;
+  bool exempt_root_and_daemon = true;  // false: tests, where the test process is both
 };
 
 class MemServer {
@@ -49,7 +53,7 @@ class MemServer {
             MemServerOptions options);
   void Loop();
   // Serves one connection on its own thread, then hands that thread over to be joined.
-  void RunConnection(uint64_t id, UniqueFd connection) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunConnection(uint64_t id, uint32_t uid, UniqueFd connection) ABSL_LOCKS_EXCLUDED(mu_);
   void Serve(int connection);
   // Joins the threads of connections that ended.
   void JoinFinished() ABSL_LOCKS_EXCLUDED(mu_);
@@ -64,6 +68,7 @@ class MemServer {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::thread> running_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> finished_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, int> per_uid_ ABSL_GUARDED_BY(mu_);  // connections being served
 
   std::thread thread_;
 };

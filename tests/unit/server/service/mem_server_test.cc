@@ -172,6 +172,29 @@ TEST_F(MemServerTest, ConnectionsPastTheLimitAreRefusedAtOnce) {
   EXPECT_EQ(OpenTokens().code(), 0);
 }
 
+// One uid cannot hold every slot: past its share its connections are refused at once, and
+// another uid (here: none; root and the daemon's uid are exempt in a daemon) keeps room.
+TEST_F(MemServerTest, OneUidGetsAtMostItsShareOfTheConnections) {
+  Start({.request_timeout = absl::Seconds(30),
+         .max_connections = 8,
+         .max_connections_per_uid = 2,
+         .exempt_root_and_daemon = false});
+  UniqueFd a = Connect(), b = Connect();  // silent
+  ASSERT_TRUE(Eventually([&] { return server_->active() == 2; }));
+  const absl::Time asked = absl::Now();
+  UniqueFd c = Connect();
+  v1::MemResponse refused = Reply(c.get());
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("memory socket: uid ", ::geteuid(),
+                         " has 2 connections being served, the most one uid may; retry shortly"));
+  EXPECT_EQ(server_->active(), 2);
+  a.Reset();  // a hang-up ends that connection's wait: the uid has room again
+  ASSERT_TRUE(Eventually([&] { return server_->active() == 1; }));
+  EXPECT_EQ(OpenTokens().code(), 0);
+}
+
 TEST_F(MemServerTest, ShutdownDoesNotWaitForSilentClients) {
   Start({.request_timeout = absl::Seconds(60)});
   UniqueFd a = Connect(), b = Connect();

@@ -319,8 +319,9 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
         break;
       }
       // Every batch of the old stream is handed out: position_ is the next one.
+      // (A re-attach past its bound has given up: end_ holds why.)
       if (!absl::IsUnavailable(end_) || reconnect_timeout_ <= absl::ZeroDuration() ||
-          detached_) {
+          detached_ || (reconnecting_ && absl::Now() >= give_up_)) {
         return end_;
       }
       if (stop_epoch_ > 0 && position_.epoch >= stop_epoch_) {

@@ -125,6 +125,8 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.stop_epoch = value;
   } else if (k == "rpc_timeout_ms") {
     o.rpc_timeout = absl::Milliseconds(value);
+  } else if (k == "reconnect_timeout_ms") {
+    o.reconnect_timeout = absl::Milliseconds(value);
   } else {
     return Invalid(absl::StrCat("unknown integer option '", k, "'"));
   }

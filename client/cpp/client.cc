@@ -17,6 +17,8 @@ Batch& Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
     Release(nullptr);
     core_ = std::move(other.core_);
+    ring_ = std::move(other.ring_);
+    link_ = other.link_;
     slot_ = std::exchange(other.slot_, -1);
     generation_ = other.generation_;
     epoch_ = other.epoch_;
@@ -33,14 +35,15 @@ Batch::~Batch() { Release(nullptr); }
 
 void Batch::Release(void* stream) {
   if (core_ == nullptr) return;
-  core_->Release(slot_, generation_, waited_, stream);
+  core_->Release(slot_, generation_, waited_, stream, ring_.get(), link_);
   core_.reset();
+  ring_.reset();
   for (Tensor& t : tensors_) t.data = nullptr;
 }
 
 absl::Status Batch::WaitReady(void* stream) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("the batch was released");
-  return core_->WaitReady(slot_, stream);
+  return internal::SessionCore::WaitReady(ring_.get(), slot_, stream);
 }
 
 std::vector<uint8_t> Batch::valid_mask() const {
@@ -65,8 +68,12 @@ Session::~Session() { (void)Detach(); }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& options) {
   GPUFEED_RETURN_IF_ERROR(internal::CheckSocket(options.socket));
+  if (options.reconnect_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("reconnect_timeout: must be >= 0 (0: no re-attach)");
+  }
   auto core = std::make_shared<internal::SessionCore>(internal::ChannelFor(options.socket),
-                                                      options.socket, options.rpc_timeout);
+                                                      options.socket, options.rpc_timeout,
+                                                      options.reconnect_timeout);
   GPUFEED_ASSIGN_OR_RETURN(SessionInfo info, core->Attach(options));
   absl::Status status = core->MapRing();
   if (status.ok()) status = core->OpenStream();

@@ -22,9 +22,10 @@ absl::Status CheckSocket(const std::string& socket) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket) {
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  if (fresh) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(absl::StrCat("unix://", socket),
                                    grpc::InsecureChannelCredentials(), args);
 }

@@ -19,8 +19,10 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view context);
 // UNAVAILABLE naming `socket` when no Unix socket is there (no daemon to talk to).
 absl::Status CheckSocket(const std::string& socket);
 
-// A channel to gpufeedd's gRPC socket at `socket`.
-std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket);
+// A channel to gpufeedd's gRPC socket at `socket`. `fresh`: with its own connection (a
+// re-attach's: gRPC's shared one may sit in its reconnect backoff, seconds after the daemon
+// is back).
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh = false);
 
 // One unary call with a deadline; a failure carries `what` as context.
 template <typename Stub, typename Request, typename Response>

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -42,11 +43,12 @@ Position Advance(Position p, int64_t steps_per_epoch) {
 }  // namespace
 
 SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
-                         absl::Duration rpc_timeout)
+                         absl::Duration rpc_timeout, absl::Duration reconnect_timeout)
     : channel_(std::move(channel)),
       stub_(v1::Feed::NewStub(channel_)),
       socket_(std::move(socket)),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_(rpc_timeout),
+      reconnect_timeout_(reconnect_timeout) {}
 
 SessionCore::~SessionCore() { Stop(); }
 
@@ -54,11 +56,49 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   GPUFEED_ASSIGN_OR_RETURN(AttachPlan plan, AttachPlanFromOptions(options));
   device_ = plan.device;
   gpu_ = plan.gpu;
+  stop_epoch_ = options.stop_epoch;
+  request_ = plan.request;
+  return AttachWith(std::move(plan.request), false);
+}
 
-  GPUFEED_RETURN_IF_ERROR(PassDataset(&plan.request));
+absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, bool again) {
+  GPUFEED_RETURN_IF_ERROR(PassDataset(&request));
   v1::AttachResponse response;
   GPUFEED_RETURN_IF_ERROR(
-      Call(stub_.get(), &v1::Feed::Stub::Attach, plan.request, &response, rpc_timeout_, "attach"));
+      Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response, rpc_timeout_, "attach"));
+  if (again) {
+    // The same request, the same feed: anything else would be another stream.
+    bool same = response.steps_per_epoch() == steps_per_epoch_ &&
+                response.slot_stride_bytes() == stride_ &&
+                response.ring_slots() == ring_slots_ &&
+                response.start().fingerprint() == fingerprint_ &&
+                response.tensors_size() == static_cast<int>(offsets_.size());
+    for (int i = 0; same && i < response.tensors_size(); ++i) {
+      same = response.tensors(i).byte_offset() == offsets_[i] &&
+             response.tensors(i).byte_size() == layout_[i].byte_size;
+    }
+    if (!same) {
+      v1::DetachRequest detach;
+      detach.set_session_id(response.session_id());
+      detach.set_token(response.token());
+      v1::DetachResponse detached;
+      (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, rpc_timeout_, "detach");
+      return absl::FailedPreconditionError(
+          "re-attach: gpufeedd came back with another feed or slot layout than the session's");
+    }
+    session_id_ = response.session_id();
+    token_ = response.token();
+    if (device_) {
+      if (!response.has_device() ||
+          response.device().alloc_bytes() < stride_ * static_cast<uint64_t>(ring_slots_) ||
+          response.device().ready_event_handles_size() != ring_slots_) {
+        return absl::InternalError("re-attach: daemon sent a device ring smaller than its slots");
+      }
+      device_reply_ = response.device();
+    }
+    mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
+    return SessionInfo{};
+  }
   session_id_ = response.session_id();
   token_ = response.token();
   steps_per_epoch_ = response.steps_per_epoch();
@@ -169,10 +209,12 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
 }
 
 absl::Status SessionCore::MapRing() {
+  auto ring = std::make_shared<RingMapping>();
   if (device_ && device_reply_.ipc() == v1::IPC_KIND_LEGACY) {
     GPUFEED_ASSIGN_OR_RETURN(
-        device_ring_, DeviceRingMapping::MapLegacy(gpu_.ordinal, device_reply_.legacy_mem_handle(),
+        ring->device, DeviceRingMapping::MapLegacy(gpu_.ordinal, device_reply_.legacy_mem_handle(),
                                                    ReadyEvents()));
+    ring_ = std::move(ring);
     return absl::OkStatus();
   }
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
@@ -195,9 +237,10 @@ absl::Status SessionCore::MapRing() {
     if (!response.device()) {
       return absl::InternalError("memory socket: host memory for a device session");
     }
-    GPUFEED_ASSIGN_OR_RETURN(device_ring_,
+    GPUFEED_ASSIGN_OR_RETURN(ring->device,
                              DeviceRingMapping::MapVmm(gpu_.ordinal, std::move(frame.fd),
                                                        response.map_bytes(), ReadyEvents()));
+    ring_ = std::move(ring);
     return absl::OkStatus();
   }
   if (response.map_bytes() < stride_ * static_cast<uint64_t>(ring_slots_)) {
@@ -206,23 +249,44 @@ absl::Status SessionCore::MapRing() {
   // Writable and shared: a consumer may transform a batch it holds in place (torch's `x.add_`
   // on a host batch); the daemon never reads a slot back nor writes one that is leased.
   GPUFEED_ASSIGN_OR_RETURN(
-      mapping_, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), true));
+      ring->host, Mapping::Map(frame.fd.get(), response.map_offset(), response.map_bytes(), true));
+  ring_ = std::move(ring);
   return absl::OkStatus();
 }
 
 absl::Status SessionCore::OpenStream() {
-  stream_ctx_ = std::make_unique<grpc::ClientContext>();
-  stream_ = stub_->Stream(stream_ctx_.get());
+  // A new link: releases of the old one's batches go nowhere from here on (top of the header).
+  ++link_;
+  {
+    absl::MutexLock lock(&release_mu_);
+    releases_.Clear();
+    release_link_ = link_;
+  }
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  auto stream = stub_->Stream(ctx.get());
   v1::StreamRequest open;
   open.mutable_open()->set_session_id(session_id_);
   open.mutable_open()->set_token(token_);
-  if (device_ring_ != nullptr) {
-    for (const std::string& h : device_ring_->release_event_handles()) {
+  if (ring_->device != nullptr) {
+    for (const std::string& h : ring_->device->release_event_handles()) {
       open.mutable_open()->add_release_event_handles(h);
     }
   }
-  if (!stream_->Write(open)) {
-    return FromGrpc(stream_->Finish(), "opening stream");
+  if (!stream->Write(open)) {
+    return FromGrpc(stream->Finish(), "opening stream");
+  }
+  decltype(stream_) old_stream;
+  {
+    absl::MutexLock lock(&write_mu_);
+    old_stream = std::exchange(stream_, std::move(stream));
+    stream_link_ = link_;
+    writes_done_ = false;
+  }
+  old_stream.reset();  // before its context
+  stream_ctx_ = std::move(ctx);
+  {
+    absl::MutexLock lock(&mu_);  // the old reader is joined: only the new one sets end_
+    end_ = absl::OkStatus();
   }
   reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "gpufeed-rx");
@@ -234,19 +298,47 @@ absl::Status SessionCore::OpenStream() {
 absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   Event event;
   const auto asked = std::chrono::steady_clock::now();  // a wall-clock step is no wait
-  {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty() || !end_.ok(); };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no batch within ", absl::FormatDuration(timeout)));
+  const absl::Time deadline = absl::Now() + timeout;    // infinite stays infinite
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !events_.empty() || !end_.ok();
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no batch within ", absl::FormatDuration(timeout)));
+      }
+      if (!events_.empty()) {
+        event = std::move(events_.front());
+        events_.pop_front();
+        if (event.end) {
+          end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+          return end_;
+        }
+        break;
+      }
+      // Every batch of the old stream is handed out: position_ is the next one.
+      // (A re-attach past its bound has given up: end_ holds why.)
+      if (!absl::IsUnavailable(end_) || reconnect_timeout_ <= absl::ZeroDuration() ||
+          detached_ || (reconnecting_ && absl::Now() >= give_up_)) {
+        return end_;
+      }
+      if (stop_epoch_ > 0 && position_.epoch >= stop_epoch_) {
+        end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+        return end_;
+      }
+      if (!reconnecting_) last_error_ = std::string(end_.message());
     }
-    if (events_.empty()) return end_;
-    event = std::move(events_.front());
-    events_.pop_front();
-    if (event.end) {
-      end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
+    absl::Status reconnected = Reconnect(deadline);
+    if (absl::IsDeadlineExceeded(reconnected)) {
+      return absl::DeadlineExceededError(absl::StrCat("no batch within ",
+                                                      absl::FormatDuration(timeout), ": ",
+                                                      reconnected.message()));
+    }
+    if (!reconnected.ok()) {
+      absl::MutexLock lock(&mu_);
+      end_ = reconnected;
       return end_;
     }
   }
@@ -256,6 +348,8 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   }
   Batch batch;
   batch.core_ = shared_from_this();
+  batch.ring_ = ring_;
+  batch.link_ = link_;
   batch.slot_ = b.slot();
   batch.generation_ = b.generation();
   batch.epoch_ = b.epoch();
@@ -264,11 +358,10 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   batch.waited_ = absl::FromChrono(std::chrono::steady_clock::now() - asked);
   batch.ids_.assign(b.ids().begin(), b.ids().end());
   batch.tensors_ = layout_;
-  const std::byte* base = device_ring_ != nullptr ? device_ring_->base() : mapping_.data();
-  const std::byte* slot = base + static_cast<uint64_t>(b.slot()) * stride_;
+  const std::byte* slot = ring_->base() + static_cast<uint64_t>(b.slot()) * stride_;
   for (size_t i = 0; i < batch.tensors_.size(); ++i) {
     batch.tensors_[i].data = slot + offsets_[i];
-    batch.tensors_[i].device = device_ring_ != nullptr ? device_ring_->ordinal() : -1;
+    batch.tensors_[i].device = ring_->device != nullptr ? ring_->device->ordinal() : -1;
   }
   {
     absl::MutexLock lock(&mu_);
@@ -277,12 +370,80 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   return batch;
 }
 
+absl::Status SessionCore::Reconnect(absl::Time deadline) {
+  if (!reconnecting_) {
+    reconnecting_ = true;
+    give_up_ = absl::Now() + reconnect_timeout_;
+    backoff_ = absl::Milliseconds(50);
+    Stop();  // the old stream is over: join its reader
+  }
+  while (true) {
+    absl::Status attempt = ReattachOnce();
+    if (attempt.ok()) {
+      reconnecting_ = false;
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnavailable(attempt) && !absl::IsNotFound(attempt) &&
+        !absl::IsDeadlineExceeded(attempt) && !absl::IsAlreadyExists(attempt)) {
+      const Position at = position();
+      return absl::Status(attempt.code(),
+                          absl::StrCat("re-attaching to gpufeedd at ", socket_, " at (",
+                                       at.epoch, ", ", at.step, "): ", attempt.message()));
+    }
+    last_error_ = std::string(attempt.message());
+    const absl::Time now = absl::Now();
+    if (now >= give_up_) {
+      return absl::UnavailableError(absl::StrCat(
+          "gpufeedd at ", socket_, " did not come back within ",
+          absl::ToDoubleSeconds(reconnect_timeout_), " s (last: ", last_error_, ")"));
+    }
+    if (now >= deadline) return absl::DeadlineExceededError("re-attaching to gpufeedd");
+    // Sleep the backoff (Detach wakes it), never past the bound or the call's deadline.
+    const absl::Time wake = std::min({now + backoff_, give_up_, deadline});
+    backoff_ = std::min(backoff_ * 2, absl::Seconds(1));
+    absl::MutexLock lock(&mu_);
+    auto detached = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return detached_; };
+    if (mu_.AwaitWithDeadline(absl::Condition(&detached), wake)) {
+      return absl::CancelledError("the session was detached while re-attaching");
+    }
+  }
+}
+
+absl::Status SessionCore::ReattachOnce() {
+  GPUFEED_RETURN_IF_ERROR(CheckSocket(socket_));
+  channel_ = ChannelFor(socket_, /*fresh=*/true);
+  stub_ = v1::Feed::NewStub(channel_);
+  v1::AttachRequest request = request_;
+  const Position at = position();
+  request.mutable_start()->set_epoch(at.epoch);
+  request.mutable_start()->set_step(at.step);
+  request.mutable_start()->set_fingerprint(fingerprint_);
+  GPUFEED_RETURN_IF_ERROR(AttachWith(std::move(request), true).status());
+  absl::Status status = MapRing();
+  if (status.ok()) status = OpenStream();
+  if (!status.ok()) {
+    // Half attached: end it at the daemon so the retry's rank is free.
+    v1::DetachRequest detach;
+    detach.set_session_id(session_id_);
+    detach.set_token(token_);
+    v1::DetachResponse detached;
+    (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, rpc_timeout_, "detach");
+    return status;
+  }
+  return absl::OkStatus();
+}
+
 // Whoever finds no write in progress becomes the writer and sends every release queued
 // meanwhile in one message, so releases that arrive while a write is under way share the next.
-void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream) {
-  if (device_ring_ != nullptr) {
+void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream,
+                          RingMapping* ring, uint64_t link) {
+  {
+    absl::MutexLock lock(&release_mu_);
+    if (link != release_link_) return;  // an earlier attachment's: its session is gone
+  }
+  if (ring != nullptr && ring->device != nullptr) {
     // The daemon's next copy into this slot waits for the work queued on `stream` so far.
-    absl::Status s = device_ring_->RecordRelease(slot, stream);
+    absl::Status s = ring->device->RecordRelease(slot, stream);
     if (!s.ok()) {
       absl::MutexLock lock(&mu_);
       if (end_.ok()) end_ = s;  // a CUDA error: the next Next() reports it
@@ -290,6 +451,7 @@ void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration wait
   }
   {
     absl::MutexLock lock(&release_mu_);
+    if (link != release_link_) return;
     v1::Release* r = releases_.add_releases();
     r->set_slot(slot);
     r->set_generation(generation);
@@ -299,6 +461,7 @@ void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration wait
   }
   while (true) {
     v1::StreamRequest request;
+    uint64_t request_link = 0;
     {
       absl::MutexLock lock(&release_mu_);
       if (releases_.releases().empty()) {
@@ -306,9 +469,11 @@ void SessionCore::Release(int32_t slot, uint64_t generation, absl::Duration wait
         return;
       }
       request.Swap(&releases_);
+      request_link = release_link_;
     }
     absl::MutexLock lock(&write_mu_);
-    if (writes_done_ || stream_ == nullptr) continue;  // session over: nothing to return
+    // Session over, or re-attached meanwhile: nothing to return.
+    if (writes_done_ || stream_ == nullptr || stream_link_ != request_link) continue;
     stream_->Write(request);
   }
 }
@@ -342,9 +507,9 @@ absl::StatusOr<Position> SessionCore::DaemonPosition() {
                   response.delivered().fingerprint()};
 }
 
-absl::Status SessionCore::WaitReady(int32_t slot, void* stream) const {
-  if (device_ring_ == nullptr) return absl::OkStatus();
-  return device_ring_->WaitReady(slot, stream);
+absl::Status SessionCore::WaitReady(const RingMapping* ring, int32_t slot, void* stream) {
+  if (ring == nullptr || ring->device == nullptr) return absl::OkStatus();
+  return ring->device->WaitReady(slot, stream);
 }
 
 Position SessionCore::position() const {

@@ -1,6 +1,25 @@
 // Internal to the client: everything a session shares with its batches (the stream, the mapped
 // ring, the reader thread, the releases, the position). Session and Batch are thin handles on
 // it; batches hold it by shared_ptr, so the mapping outlives the last batch.
+//
+// Re-attach (issue 13). A session is a series of *attachments* (links), one per daemon
+// session: the first in Session::Attach, another each time the stream or the connection ends
+// with UNAVAILABLE (daemon killed, restarting, shutting down, draining) and
+// `reconnect_timeout` > 0. It is done by Next(), on the consumer's thread, once every batch
+// the old stream had delivered has been handed out (they lie in the old ring, which stays
+// mapped): position_ is then exactly the next batch the user has not seen. Next() joins the
+// old reader, then retries with backoff (50 ms doubling to 1 s, bounded by the call's own
+// timeout and by reconnect_timeout from the first failure): the same AttachRequest as the
+// first (job, rank, world size, feed spec, delivery, ring slots, stop epoch) with the dataset
+// opened and passed again and start = position_ with the feed's fingerprint, then MapRing and
+// OpenStream as the first time. UNAVAILABLE, NOT_FOUND (no socket yet), DEADLINE_EXCEEDED and
+// ALREADY_EXISTS (the old daemon still ending our old session) are retried; anything else
+// (another feed: FAILED_PRECONDITION, another slot layout) ends the session with that error.
+// Each ring mapping is a RingMapping held by shared_ptr by the core and by every batch in
+// it, so a batch handed out before a re-attach stays readable until released. Each batch
+// carries the link it came from; OpenStream bumps the link under release_mu_ (dropping the
+// releases queued for the old session) and under write_mu_, so a release of an old batch
+// goes nowhere: never to the new session, whose slots and generations it could alias.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +42,20 @@
 
 namespace gpufeed::client::internal {
 
+// One attachment's ring as this process maps it: host memory or a device ring.
+struct RingMapping {
+  Mapping host;                               // host delivery
+  std::unique_ptr<DeviceRingMapping> device;  // device delivery
+  const std::byte* base() const { return device != nullptr ? device->base() : host.data(); }
+};
+
 // Set up in order, on one thread: Attach, MapRing, OpenStream (which starts the reader). From
 // then on Next, Release (from any thread), Detach and the accessors are safe to call.
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
   // `socket` is the gRPC socket's path as this process sees it: the memory socket lies beside it.
   SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
-              absl::Duration rpc_timeout);
+              absl::Duration rpc_timeout, absl::Duration reconnect_timeout);
   ~SessionCore();  // stops the stream and joins the reader; does not detach
 
   // Validates `options`, attaches and checks the daemon's reply (the layout lies in the slots).
@@ -43,14 +69,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Opens the stream and starts the reader thread.
   absl::Status OpenStream();
 
+  // Re-attaches when the stream ended with UNAVAILABLE (the comment at the top).
   absl::StatusOr<Batch> Next(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns a slot to the daemon; from any thread.
-  void Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream)
-      ABSL_LOCKS_EXCLUDED(mu_, release_mu_, write_mu_);
+  // Returns a slot of attachment `link` (mapped as `ring`) to the daemon; from any thread.
+  // A slot of an earlier attachment goes nowhere.
+  void Release(int32_t slot, uint64_t generation, absl::Duration waited, void* stream,
+               RingMapping* ring, uint64_t link) ABSL_LOCKS_EXCLUDED(mu_, release_mu_, write_mu_);
   // Ends the session at the daemon and stops the stream. Idempotent.
   absl::Status Detach() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
   absl::StatusOr<Position> DaemonPosition();
-  absl::Status WaitReady(int32_t slot, void* stream) const;
+  static absl::Status WaitReady(const RingMapping* ring, int32_t slot, void* stream);
 
   Position position() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t rejected() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -62,17 +90,30 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   };
 
   std::vector<std::string> ReadyEvents() const;
+  // Sends `request` (PassDataset first) and takes the reply: the first time (`again` false)
+  // it sets the layout, later it checks the daemon came back with the same one.
+  absl::StatusOr<SessionInfo> AttachWith(v1::AttachRequest request, bool again);
+  // One attempt: attach at position_, map the new ring, open its stream.
+  absl::Status ReattachOnce() ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
+  // Until re-attached (OK), the call's `deadline` passed (DEADLINE_EXCEEDED; the next call
+  // goes on), reconnect_timeout passed or a hard error (the session's end).
+  absl::Status Reconnect(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
   // The reader thread: queues batches and rejections until the stream ends, then records why.
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
   // Stops the stream and joins the reader. Safe to call twice.
   void Stop() ABSL_LOCKS_EXCLUDED(write_mu_);
 
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::Feed::Stub> stub_;
+  // Replaced by each re-attach attempt (a new connection), on Next's thread.
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Feed::Stub> stub_;
   const std::string socket_;
   const absl::Duration rpc_timeout_;
+  const absl::Duration reconnect_timeout_;
+  v1::AttachRequest request_;  // the first Attach's, dataset handle cleared
+  int64_t stop_epoch_ = 0;
 
-  // Set by Attach, MapRing and OpenStream before the reader starts; read-only afterwards.
+  // Set by Attach, MapRing and OpenStream before the reader starts; read-only afterwards,
+  // except by a re-attach (Next's thread, the reader joined).
   std::string mem_socket_;
   uint64_t session_id_ = 0;
   std::string token_;
@@ -82,11 +123,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::vector<Tensor> layout_;
   std::vector<uint64_t> offsets_;
   std::string fingerprint_;  // the feed's
-  Mapping mapping_;          // host delivery
   bool device_ = false;      // device delivery
   GpuTarget gpu_;
   v1::DeviceRing device_reply_;
-  std::unique_ptr<DeviceRingMapping> device_ring_;  // freed after the last batch
+  std::shared_ptr<RingMapping> ring_;  // this attachment's; freed after its last batch
+  uint64_t link_ = 0;                  // this attachment's number, from 1
+  // Next's thread only: a re-attach under way.
+  bool reconnecting_ = false;
+  absl::Time give_up_;
+  absl::Duration backoff_;
+  std::string last_error_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
   // Once the reader runs, it alone calls Read and Finish; writes happen under write_mu_.
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
@@ -94,10 +140,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
 
   absl::Mutex write_mu_;  // one writer on the stream at a time
   bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
+  uint64_t stream_link_ ABSL_GUARDED_BY(write_mu_) = 0;  // the link stream_ belongs to
 
   absl::Mutex release_mu_;
   v1::StreamRequest releases_ ABSL_GUARDED_BY(release_mu_);  // queued, not yet written
   bool release_writer_active_ ABSL_GUARDED_BY(release_mu_) = false;
+  uint64_t release_link_ ABSL_GUARDED_BY(release_mu_) = 0;  // whose releases are queued
 
   mutable absl::Mutex mu_;
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);

@@ -810,11 +810,13 @@ TEST_F(RawProtocolTest, AttachWithoutStreamExpires) {
   EXPECT_EQ(status->staging_free_bytes, status->staging_total_bytes);
 }
 
-// SIGTERM: health goes NOT_SERVING, streams end with UNAVAILABLE, exit 0 within 5 s.
+// SIGTERM: health goes NOT_SERVING, streams end with UNAVAILABLE, exit 0 within 5 s. (The
+// consumer does not re-attach: reattach_test.cc has that.)
 TEST_F(DaemonTest, SigtermEndsStreamsWithUnavailableAndExitsZero) {
   Subprocess consumer(CtlArgv(daemon_->socket(),
                               Consume({"--batch-size", "8", "--epochs", "0", "--max-batches",
-                                       "100000000", "--step-ms", "5"})),
+                                       "100000000", "--step-ms", "5", "--reconnect-timeout",
+                                       "0"})),
                       dir_.File("consumer"));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));

@@ -232,7 +232,7 @@ TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
   Subprocess forever(CtlArgv(second.socket(), {"consume", "--dataset", dir2.File("t.bin"),
                                                "--seq-len", "32", "--batch-size", "8", "--epochs",
                                                "0", "--max-batches", "100000000", "--step-ms",
-                                               "5"}),
+                                               "5", "--reconnect-timeout", "0"}),
                      dir2.File("forever"));
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time start = absl::Now();

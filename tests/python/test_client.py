@@ -309,7 +309,8 @@ def test_closed_session_keeps_held_batches_readable(daemon, job, datasets):
 
 def test_shutdown_ends_the_stream_with_unavailable(fresh_daemon, job, datasets):
     s = gpufeed.Client(fresh_daemon.socket).attach(datasets.records, kind="records",
-                                                   batch_size=4, ring_slots=2, job=job)
+                                                   batch_size=4, ring_slots=2, job=job,
+                                                   reconnect_timeout=0)
     s.next(timeout=10)
     assert fresh_daemon.stop() == 0
     with pytest.raises(gpufeed.Unavailable):

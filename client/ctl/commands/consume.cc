@@ -41,7 +41,7 @@ struct ConsumeFlags {
   bool no_drop_last = false;
   bool checksum = false;
   ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
-      start_epoch, start_step, ring_slots, step_ms, timeout_ms;
+      start_epoch, start_step, ring_slots, step_ms, timeout_ms, reconnect_timeout;
 };
 
 // What the integer flags come to, with their defaults.
@@ -82,6 +82,10 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
            {&flags.timeout_ms, &limits->timeout_ms}}) {
     if (absl::Status s = flag->ReadInt(target); !s.ok()) return s;
   }
+  absl::StatusOr<absl::Duration> reconnect =
+      flags.reconnect_timeout.ReadDuration(absl::Seconds(120));
+  if (!reconnect.ok()) return reconnect.status();
+  o->reconnect_timeout = *reconnect;
   if (o->dataset.empty()) return absl::InvalidArgumentError("--dataset: required");
   if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
   o->rank = static_cast<int32_t>(rank);
@@ -255,6 +259,10 @@ Command AddConsume(CLI::App& app) {
                   "hold each batch MS milliseconds, as a training step would");
   f.timeout_ms.AddTo(*cli, "--timeout-ms", "MS",
                      "give up when no batch comes for MS milliseconds (default 60000)");
+  f.reconnect_timeout.AddTo(
+      *cli, "--reconnect-timeout", "DURATION",
+      "when gpufeedd goes away (killed, restarted, drained), re-attach at\n"
+      "the next batch for up to DURATION: 120s (default), 500ms, 2m; 0 = never");
   cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
       ->type_name("FILE");
   cli->add_flag("--checksum", f.checksum,

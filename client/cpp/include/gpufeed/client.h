@@ -76,6 +76,13 @@ struct AttachOptions {
   std::string decode = "auto";
   std::string augment = "auto";
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // When the stream or the connection fails with UNAVAILABLE (the daemon was killed, is
+  // restarting, shutting down or draining), Next() re-attaches: same job, rank, feed, delivery
+  // and ring slots, at the position of the next batch not yet returned, with its fingerprint,
+  // retrying with backoff (50 ms doubling to 1 s) for up to this long. The stream goes on with
+  // no duplicate and no lost batch. Past it, UNAVAILABLE naming the socket and the wait.
+  // Zero: no re-attach (the session's error is returned as it is).
+  absl::Duration reconnect_timeout = absl::Seconds(120);
 };
 
 struct Tensor {
@@ -89,6 +96,7 @@ struct Tensor {
 
 namespace internal {
 class SessionCore;
+struct RingMapping;
 }
 
 // One batch, in place in the session's ring. Move-only; releases its slot to the daemon when
@@ -128,6 +136,10 @@ class Batch {
  private:
   friend class internal::SessionCore;
   std::shared_ptr<internal::SessionCore> core_;
+  // The mapping of the ring the batch lies in, and which attachment of the session it came
+  // from (a re-attach maps a new ring; a batch of an earlier one keeps its own).
+  std::shared_ptr<internal::RingMapping> ring_;
+  uint64_t link_ = 0;
   int32_t slot_ = -1;
   uint64_t generation_ = 0;
   int64_t epoch_ = 0;
@@ -162,8 +174,11 @@ class Session {
   ~Session();  // detaches
 
   // The next batch, in order. DEADLINE_EXCEEDED after `timeout`; OUT_OF_RANGE after the last
-  // batch before stop_epoch; the daemon's status when the session ended (UNAVAILABLE on
-  // shutdown, DATA_LOSS when the dataset could not be read, ...).
+  // batch before stop_epoch; the daemon's status when the session ended (DATA_LOSS when the
+  // dataset could not be read, ...). An UNAVAILABLE end (the daemon gone, restarting or
+  // draining) is re-attached within `reconnect_timeout` (AttachOptions), inside Next: a
+  // pause, then the batch that comes next; past it UNAVAILABLE naming the socket. Next and
+  // Detach are called from one thread at a time.
   absl::StatusOr<Batch> Next(absl::Duration timeout = absl::InfiniteDuration());
 
   // The position after the last batch Next returned: what to checkpoint. Attaching with

@@ -527,6 +527,7 @@ class Client:
         decode: str = "auto",
         augment: str = "auto",
         rpc_timeout: Optional[float] = None,
+        reconnect_timeout: Optional[float] = None,
         start_fingerprint: Optional[str] = None,
         vocab_size: Optional[int] = None,
     ) -> Session:
@@ -547,6 +548,8 @@ class Client:
         to the C library only when not ``"auto"`` (its default), so a library without these
         options still serves every other case.
         ``rpc_timeout``: seconds for each call to the daemon (default 10).
+        ``reconnect_timeout``: seconds a session re-attaches for after the daemon went away
+        (killed, restarted, drained: default 120; 0: never, the stream's error is raised).
         ``start_fingerprint``: the :attr:`Session.fingerprint` saved with ``start``; a feed
         with another one is refused (FailedPrecondition naming each differing field).
         ``vocab_size`` (tokens): refuse a file whose sampled tokens reach it (a wrong
@@ -590,6 +593,8 @@ class Client:
             "start_step": None if start is None else start[1],
             "stop_epoch": stop_epoch,
             "rpc_timeout_ms": None if rpc_timeout is None else int(rpc_timeout * 1000),
+            "reconnect_timeout_ms": (None if reconnect_timeout is None
+                                     else int(reconnect_timeout * 1000)),
         }
         lib = _capi.lib()
         options = ctypes.c_void_p()

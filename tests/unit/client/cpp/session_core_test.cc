@@ -28,7 +28,7 @@ class PassDatasetTest : public ::testing::Test {
   absl::Status Pass(v1::DatasetKind kind, const std::string& path, v1::AttachRequest* r) {
     // No daemon there.
     const std::string socket = dir_ + "/none.sock";
-    SessionCore core(ChannelFor(socket), socket, absl::Seconds(1));
+    SessionCore core(ChannelFor(socket), socket, absl::Seconds(1), absl::ZeroDuration());
     r->mutable_dataset()->set_kind(kind);
     r->mutable_dataset()->set_path(path);
     return core.PassDataset(r);

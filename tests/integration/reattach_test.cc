@@ -1,0 +1,274 @@
+// Transparent re-attach (issue 13): gpufeedd is killed (SIGKILL) or stopped (SIGTERM) while
+// 3 ranks of one job consume 2 epochs, and started again on the same socket; every rank goes
+// on where it was and its id stream and checksum equal a fault-free run's.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gpufeed/client.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+#include "tests/testing/eventually.h"
+
+namespace gpufeed::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorld = 3;
+constexpr int64_t kSeqLen = 16;
+constexpr int64_t kBatch = 4;
+constexpr size_t kTokens = 20000;  // 1249 samples
+constexpr int64_t kSteps = (kTokens - 1) / kSeqLen / (kWorld * kBatch);  // 104 per epoch
+constexpr int64_t kBatches = 2 * kSteps;  // per rank
+
+class ReattachTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    tokens_path_ = dir_.File("tokens.bin");
+    tokens_ = WriteTokens(tokens_path_, kTokens);
+    StartDaemon();
+  }
+
+  void StartDaemon() {
+    daemon_ = std::make_unique<Daemon>(dir_);
+    ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
+  }
+
+  std::unique_ptr<Subprocess> Rank(const std::string& job, int rank,
+                                   std::vector<std::string> more) {
+    std::vector<std::string> args = {
+        "consume", "--dataset", tokens_path_, "--seq-len", absl::StrCat(kSeqLen),
+        "--token-dtype", "uint16", "--job", job, "--rank", absl::StrCat(rank),
+        "--world-size", absl::StrCat(kWorld), "--batch-size", absl::StrCat(kBatch), "--seed",
+        "11", "--epochs", "2", "--ring-slots", "4", "--ids", IdsPath(job, rank), "--checksum",
+        "-o", "json"};
+    args.insert(args.end(), more.begin(), more.end());
+    return std::make_unique<Subprocess>(CtlArgv(daemon_->socket(), args),
+                                        dir_.File(absl::StrCat(job, rank)));
+  }
+
+  std::string IdsPath(const std::string& job, int rank) const {
+    return dir_.File(absl::StrCat(job, rank, ".ids"));
+  }
+
+  // The job's sessions at the daemon now (empty when it does not answer).
+  std::vector<client::SessionSummary> Sessions(const std::string& job) {
+    std::vector<client::SessionSummary> out;
+    auto admin = client::AdminClient::Connect(daemon_->socket(), absl::Seconds(1));
+    if (!admin.ok()) return out;
+    auto sessions = (*admin)->ListSessions();
+    if (!sessions.ok()) return out;
+    for (const client::SessionSummary& s : *sessions) {
+      if (s.job == job) out.push_back(s);
+    }
+    return out;
+  }
+
+  // The fewest batches any rank of `job` has been sent (absolute: epoch * steps + step).
+  int64_t SlowestDelivered(const std::string& job) {
+    const std::vector<client::SessionSummary> sessions = Sessions(job);
+    if (sessions.size() != static_cast<size_t>(kWorld)) return -1;
+    int64_t slowest = kBatches;
+    for (const client::SessionSummary& s : sessions) {
+      slowest = std::min(slowest, s.delivered.epoch * kSteps + s.delivered.step);
+    }
+    return slowest;
+  }
+
+  TempDir dir_;
+  std::string tokens_path_;
+  std::vector<uint16_t> tokens_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+constexpr int kDrain = 0;  // not a signal: `gpufeedctl drain --timeout 300ms`
+
+const char* FaultName(int fault) {
+  return fault == SIGKILL ? "SIGKILL" : fault == SIGTERM ? "SIGTERM" : "drain";
+}
+
+// 3 ranks x 2 epochs; the daemon goes down (SIGKILL, SIGTERM, or a drain that times out) at 3
+// moments (the slowest rank past 30, 90 and 150 of its 208 batches) and comes back on the same
+// socket after 0.2 to 2 s. Every rank exits 0
+// with the same ids, in the same order, and the same checksum as a fault-free run.
+TEST_P(ReattachTest, RanksResumeExactlyAcrossDaemonRestarts) {
+  const int signal = GetParam();
+  // The fault-free run.
+  std::vector<std::unique_ptr<Subprocess>> ref;
+  for (int r = 0; r < kWorld; ++r) ref.push_back(Rank("ref", r, {}));
+  for (int r = 0; r < kWorld; ++r) ASSERT_EQ(ref[r]->Wait(), 0) << ref[r]->Stderr();
+
+  // The same job under faults; 10 ms a batch so that the restarts fall mid-epoch.
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(Rank("f", r, {"--step-ms", "10"}));
+  const int64_t kMoments[] = {30, 90, 150};
+  const absl::Duration kDown[] = {absl::Milliseconds(200), absl::Milliseconds(1100),
+                                  absl::Milliseconds(2000)};
+  std::vector<double> resumed_after_ready_ms, outage_ms;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Eventually([&] { return SlowestDelivered("f") >= kMoments[i]; },
+                           absl::Seconds(60)))
+        << "moment " << i << ": the ranks did not get past batch " << kMoments[i];
+    const absl::Time killed = absl::Now();
+    if (signal == kDrain) {
+      // The streams run on through the drain, then end with UNAVAILABLE when it times out.
+      CtlResult drained = RunCtl(daemon_->socket(), {"drain", "--timeout", "300ms"},
+                                 dir_.File(absl::StrCat("drain", i)));
+      ASSERT_EQ(drained.exit_code, 0) << drained.err;
+    } else {
+      daemon_->process().Kill(signal);
+    }
+    ASSERT_NE(daemon_->process().Wait(absl::Seconds(20)), -1) << "the daemon did not exit";
+    absl::SleepFor(kDown[i]);  // the fault's shape, not a wait for a condition
+    StartDaemon();
+    const absl::Time ready = absl::Now();
+    // Each rank re-attaches its own rank (the new daemon refuses a second one) and streams.
+    ASSERT_TRUE(Eventually(
+        [&] {
+          const std::vector<client::SessionSummary> s = Sessions("f");
+          return s.size() == static_cast<size_t>(kWorld) &&
+                 std::all_of(s.begin(), s.end(), [](const client::SessionSummary& x) {
+                   return x.streaming && x.batches_delivered > 0;
+                 });
+        },
+        absl::Seconds(30)))
+        << "restart " << i << ": the ranks did not re-attach";
+    resumed_after_ready_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - ready));
+    outage_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - killed));
+    std::printf("restart %d: ranks streaming %.0f ms after the new daemon answered, %.0f ms "
+                "after the kill\n",
+                i, resumed_after_ready_ms.back(), outage_ms.back());
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
+    const std::string want = ReadFile(IdsPath("ref", r));
+    EXPECT_EQ(ReadFile(IdsPath("f", r)), want) << "rank " << r << ": another id stream";
+    const std::vector<IdsLine> lines = ReadIdsFile(IdsPath("f", r));
+    ASSERT_EQ(lines.size(), static_cast<size_t>(kBatches));
+    const int64_t checksum = JsonInt(ranks[r]->Stdout(), "checksum");
+    EXPECT_EQ(checksum, JsonInt(ref[r]->Stdout(), "checksum"));
+    EXPECT_EQ(static_cast<uint64_t>(checksum), TokensChecksum(tokens_, kSeqLen, lines));
+  }
+  std::printf(
+      "%s restarts: ranks streaming again %.0f ms (p50) / %.0f ms (max) after the new daemon "
+      "answered; kill to streaming %.0f / %.0f ms (down 0.2, 1.1, 2 s)\n",
+      FaultName(signal), Percentile(resumed_after_ready_ms, 0.5),
+      Percentile(resumed_after_ready_ms, 1.0), Percentile(outage_ms, 0.5),
+      Percentile(outage_ms, 1.0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTERM, kDrain),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(FaultName(info.param));
+                         });
+
+// Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.
+TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait) {
+  TempDir dir;
+  WriteTokens(dir.File("t.bin"), kTokens);
+  auto daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  Subprocess consumer(
+      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16",
+                                 "--batch-size", "4", "--epochs", "0", "--max-batches",
+                                 "100000000", "--step-ms", "5", "--reconnect-timeout", "1s"}),
+      dir.File("consumer"));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto admin = client::AdminClient::Connect(daemon->socket(), absl::Seconds(1));
+        if (!admin.ok()) return false;
+        auto sessions = (*admin)->ListSessions();
+        return sessions.ok() && !sessions->empty() && (*sessions)[0].batches_delivered > 0;
+      },
+      absl::Seconds(10)));
+  daemon->process().Kill(SIGKILL);
+  ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
+  const absl::Time killed = absl::Now();
+  EXPECT_EQ(consumer.Wait(absl::Seconds(20)), 1);
+  EXPECT_GE(absl::Now() - killed, absl::Seconds(1));
+  EXPECT_THAT(consumer.Stderr(),
+              HasSubstr(absl::StrCat("UNAVAILABLE: gpufeedd at ", daemon->socket(),
+                                     " did not come back within 1 s (last: ")));
+}
+
+// In-process, the C++ client: a batch handed out before the restart stays readable (its old
+// mapping) and its release goes nowhere (not to the new session, which would refuse it or,
+// worse, free a slot of its own); the stream goes on at the next step.
+TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  auto daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  client::AttachOptions o;
+  o.socket = daemon->socket();
+  o.job = "cpp";
+  o.dataset = dir.File("t.bin");
+  o.token_dtype = "uint16";
+  o.seq_len = kSeqLen;
+  o.batch_size = 8;
+  o.shuffle = false;
+  o.stop_epoch = 1;
+  o.ring_slots = 4;
+  o.reconnect_timeout = absl::Seconds(30);
+  constexpr int64_t kSteps1 = (kTokens - 1) / kSeqLen / 8;  // 156
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto rows_are_the_file = [&](const client::Batch& b) {
+    const auto* data = static_cast<const uint16_t*>(b.tensor("tokens")->data);
+    for (int64_t r = 0; r < 8; ++r) {
+      if (b.ids()[r] != b.step() * 8 + r) return false;  // no shuffle
+      if (std::memcmp(data + r * (kSeqLen + 1), &tokens[b.ids()[r] * kSeqLen],
+                      (kSeqLen + 1) * 2) != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  absl::StatusOr<client::Batch> held = (*session)->Next(absl::Seconds(10));
+  ASSERT_TRUE(held.ok()) << held.status();
+  int64_t step = 1;
+  for (; step < 3; ++step) {
+    absl::StatusOr<client::Batch> b = (*session)->Next(absl::Seconds(10));
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->step(), step);
+  }
+  daemon->process().Kill(SIGKILL);
+  ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
+  daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  while (true) {
+    absl::StatusOr<client::Batch> b = (*session)->Next(absl::Seconds(20));
+    if (absl::IsOutOfRange(b.status())) break;
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(b->epoch(), 0);
+    ASSERT_EQ(b->step(), step) << "a batch lost or repeated across the restart";
+    ASSERT_TRUE(rows_are_the_file(*b)) << "step " << step;
+    if (step == 10) {
+      EXPECT_EQ(held->step(), 0);
+      EXPECT_TRUE(rows_are_the_file(*held)) << "the held batch changed";
+      held->Release();
+    }
+    ++step;
+  }
+  EXPECT_EQ(step, kSteps1);
+  EXPECT_EQ((*session)->rejected_releases(), 0);
+  EXPECT_EQ((*session)->position().epoch, 1);
+}
+
+}  // namespace
+}  // namespace gpufeed::testing

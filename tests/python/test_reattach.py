@@ -1,0 +1,47 @@
+"""Transparent re-attach (issue 13) seen from gpufeed.torch.Loader, host delivery: gpufeedd is
+SIGKILLed mid-epoch and started again on the same socket; the loader pauses, then yields the
+very batches, ids and bytes a fault-free run yields, none twice, none lost."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gpufeed.torch  # noqa: E402
+import reference  # noqa: E402
+from conftest import Daemon  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:gpufeed. torch .* has no uint")
+
+
+def test_loader_goes_on_across_a_daemon_restart(tmp_path, datasets):
+    batch, seed = 4, 5
+    n, steps = 203, reference.steps_per_epoch(203, 4, 1, True)  # 50 a epoch
+    expected = [reference.expected_epoch(n, seed, e, 1, batch, True)[0] for e in (0, 1)]
+    daemon = Daemon(tmp_path)
+    loader = gpufeed.torch.Loader(datasets.tokens_u16, socket=daemon.socket, device="cpu",
+                                  timeout=30, kind="tokens", seq_len=datasets.seq_len,
+                                  token_dtype="uint16", batch_size=batch, seed=seed,
+                                  ring_slots=4, job="reattach")
+    got = []
+    try:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            for b in loader:
+                got.append((b.epoch, b.step, b.ids.tolist(), b["tokens"].clone()))
+                if epoch == 0 and b.step == 20:
+                    daemon.process.send_signal(signal.SIGKILL)
+                    daemon.process.wait(10)
+                    daemon = Daemon(tmp_path)  # same socket; the stale file is replaced
+    finally:
+        loader.close()
+        daemon.stop()
+    want = [(e, s, ids) for e in (0, 1) for s, (ids, _) in enumerate(expected[e])]
+    assert [g[:3] for g in got] == want
+    for e, s, ids, tokens in got:
+        rows = datasets.token_rows("uint16", ids).astype(np.int64)
+        assert np.array_equal(tokens.numpy().astype(np.int64), rows), (e, s)

@@ -36,6 +36,7 @@ Batch::~Batch() { Release(nullptr); }
 void Batch::Release(void* stream) {
   if (core_ == nullptr) return;
   core_->Release(slot_, generation_, waited_, stream, ring_.get(), link_);
+  core_->BatchReleased();
   core_.reset();
   ring_.reset();
   for (Tensor& t : tensors_) t.data = nullptr;
@@ -64,7 +65,11 @@ const Tensor* Batch::tensor(const std::string& name) const {
 Session::Session(std::shared_ptr<internal::SessionCore> core, SessionInfo info)
     : core_(std::move(core)), info_(std::move(info)) {}
 
-Session::~Session() { (void)Detach(); }
+// Detaches now if no batch is held, else when the last held batch is released (each Batch
+// keeps the core): a held batch's bytes never change under it.
+Session::~Session() {
+  if (core_ != nullptr) (void)core_->DetachWhenUnused();
+}
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& options) {
   GPUFEED_RETURN_IF_ERROR(internal::CheckSocket(options.socket));
@@ -88,6 +93,8 @@ absl::StatusOr<Batch> Session::Next(absl::Duration timeout) { return core_->Next
 Position Session::position() const { return core_->position(); }
 absl::StatusOr<Position> Session::DaemonPosition() { return core_->DaemonPosition(); }
 int64_t Session::rejected_releases() const { return core_->rejected(); }
-absl::Status Session::Detach() { return core_->Detach(); }
+// Batches still held keep this session and its ring: the daemon frees an ended ring's pages,
+// so the detach waits for the last of them (DetachWhenUnused).
+absl::Status Session::Detach() { return core_->DetachWhenUnused(); }
 
 }  // namespace gpufeed::client

@@ -50,7 +50,34 @@ SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel, std::string soc
       rpc_timeout_(rpc_timeout),
       reconnect_timeout_(reconnect_timeout) {}
 
-SessionCore::~SessionCore() { Stop(); }
+SessionCore::~SessionCore() {
+  bool detach = false;
+  {
+    absl::MutexLock lock(&mu_);
+    detach = detach_when_unused_ && !detached_;
+  }
+  if (detach) (void)Detach();  // stops too
+  Stop();
+}
+
+absl::Status SessionCore::DetachWhenUnused() {
+  {
+    absl::MutexLock lock(&mu_);
+    detach_when_unused_ = true;
+  }
+  // Idempotent: a release racing this may detach too.
+  return held_.load() == 0 ? Detach() : absl::OkStatus();
+}
+
+void SessionCore::BatchReleased() {
+  if (held_.fetch_sub(1) != 1) return;
+  bool detach = false;
+  {
+    absl::MutexLock lock(&mu_);
+    detach = detach_when_unused_ && !detached_;
+  }
+  if (detach) (void)Detach();
+}
 
 absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   GPUFEED_ASSIGN_OR_RETURN(AttachPlan plan, AttachPlanFromOptions(options));
@@ -348,6 +375,7 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   }
   Batch batch;
   batch.core_ = shared_from_this();
+  held_.fetch_add(1);
   batch.ring_ = ring_;
   batch.link_ = link_;
   batch.slot_ = b.slot();

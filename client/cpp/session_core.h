@@ -22,6 +22,7 @@
 // goes nowhere: never to the new session, whose slots and generations it could alias.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -56,7 +57,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // `socket` is the gRPC socket's path as this process sees it: the memory socket lies beside it.
   SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
               absl::Duration rpc_timeout, absl::Duration reconnect_timeout);
-  ~SessionCore();  // stops the stream and joins the reader; does not detach
+  ~SessionCore();  // detaches if DetachWhenUnused was called; stops the stream, joins the reader
 
   // Validates `options`, attaches and checks the daemon's reply (the layout lies in the slots).
   absl::StatusOr<SessionInfo> Attach(const AttachOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
@@ -77,6 +78,14 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
                RingMapping* ring, uint64_t link) ABSL_LOCKS_EXCLUDED(mu_, release_mu_, write_mu_);
   // Ends the session at the daemon and stops the stream. Idempotent.
   absl::Status Detach() ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // The Session is gone: detach when the core is, that is once the last batch the user still
+  // holds is released. The daemon frees an ended ring's pages (docs/SECURITY.md section 3),
+  // so detaching earlier would turn a held batch's bytes into zeros.
+  // Detaches now if no batch is held (its status), else when the last held one is released
+  // (OK now).
+  absl::Status DetachWhenUnused() ABSL_LOCKS_EXCLUDED(mu_);
+  // A Batch handed out by Next has been released (Batch::Release): counts the held batches.
+  void BatchReleased() ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Position> DaemonPosition();
   static absl::Status WaitReady(const RingMapping* ring, int32_t slot, void* stream);
 
@@ -154,6 +163,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rejection_ ABSL_GUARDED_BY(mu_);
   bool detached_ ABSL_GUARDED_BY(mu_) = false;
+  bool detach_when_unused_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> held_{0};  // batches handed out by Next and not yet released
 };
 
 }  // namespace gpufeed::client::internal

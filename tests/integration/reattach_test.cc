@@ -270,5 +270,47 @@ TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
   EXPECT_EQ((*session)->position().epoch, 1);
 }
 
+// The daemon frees an ended host ring's pages (docs/SECURITY.md section 3), so a C++ Session
+// destroyed while one of its batches is still held detaches only when that batch is
+// released: the held batch keeps its bytes, and the session then goes.
+TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsForIt) {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  Daemon daemon(dir);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  client::AttachOptions o;
+  o.socket = daemon.socket();
+  o.job = "held";
+  o.dataset = dir.File("t.bin");
+  o.token_dtype = "uint16";
+  o.seq_len = kSeqLen;
+  o.batch_size = 8;
+  o.shuffle = false;
+  o.ring_slots = 2;
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<client::Batch> held = (*session)->Next(absl::Seconds(10));
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto sessions = [&] {
+    auto admin = client::AdminClient::Connect(daemon.socket(), absl::Seconds(5));
+    EXPECT_TRUE(admin.ok()) << admin.status();
+    auto listed = (*admin)->ListSessions();
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    return listed.ok() ? listed->size() : size_t{99};
+  };
+  session->reset();  // the Session goes; its batch stays
+  EXPECT_EQ(sessions(), 1u);  // not detached: the batch is held
+  const auto* data = static_cast<const uint16_t*>(held->tensor("tokens")->data);
+  for (int64_t r = 0; r < 8; ++r) {
+    ASSERT_EQ(held->ids()[r], r);
+    EXPECT_EQ(std::memcmp(data + r * (kSeqLen + 1), &tokens[r * kSeqLen], (kSeqLen + 1) * 2), 0)
+        << "row " << r;
+  }
+  held->Release();  // the last reference: now the session detaches
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (sessions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(sessions(), 0u);
+}
+
 }  // namespace
 }  // namespace gpufeed::testing

@@ -492,8 +492,12 @@ TEST_F(InProcessDaemonTest, ADrainRefusesNewSessionsServesRunningOnesAndEndsWith
   absl::StatusOr<client::Batch> batch = (*b)->Next(absl::Seconds(10));
   ASSERT_TRUE(batch.ok()) << batch.status();
   EXPECT_TRUE(daemon_->stop_requests().empty());  // one session still runs
-  // The last one leaves: the drain ends and the daemon asks to be stopped.
+  // The last one leaves: the drain ends and the daemon asks to be stopped. A session whose
+  // batch is still held detaches only once it is released (the batch keeps its bytes).
   ASSERT_TRUE((*b)->Detach().ok());
+  EXPECT_EQ(Sessions().size(), 1u);
+  EXPECT_TRUE(daemon_->stop_requests().empty());
+  batch->Release();
   ASSERT_TRUE(daemon_->WaitForStopRequest(Daemon::StopReason::kDrained));
   EXPECT_EQ(daemon_->stop_requests(),
             std::vector<Daemon::StopReason>{Daemon::StopReason::kDrained});

@@ -171,7 +171,9 @@ class Session {
   // Attaches, maps the ring (memory socket) and opens the stream. Errors carry the daemon's
   // code and message; UNAVAILABLE naming the socket when no daemon answers there.
   static absl::StatusOr<std::unique_ptr<Session>> Attach(const AttachOptions& options);
-  ~Session();  // detaches
+  // Detaches; while Batches of it are still held, when the last of them is released (a held
+  // batch keeps its bytes; Detach() likewise).
+  ~Session();
 
   // The next batch, in order. DEADLINE_EXCEEDED after `timeout`; OUT_OF_RANGE after the last
   // batch before stop_epoch; the daemon's status when the session ended (DATA_LOSS when the
@@ -190,7 +192,8 @@ class Session {
   // Releases the daemon refused so far (each is a bug in the caller) and the last message.
   int64_t rejected_releases() const;
 
-  // Ends the session; batches still held stay readable but their slots may be reused.
+  // Ends the session: at once when no batch of it is held, else when the last held batch is
+  // released (held batches keep their bytes; the daemon frees an ended ring's pages).
   absl::Status Detach();
 
  private:

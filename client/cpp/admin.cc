@@ -27,7 +27,7 @@ AdminClient::~AdminClient() = default;
 
 absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& socket,
                                                                   absl::Duration timeout) {
-  GPUFEED_RETURN_IF_ERROR(internal::CheckSocket(socket));
+  GPUFEED_RETURN_IF_ERROR(internal::ProbeSocket(socket));
   auto impl = std::make_unique<Impl>();
   impl->channel = internal::ChannelFor(socket);
   impl->admin = v1::Admin::NewStub(impl->channel);

@@ -72,7 +72,7 @@ Session::~Session() {
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& options) {
-  GPUFEED_RETURN_IF_ERROR(internal::CheckSocket(options.socket));
+  GPUFEED_RETURN_IF_ERROR(internal::ProbeSocket(options.socket));
   if (options.reconnect_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reconnect_timeout: must be >= 0 (0: no re-attach)");
   }

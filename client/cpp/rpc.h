@@ -19,6 +19,13 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view context);
 // UNAVAILABLE naming `socket` when no Unix socket is there (no daemon to talk to).
 absl::Status CheckSocket(const std::string& socket);
 
+// CheckSocket, then one connection attempt, so that the usual ways of not reaching a daemon
+// get a one-line message in our words rather than gRPC's: UNAVAILABLE for a stale socket file
+// (nothing listens: the daemon stopped or crashed), PERMISSION_DENIED naming the socket's mode,
+// owner and group when this process may not connect. For a first Attach and the admin client;
+// a re-attach retries through CheckSocket alone.
+absl::Status ProbeSocket(const std::string& socket);
+
 // A channel to gpufeedd's gRPC socket at `socket`. `fresh`: with its own connection (a
 // re-attach's: gRPC's shared one may sit in its reconnect backoff, seconds after the daemon
 // is back).

@@ -1,6 +1,8 @@
 // Transparent re-attach (issue 13): gpufeedd is killed (SIGKILL) or stopped (SIGTERM) while
 // 3 ranks of one job consume 2 epochs, and started again on the same socket; every rank goes
 // on where it was and its id stream and checksum equal a fault-free run's.
+#include <sys/un.h>
+#include <sys/socket.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
+#include "common/os/fd.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/eventually.h"
 
@@ -310,6 +313,34 @@ TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsF
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (sessions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(sessions(), 0u);
+}
+
+// The usual ways of not reaching a daemon say so in our words, not gRPC's: a stale socket file
+// (bound once, nobody listening: a killed daemon's) and a missing one.
+TEST(ReattachBoundTest, AStaleSocketFileIsNamedInOurWords) {
+  TempDir dir;
+  const std::string stale = dir.File("stale.sock");
+  {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, stale.c_str(), stale.size() + 1);
+    ASSERT_EQ(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  }  // closed without listening: the file stays
+  auto admin = client::AdminClient::Connect(stale, absl::Seconds(1));
+  EXPECT_EQ(admin.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(admin.status().message(),
+            absl::StrCat("nothing listens on ", stale,
+                         ": a stale socket file (gpufeedd stopped or crashed?); start gpufeedd, "
+                         "or set the socket with --socket or GPUFEED_SOCKET"));
+  client::AttachOptions o;
+  o.socket = stale;
+  o.dataset = dir.File("none.bin");
+  o.seq_len = 4;
+  EXPECT_EQ(client::Session::Attach(o).status().message(), admin.status().message());
+  o.socket = dir.File("missing.sock");
+  EXPECT_THAT(client::Session::Attach(o).status().message(),
+              HasSubstr("no gpufeedd socket at " + o.socket));
 }
 
 }  // namespace

@@ -135,6 +135,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   builder.RegisterService(d->feed_service_.get());
   builder.RegisterService(d->admin_service_.get());
   builder.SetMaxReceiveMessageSize(4 << 20);
+  // Clients ping every AttachOptions.keepalive (10 s by default, at least 1 s) to find a
+  // daemon that stopped answering (SIGSTOP, a hang); gRPC's defaults would answer pings more
+  // often than every 5 minutes on a quiet connection with GOAWAY (too_many_pings).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen));

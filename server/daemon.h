@@ -8,11 +8,12 @@
 #include <string>
 #include <thread>
 
-#include "absl/status/statusor.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/version.h"
 #include "server/config.h"
 #include "server/device/device_backend.h"
 
@@ -37,8 +38,6 @@ class TcpHealthService;
 class SystemdNotifier;
 class PeerListener;
 class CallerResolver;
-
-inline constexpr char kVersion[] = "0.1.0";
 
 // What the daemon would otherwise make for itself (docs/STYLE.md rule 8); the defaults are
 // gpufeedd's. Tests inject fakes (tests/testing/test_daemon.h).

@@ -127,6 +127,8 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.rpc_timeout = absl::Milliseconds(value);
   } else if (k == "reconnect_timeout_ms") {
     o.reconnect_timeout = absl::Milliseconds(value);
+  } else if (k == "keepalive_ms") {
+    o.keepalive = absl::Milliseconds(value);
   } else {
     return Invalid(absl::StrCat("unknown integer option '", k, "'"));
   }

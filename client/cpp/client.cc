@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/rpc.h"
 #include "client/cpp/session_core.h"
 #include "common/status.h"
@@ -76,9 +77,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& op
   if (options.reconnect_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reconnect_timeout: must be >= 0 (0: no re-attach)");
   }
-  auto core = std::make_shared<internal::SessionCore>(internal::ChannelFor(options.socket),
-                                                      options.socket, options.rpc_timeout,
-                                                      options.reconnect_timeout);
+  if (options.keepalive != absl::ZeroDuration() && options.keepalive < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keepalive: must be 0 (no pings) or at least 1s, got ",
+                     absl::FormatDuration(options.keepalive)));
+  }
+  auto core = std::make_shared<internal::SessionCore>(
+      internal::ChannelFor(options.socket, /*fresh=*/false, options.keepalive), options.socket,
+      options.rpc_timeout, options.reconnect_timeout, options.keepalive);
   GPUFEED_ASSIGN_OR_RETURN(SessionInfo info, core->Attach(options));
   absl::Status status = core->MapRing();
   if (status.ok()) status = core->OpenStream();
@@ -93,6 +99,7 @@ absl::StatusOr<Batch> Session::Next(absl::Duration timeout) { return core_->Next
 Position Session::position() const { return core_->position(); }
 absl::StatusOr<Position> Session::DaemonPosition() { return core_->DaemonPosition(); }
 int64_t Session::rejected_releases() const { return core_->rejected(); }
+bool Session::reconnecting() const { return core_->reconnecting(); }
 // Batches still held keep this session and its ring: the daemon frees an ended ring's pages,
 // so the detach waits for the last of them (DetachWhenUnused).
 absl::Status Session::Detach() { return core_->DetachWhenUnused(); }

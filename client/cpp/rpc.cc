@@ -5,9 +5,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/os/fd.h"
@@ -58,12 +62,56 @@ absl::Status ProbeSocket(const std::string& socket) {
   return absl::OkStatus();  // anything else: gRPC's own attempt reports it
 }
 
-std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh) {
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh,
+                                          absl::Duration keepalive) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   if (fresh) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (keepalive > absl::ZeroDuration()) {
+    const int ms =
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(keepalive), int64_t{1} << 30));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    // gRPC's defaults stop pinging after 2 pings with no data sent, and space pings on a
+    // quiet connection 5 minutes apart: a consumer holding every slot sends nothing for long.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS, ms);
+  }
   return grpc::CreateCustomChannel(absl::StrCat("unix://", socket),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+void DebugLog(absl::string_view line) {
+  static const bool on = [] {
+    const char* v = std::getenv("GPUFEED_DEBUG");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  if (on) std::fprintf(stderr, "gpufeed debug: %.*s\n", static_cast<int>(line.size()), line.data());
+}
+
+std::string InOurWords(const absl::Status& status, const std::string& socket) {
+  const absl::string_view m = status.message();
+  std::string words;
+  if (absl::IsDeadlineExceeded(status)) {
+    words = "gpufeedd did not answer in time (stopped, hung or overloaded?)";
+  } else if (absl::IsUnavailable(status)) {
+    if (absl::StrContains(m, "Connection refused")) {
+      words = absl::StrCat("nothing listens on ", socket, " (connection refused)");
+    } else if (absl::StrContains(m, "No such file")) {
+      words = absl::StrCat("no socket at ", socket);
+    } else if (absl::StrContains(m, "keepalive")) {
+      words = "gpufeedd stopped answering (no reply to keepalive pings)";
+    } else if (absl::StrContains(m, "failed to connect") || absl::StrContains(m, "Socket closed") ||
+               absl::StrContains(m, "Connection reset") || absl::StrContains(m, "Broken pipe") ||
+               absl::StrContains(m, "GOAWAY") || absl::StrContains(m, "Transport closed") ||
+               absl::StrContains(m, "Stream removed")) {
+      words = "the connection to gpufeedd was lost";
+    }
+  }
+  if (words.empty()) return std::string(m);  // the daemon's own words
+  DebugLog(absl::StrCat(words, ": ", status.ToString()));
+  return words;
 }
 
 }  // namespace gpufeed::client::internal

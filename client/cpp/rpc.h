@@ -29,7 +29,20 @@ absl::Status ProbeSocket(const std::string& socket);
 // A channel to gpufeedd's gRPC socket at `socket`. `fresh`: with its own connection (a
 // re-attach's: gRPC's shared one may sit in its reconnect backoff, seconds after the daemon
 // is back).
-std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh = false);
+// `keepalive` > 0: the channel pings the daemon that often when the connection is quiet and
+// gives the connection up (UNAVAILABLE) when a ping is not answered within as long again, so
+// a daemon that stopped answering (SIGSTOP, a hang) ends a stream instead of hanging it.
+std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh = false,
+                                          absl::Duration keepalive = absl::ZeroDuration());
+
+// One line to stderr when GPUFEED_DEBUG is set (to anything but "" or "0"): the raw gRPC
+// text our messages leave out.
+void DebugLog(absl::string_view line);
+
+// Why a call to the daemon at `socket` failed, in our words: gRPC's transport errors
+// (connection refused, reset, keepalive timeout, deadline) become one phrase; a status the
+// daemon itself sent keeps its message. The raw text goes to DebugLog.
+std::string InOurWords(const absl::Status& status, const std::string& socket);
 
 // One unary call with a deadline; a failure carries `what` as context.
 template <typename Stub, typename Request, typename Response>

@@ -6,9 +6,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <utility>
 
@@ -18,6 +17,7 @@
 #include "common/os/file.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
+#include "common/version.h"
 
 namespace gpufeed::client::internal {
 namespace {
@@ -43,12 +43,21 @@ Position Advance(Position p, int64_t steps_per_epoch) {
 }  // namespace
 
 SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
-                         absl::Duration rpc_timeout, absl::Duration reconnect_timeout)
+                         absl::Duration rpc_timeout, absl::Duration reconnect_timeout,
+                         absl::Duration keepalive)
     : channel_(std::move(channel)),
       stub_(v1::Feed::NewStub(channel_)),
       socket_(std::move(socket)),
       rpc_timeout_(rpc_timeout),
-      reconnect_timeout_(reconnect_timeout) {}
+      reconnect_timeout_(reconnect_timeout),
+      keepalive_(keepalive) {}
+
+absl::Duration SessionCore::CallTimeout() const {
+  if (!reconnecting_) return rpc_timeout_;
+  // A re-attach's calls end by its bound: a daemon that accepts connections but never
+  // answers (stopped) gives the bound's error on time, not a call's timeout later.
+  return std::clamp(give_up_ - absl::Now(), absl::Milliseconds(100), rpc_timeout_);
+}
 
 SessionCore::~SessionCore() {
   bool detach = false;
@@ -84,6 +93,7 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   device_ = plan.device;
   gpu_ = plan.gpu;
   stop_epoch_ = options.stop_epoch;
+  plan.request.set_protocol(kProtocol);
   request_ = plan.request;
   return AttachWith(std::move(plan.request), false);
 }
@@ -92,7 +102,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   GPUFEED_RETURN_IF_ERROR(PassDataset(&request));
   v1::AttachResponse response;
   GPUFEED_RETURN_IF_ERROR(
-      Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response, rpc_timeout_, "attach"));
+      Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response, CallTimeout(), "attach"));
   if (again) {
     // The same request, the same feed: anything else would be another stream.
     bool same = response.steps_per_epoch() == steps_per_epoch_ &&
@@ -109,7 +119,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
       detach.set_session_id(response.session_id());
       detach.set_token(response.token());
       v1::DetachResponse detached;
-      (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, rpc_timeout_, "detach");
+      (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, CallTimeout(), "detach");
       return absl::FailedPreconditionError(
           "re-attach: gpufeedd came back with another feed or slot layout than the session's");
     }
@@ -189,12 +199,26 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   // container may mount the directory elsewhere than the daemon does).
   std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(channel_);
   v1::GetStatusResponse status;
-  GPUFEED_RETURN_IF_ERROR(Call(admin.get(), &v1::Admin::Stub::GetStatus, v1::GetStatusRequest(),
-                               &status, rpc_timeout_, "attach"));
-  if (status.mem_socket().empty()) {
-    return absl::FailedPreconditionError(
-        "attach: this gpufeedd does not take datasets opened by its clients (no mem_socket in "
-        "its status); upgrade it");
+  if (absl::Status asked = Call(admin.get(), &v1::Admin::Stub::GetStatus, v1::GetStatusRequest(),
+                                &status, CallTimeout(), "attach");
+      !asked.ok()) {
+    // A re-attach words its last error itself (Reconnect).
+    if (reconnecting_ || (!absl::IsUnavailable(asked) && !absl::IsDeadlineExceeded(asked))) {
+      return asked;
+    }
+    return absl::Status(asked.code(), absl::StrCat("attach: gpufeedd at ", socket_, ": ",
+                                                   InOurWords(asked, socket_)));
+  }
+  // Daemons before protocol 2 do not take the datasets their clients open (no memory socket
+  // named in their status); 2 sent no number.
+  const uint32_t protocol = status.protocol() != 0        ? status.protocol()
+                            : status.mem_socket().empty() ? 1
+                                                          : 2;
+  if (protocol < kMinDaemonProtocol || status.mem_socket().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "attach: gpufeedd at ", socket_, " is version ", status.version(), " (protocol ", protocol,
+        "); this client (version ", kVersion, ") needs protocol ", kMinDaemonProtocol,
+        " or newer: upgrade gpufeedd, or use a client of its version"));
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
 
@@ -215,9 +239,11 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   if (::realpath(given.c_str(), real) != nullptr) dataset->set_path(real);
 
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
-  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
+  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
   v1::MemRequest mem;
   mem.set_open_dataset(true);
+  // This connection stays open as the session's lifeline (MemRequest.lifeline).
+  mem.set_lifeline(true);
   GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), mem.SerializeAsString(), fd.get()));
   GPUFEED_ASSIGN_OR_RETURN(Frame frame, RecvFrame(conn.get(), 1 << 16));
   v1::MemResponse reply;
@@ -232,6 +258,7 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
     return absl::InternalError("memory socket: no dataset handle in the reply");
   }
   dataset->set_handle(reply.dataset_handle());
+  lifeline_ = std::move(conn);
   return absl::OkStatus();
 }
 
@@ -245,7 +272,7 @@ absl::Status SessionCore::MapRing() {
     return absl::OkStatus();
   }
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
-  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), rpc_timeout_));
+  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
   v1::MemRequest request;
   request.set_session_id(session_id_);
   request.set_token(token_);
@@ -325,7 +352,7 @@ absl::Status SessionCore::OpenStream() {
 absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   Event event;
   const auto asked = std::chrono::steady_clock::now();  // a wall-clock step is no wait
-  const absl::Time deadline = absl::Now() + timeout;    // infinite stays infinite
+  absl::Time deadline = absl::Now() + timeout;          // infinite stays infinite
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -345,17 +372,16 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
         }
         break;
       }
-      // Every batch of the old stream is handed out: position_ is the next one.
-      // (A re-attach past its bound has given up: end_ holds why.)
-      if (!absl::IsUnavailable(end_) || reconnect_timeout_ <= absl::ZeroDuration() ||
-          detached_ || (reconnecting_ && absl::Now() >= give_up_)) {
+      // Every batch of the old stream is handed out: position_ is the next one. (Past
+      // reconnect_timeout, Reconnect gives the bound's error, at once.)
+      if (!absl::IsUnavailable(end_) || reconnect_timeout_ <= absl::ZeroDuration() || detached_) {
         return end_;
       }
       if (stop_epoch_ > 0 && position_.epoch >= stop_epoch_) {
         end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
         return end_;
       }
-      if (!reconnecting_) last_error_ = std::string(end_.message());
+      if (!reconnecting_) last_error_ = InOurWords(end_, socket_);
     }
     absl::Status reconnected = Reconnect(deadline);
     if (absl::IsDeadlineExceeded(reconnected)) {
@@ -368,6 +394,9 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
       end_ = reconnected;
       return end_;
     }
+    // `timeout` bounds the wait on a daemon that is there: the new one gets all of it for
+    // its first batch (the time away was reconnect_timeout's to bound).
+    deadline = absl::Now() + timeout;
   }
   const v1::BatchReady& b = event.batch;
   if (b.slot() < 0 || b.slot() >= ring_slots_) {
@@ -399,11 +428,18 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
 }
 
 absl::Status SessionCore::Reconnect(absl::Time deadline) {
+  auto gave_up = [this] {
+    return absl::UnavailableError(
+        absl::StrCat("gpufeedd at ", socket_, " did not come back within ",
+                     absl::ToDoubleSeconds(reconnect_timeout_), " s (last: ", last_error_, ")"));
+  };
   if (!reconnecting_) {
     reconnecting_ = true;
     give_up_ = absl::Now() + reconnect_timeout_;
     backoff_ = absl::Milliseconds(50);
     Stop();  // the old stream is over: join its reader
+  } else if (absl::Now() >= give_up_) {
+    return gave_up();  // an earlier call's deadline fell just before the bound
   }
   while (true) {
     absl::Status attempt = ReattachOnce();
@@ -418,17 +454,15 @@ absl::Status SessionCore::Reconnect(absl::Time deadline) {
                           absl::StrCat("re-attaching to gpufeedd at ", socket_, " at (",
                                        at.epoch, ", ", at.step, "): ", attempt.message()));
     }
-    last_error_ = std::string(attempt.message());
+    last_error_ = InOurWords(attempt, socket_);
     const absl::Time now = absl::Now();
-    if (now >= give_up_) {
-      return absl::UnavailableError(absl::StrCat(
-          "gpufeedd at ", socket_, " did not come back within ",
-          absl::ToDoubleSeconds(reconnect_timeout_), " s (last: ", last_error_, ")"));
-    }
+    if (now >= give_up_) return gave_up();
     if (now >= deadline) return absl::DeadlineExceededError("re-attaching to gpufeedd");
     // Sleep the backoff (Detach wakes it), never past the bound or the call's deadline.
     const absl::Time wake = std::min({now + backoff_, give_up_, deadline});
-    backoff_ = std::min(backoff_ * 2, absl::Seconds(1));
+    // A local socket: an attempt costs a failed connect() (microseconds), so the cap is low;
+    // it is the most a rank waits after the new daemon answers.
+    backoff_ = std::min(backoff_ * 2, absl::Milliseconds(200));
     absl::MutexLock lock(&mu_);
     auto detached = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return detached_; };
     if (mu_.AwaitWithDeadline(absl::Condition(&detached), wake)) {
@@ -439,9 +473,12 @@ absl::Status SessionCore::Reconnect(absl::Time deadline) {
 
 absl::Status SessionCore::ReattachOnce() {
   GPUFEED_RETURN_IF_ERROR(CheckSocket(socket_));
-  channel_ = ChannelFor(socket_, /*fresh=*/true);
+  channel_ = ChannelFor(socket_, /*fresh=*/true, keepalive_);
   stub_ = v1::Feed::NewStub(channel_);
   v1::AttachRequest request = request_;
+  // How long this session has been without a stream, for the daemon's count and log.
+  request.set_resume_gap_ms(static_cast<uint64_t>(std::max<int64_t>(
+      1, absl::ToInt64Milliseconds(absl::Now() - (give_up_ - reconnect_timeout_)))));
   const Position at = position();
   request.mutable_start()->set_epoch(at.epoch);
   request.mutable_start()->set_step(at.step);
@@ -455,7 +492,7 @@ absl::Status SessionCore::ReattachOnce() {
     detach.set_session_id(session_id_);
     detach.set_token(token_);
     v1::DetachResponse detached;
-    (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, rpc_timeout_, "detach");
+    (void)Call(stub_.get(), &v1::Feed::Stub::Detach, detach, &detached, CallTimeout(), "detach");
     return status;
   }
   return absl::OkStatus();
@@ -573,6 +610,9 @@ void SessionCore::ReadLoop() {
   }
   absl::Status status = FromGrpc(stream_->Finish(), "stream");
   if (status.ok()) status = absl::CancelledError("stream: the session was detached");
+  if (absl::IsUnavailable(status)) {
+    status = absl::UnavailableError(absl::StrCat("stream: ", InOurWords(status, socket_)));
+  }
   absl::MutexLock lock(&mu_);
   if (end_.ok()) end_ = status;
 }
@@ -587,6 +627,7 @@ void SessionCore::Stop() {
   }
   if (stream_ctx_ != nullptr) stream_ctx_->TryCancel();
   if (reader_.joinable()) reader_.join();
+  lifeline_.Reset();  // the session's end (or its stream's, before a re-attach)
 }
 
 }  // namespace gpufeed::client::internal

@@ -8,7 +8,7 @@
 // `reconnect_timeout` > 0. It is done by Next(), on the consumer's thread, once every batch
 // the old stream had delivered has been handed out (they lie in the old ring, which stays
 // mapped): position_ is then exactly the next batch the user has not seen. Next() joins the
-// old reader, then retries with backoff (50 ms doubling to 1 s, bounded by the call's own
+// old reader, then retries with backoff (50 ms doubling to 200 ms, bounded by the call's own
 // timeout and by reconnect_timeout from the first failure): the same AttachRequest as the
 // first (job, rank, world size, feed spec, delivery, ring slots, stop epoch) with the dataset
 // opened and passed again and start = position_ with the feed's fingerprint, then MapRing and
@@ -55,8 +55,10 @@ struct RingMapping {
 class SessionCore : public std::enable_shared_from_this<SessionCore> {
  public:
   // `socket` is the gRPC socket's path as this process sees it: the memory socket lies beside it.
+  // `keepalive`: a re-attach's channels ping as the first one does (rpc.h, ChannelFor).
   SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
-              absl::Duration rpc_timeout, absl::Duration reconnect_timeout);
+              absl::Duration rpc_timeout, absl::Duration reconnect_timeout,
+              absl::Duration keepalive = absl::ZeroDuration());
   ~SessionCore();  // detaches if DetachWhenUnused was called; stops the stream, joins the reader
 
   // Validates `options`, attaches and checks the daemon's reply (the layout lies in the slots).
@@ -90,6 +92,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   static absl::Status WaitReady(const RingMapping* ring, int32_t slot, void* stream);
 
   Position position() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A re-attach is under way (Next's thread): Next returned DEADLINE_EXCEEDED while the
+  // daemon was away; the next call goes on re-attaching, within reconnect_timeout.
+  bool reconnecting() const { return reconnecting_; }
   int64_t rejected() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -102,6 +107,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Sends `request` (PassDataset first) and takes the reply: the first time (`again` false)
   // it sets the layout, later it checks the daemon came back with the same one.
   absl::StatusOr<SessionInfo> AttachWith(v1::AttachRequest request, bool again);
+  // rpc_timeout, or while re-attaching what is left of reconnect_timeout if less.
+  absl::Duration CallTimeout() const;
   // One attempt: attach at position_, map the new ring, open its stream.
   absl::Status ReattachOnce() ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
   // Until re-attached (OK), the call's `deadline` passed (DEADLINE_EXCEEDED; the next call
@@ -118,12 +125,16 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   const std::string socket_;
   const absl::Duration rpc_timeout_;
   const absl::Duration reconnect_timeout_;
+  const absl::Duration keepalive_;
   v1::AttachRequest request_;  // the first Attach's, dataset handle cleared
   int64_t stop_epoch_ = 0;
 
   // Set by Attach, MapRing and OpenStream before the reader starts; read-only afterwards,
   // except by a re-attach (Next's thread, the reader joined).
   std::string mem_socket_;
+  // The open_dataset connection, held open while the session lives (MemRequest.lifeline):
+  // should this process die before its stream opens, the daemon frees the ring at once.
+  UniqueFd lifeline_;
   uint64_t session_id_ = 0;
   std::string token_;
   int64_t steps_per_epoch_ = 1;

@@ -41,11 +41,12 @@ void DatasetHandles::DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)
     }
     if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
     dropped->push_back(std::move(it->second.fd));
+    if (it->second.lifeline.valid()) dropped->push_back(std::move(it->second.lifeline));
     entries_.erase(it++);
   }
 }
 
-absl::StatusOr<std::string> DatasetHandles::Add(UniqueFd fd, uint32_t uid) {
+absl::StatusOr<std::string> DatasetHandles::Add(UniqueFd fd, uint32_t uid, UniqueFd lifeline) {
   std::vector<UniqueFd> dropped;  // closed after the lock is released
   const absl::Time now = clock_();
   std::string handle = NewHandle();
@@ -62,8 +63,17 @@ absl::StatusOr<std::string> DatasetHandles::Add(UniqueFd fd, uint32_t uid) {
         absl::FormatDuration(options_.lifetime), " for them to expire"));
   }
   ++per_uid_[uid];
-  entries_[handle] = Entry{std::move(fd), uid, now + options_.lifetime};
+  entries_[handle] = Entry{std::move(fd), uid, now + options_.lifetime, std::move(lifeline)};
   return handle;
+}
+
+UniqueFd DatasetHandles::TakeLifeline(const std::string& handle, uint32_t uid) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle);
+  if (it == entries_.end() || it->second.uid != uid || it->second.expiry <= clock_()) {
+    return UniqueFd();
+  }
+  return std::move(it->second.lifeline);
 }
 
 absl::StatusOr<UniqueFd> DatasetHandles::Take(const std::string& handle, uint32_t uid) {

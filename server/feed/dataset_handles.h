@@ -33,7 +33,13 @@ class DatasetHandles {
 
   // Keeps `fd` for `uid` and returns its handle: 32 lowercase hex digits. RESOURCE_EXHAUSTED
   // when the table or the uid's share of it is full (expired handles are dropped first).
-  absl::StatusOr<std::string> Add(UniqueFd fd, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
+  // `lifeline`, when valid, is the client's memory-socket connection that the session
+  // attached with this handle will keep (MemRequest.lifeline).
+  absl::StatusOr<std::string> Add(UniqueFd fd, uint32_t uid, UniqueFd lifeline = UniqueFd())
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves the lifeline out of `handle` (the uid's, not expired), leaving its descriptor for
+  // Take; an invalid UniqueFd when there is none.
+  UniqueFd TakeLifeline(const std::string& handle, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the descriptor of `handle` (it can be taken once): INVALID_ARGUMENT
   // "dataset.handle: ..." when it is not 32 hex digits; NOT_FOUND "dataset.handle: ..." when it
   // is unknown, taken already, expired, or another uid's (which it leaves in place).
@@ -46,6 +52,7 @@ class DatasetHandles {
     UniqueFd fd;
     uint32_t uid = 0;
     absl::Time expiry;
+    UniqueFd lifeline;
   };
   // Moves the expired entries out (closed by the caller, outside the lock).
   void DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)

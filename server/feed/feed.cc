@@ -358,7 +358,8 @@ bool Beneath(const std::string& path, const std::vector<std::string>& roots) {
 
 }  // namespace
 
-absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
+absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const PeerCred& from,
+                                                           UniqueFd lifeline) {
   // Only a descriptor the sender could read through: not O_PATH (which needs no read
   // permission on the file itself) and not write-only.
   const int flags = ::fcntl(fd.get(), F_GETFL);
@@ -375,7 +376,7 @@ absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const Pe
         "open_dataset: the descriptor passed is ", FileTypeName(st.st_mode),
         ", not a regular file or a directory"));
   }
-  return handles_.Add(std::move(fd), from.uid);
+  return handles_.Add(std::move(fd), from.uid, std::move(lifeline));
 }
 
 absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueFd* fd,

@@ -165,8 +165,13 @@ class FeedRegistry {
   std::vector<std::shared_ptr<Feed>> List() const;
 
   // The memory socket's open_dataset: checks that `fd` is a regular file or a directory and
-  // keeps it for `from`'s uid; returns the handle.
-  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from);
+  // keeps it for `from`'s uid, with the client's `lifeline` if any; returns the handle.
+  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from,
+                                               UniqueFd lifeline = UniqueFd());
+  // The lifeline that came with `uid`'s handle (DatasetHandles::TakeLifeline).
+  UniqueFd TakeLifeline(const std::string& handle, uint32_t uid) {
+    return handles_.TakeLifeline(handle, uid);
+  }
   // Spends `uid`'s handle unused (an Attach refused before its dataset was opened): its
   // descriptor is closed. Unknown handles are ignored.
   void DropDatasetHandle(const std::string& handle, uint32_t uid) { (void)handles_.Take(handle, uid); }

@@ -1,5 +1,7 @@
 #include "server/service/convert.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -64,6 +66,8 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   spec.feed.drop_last = r.drop_last();
   spec.ring_slots = r.ring_slots();
   spec.start = {r.start().epoch(), r.start().step()};
+  spec.resume_gap = absl::Milliseconds(static_cast<int64_t>(
+      std::min<uint64_t>(r.resume_gap_ms(), uint64_t{1} << 40)));  // no overflow downstream
   spec.start_fingerprint = r.start().fingerprint();
   spec.stop_epoch = r.stop_epoch();
 

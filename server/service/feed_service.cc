@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/thread_pool.h"
+#include "common/version.h"
 #include "server/service/convert.h"
 
 namespace gpufeed::server {
@@ -350,6 +351,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   response->set_feeds(static_cast<int32_t>(sessions_->ListFeeds().size()));
   response->set_draining(info_.draining ? info_.draining() : false);
   response->set_mem_socket(info_.mem_socket);
+  response->set_protocol(kProtocol);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -1,5 +1,6 @@
 #include "server/service/mem_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -174,9 +175,13 @@ void MemServer::Serve(int connection) {
     SetError(frame.status(), &response);
   } else if (request.open_dataset()) {
     // A dataset the client opened with its own rights (docs/SECURITY.md section 2).
+    // The lifeline: a second descriptor of this connection, kept by the handle and then by
+    // the session attached with it, once this thread is done with the connection.
+    UniqueFd lifeline;
+    if (request.lifeline()) lifeline.Reset(::fcntl(connection, F_DUPFD_CLOEXEC, 0));
     absl::StatusOr<std::string> handle =
         frame->fd.valid()
-            ? sessions_->AddDatasetHandle(std::move(frame->fd), *cred)
+            ? sessions_->AddDatasetHandle(std::move(frame->fd), *cred, std::move(lifeline))
             : absl::InvalidArgumentError(
                   "open_dataset: no descriptor came with the request (SCM_RIGHTS)");
     if (handle.ok()) {

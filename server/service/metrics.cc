@@ -109,6 +109,17 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
       Builder::Add(dev, {{"gpu", g.uuid}, {"state", "free"}}, static_cast<double>(g.budget - g.used));
     }
   }
+  Builder::Add(b.Family("gpufeed_resumed_sessions_total",
+                        "Attaches that resumed a client's stream after it failed (a re-attach "
+                        "across a daemon restart or drain; the log line has the gap)",
+                        MetricType::Counter),
+               {}, static_cast<double>(src.sessions->resumed_sessions()));
+  Builder::Add(b.Family("gpufeed_sessions_reclaimed_total",
+                        "Sessions ended because their consumer went before opening its stream "
+                        "(its lifeline connection closed), by reason",
+                        MetricType::Counter),
+               {{"reason", "consumer_gone"}},
+               static_cast<double>(src.sessions->lifeline_reclaims()));
   Builder::Add(b.Family("gpufeed_fill_queue_depth",
                         "Fill tasks waiting for a worker (sessions with free slots, chunks)",
                         MetricType::Gauge),

@@ -1,6 +1,7 @@
 #include "server/session/session.h"
 
 #include <fcntl.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -8,13 +9,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
+
+bool Session::LifelineClosed() const {
+  if (params_.lifeline == nullptr || !params_.lifeline->valid()) return false;
+  // The client never writes to it: readable means end of file, as does a hang-up.
+  pollfd p{params_.lifeline->get(), POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
 
 Session::Session(SessionParams params, std::shared_ptr<Feed> feed, StagingRegion ring,
                  FillScheduler* scheduler, std::unique_ptr<DeviceRing> device,

@@ -111,6 +111,10 @@ struct SessionParams {
   // What attached_at, streaming_for, all_leased_since and the blocked times are read from
   // (the SessionManager's clock): the reaper compares them with its own "now".
   Clock clock = RealClock();
+  // The consumer's memory-socket connection that came with its dataset handle
+  // (MemRequest.lifeline), or null: its close before the stream opens ends the session
+  // (SessionManager's reaper). Shared, so that the params stay copyable.
+  std::shared_ptr<const UniqueFd> lifeline;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -141,6 +145,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // daemon.
   absl::StatusOr<UniqueFd> ShareRingFd() const;
   absl::Time attached_at() const { return attached_at_; }
+  // The consumer closed its lifeline (exited, was killed); false when it has none.
+  bool LifelineClosed() const;
 
   // Queues the first fills. Called once, right after construction.
   void Start();

@@ -190,6 +190,12 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     }
     return admitted;
   }
+  // The consumer's lifeline, taken before the handle is spent opening the dataset.
+  std::shared_ptr<const UniqueFd> lifeline;
+  if (!spec.feed.dataset.handle.empty()) {
+    UniqueFd fd = feeds_.TakeLifeline(spec.feed.dataset.handle, spec.caller.uid());
+    if (fd.valid()) lifeline = std::make_shared<const UniqueFd>(std::move(fd));
+  }
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed,
@@ -244,6 +250,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.stop_epoch = spec.stop_epoch;
   params.stage = stage;
   params.ids_charge = std::move(ids_charge);
+  params.lifeline = std::move(lifeline);
   const std::string canonical = feed->spec().Canonical();
   std::shared_ptr<Session> session;
   {
@@ -300,6 +307,14 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
                spec.feed.world_size, feed->key(), EscapeForLog(spec.feed.dataset.path),
                feed->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
                spec.start.step);
+  if (spec.resume_gap > absl::ZeroDuration()) {
+    resumed_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::info(
+        "resume: session {} uid {} job '{}' rank {} goes on at ({}, {}) after {} "
+        "without a stream (a re-attach across a restart or drain)",
+        params.id, params.owner_uid, EscapeForLog(spec.job), spec.rank, spec.start.epoch,
+        spec.start.step, absl::FormatDuration(absl::Trunc(spec.resume_gap, absl::Milliseconds(1))));
+  }
 
   Attachment out;
   out.session_id = params.id;
@@ -568,6 +583,7 @@ void SessionManager::ParallelFor(int n, const std::function<void(int)>& fn) {
 void SessionManager::ReaperLoop() {
   while (!stop_reaper_.WaitForNotificationWithTimeout(options_.reap_interval)) {
     std::vector<uint64_t> expired;
+    std::vector<uint64_t> orphaned;  // the consumer went before opening its stream
     std::vector<uint64_t> idle;
     {
       absl::MutexLock lock(&mu_);
@@ -575,6 +591,8 @@ void SessionManager::ReaperLoop() {
       for (const auto& [id, session] : sessions_) {
         if (!session->streaming() && now - session->attached_at() > options_.attach_timeout) {
           expired.push_back(id);
+        } else if (!session->streaming() && session->LifelineClosed()) {
+          orphaned.push_back(id);
         } else if (options_.idle_lease_timeout > absl::ZeroDuration() &&
                    !session->device_delivery() &&
                    now - session->all_leased_since() >= options_.idle_lease_timeout) {
@@ -589,6 +607,14 @@ void SessionManager::ReaperLoop() {
                  "no stream opened within ", absl::FormatDuration(options_.attach_timeout),
                  " of Attach")),
              "lease expired");
+    }
+    for (uint64_t id : orphaned) {
+      lifeline_reclaims_.fetch_add(1, std::memory_order_relaxed);
+      Remove(id,
+             absl::CancelledError(
+                 "the consumer closed its connection (exited or was killed) before opening its "
+                 "stream"),
+             "consumer gone before its stream");
     }
     for (uint64_t id : idle) {
       Remove(id,

@@ -49,6 +49,9 @@ struct AttachSpec {
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;
+  // A client's re-attach after its stream failed (AttachRequest.resume_gap_ms > 0): how
+  // long it had been without one. Counted and logged, nothing else.
+  absl::Duration resume_gap = absl::ZeroDuration();
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none.
@@ -148,9 +151,14 @@ class SessionManager final : public FillScheduler {
   void End(uint64_t id, const absl::Status& why);
 
   // The memory socket's open_dataset (FeedRegistry::AddDatasetHandle).
-  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from) {
-    return feeds_.AddDatasetHandle(std::move(fd), from);
+  absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from,
+                                               UniqueFd lifeline = UniqueFd()) {
+    return feeds_.AddDatasetHandle(std::move(fd), from, std::move(lifeline));
   }
+  // Attaches that resumed a client's stream (AttachSpec::resume_gap > 0), and sessions
+  // ended because their consumer's lifeline closed before the stream opened.
+  uint64_t resumed_sessions() const { return resumed_.load(std::memory_order_relaxed); }
+  uint64_t lifeline_reclaims() const { return lifeline_reclaims_.load(std::memory_order_relaxed); }
 
   std::vector<SessionSnapshot> ListSessions() const;
   std::vector<FeedSnapshot> ListFeeds() const;
@@ -219,6 +227,8 @@ class SessionManager final : public FillScheduler {
   ThreadPool workers_;
   absl::Notification stop_reaper_;
   std::atomic<int64_t> reap_rounds_{0};
+  std::atomic<uint64_t> resumed_{0};
+  std::atomic<uint64_t> lifeline_reclaims_{0};
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

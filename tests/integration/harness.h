@@ -95,4 +95,12 @@ uint64_t TokensChecksum(const std::vector<uint16_t>& tokens, int64_t seq_len,
 int64_t JsonInt(const std::string& json, const std::string& key);
 std::string ReadFile(const std::string& path);
 
+// A TCP port nobody listens on now (for --metrics_listen, --health_listen).
+int FreePort();
+// GET http://127.0.0.1:PORT/PATH; the body, or "" on failure.
+std::string HttpGet(int port, const std::string& path);
+// The value of the Prometheus sample `series` (name with labels, exactly as exposed) in
+// `text`; -1 when absent.
+double Sample(const std::string& text, const std::string& series);
+
 }  // namespace gpufeed::testing

@@ -1,24 +1,25 @@
 // Transparent re-attach (issue 13): gpufeedd is killed (SIGKILL) or stopped (SIGTERM) while
 // 3 ranks of one job consume 2 epochs, and started again on the same socket; every rank goes
 // on where it was and its id stream and checksum equal a fault-free run's.
-#include <sys/un.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/os/fd.h"
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
-#include "common/os/fd.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/eventually.h"
 
@@ -26,6 +27,7 @@ namespace gpufeed::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kWorld = 3;
 constexpr int64_t kSeqLen = 16;
@@ -43,7 +45,9 @@ class ReattachTest : public ::testing::TestWithParam<int> {
   }
 
   void StartDaemon() {
-    daemon_ = std::make_unique<Daemon>(dir_);
+    metrics_port_ = FreePort();
+    daemon_ = std::make_unique<Daemon>(
+        dir_, std::vector<std::string>{absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)});
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
   }
 
@@ -92,6 +96,7 @@ class ReattachTest : public ::testing::TestWithParam<int> {
   std::string tokens_path_;
   std::vector<uint16_t> tokens_;
   std::unique_ptr<Daemon> daemon_;
+  int metrics_port_ = 0;
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -162,6 +167,15 @@ TEST_P(ReattachTest, RanksResumeExactlyAcrossDaemonRestarts) {
                 "after the kill\n",
                 i, resumed_after_ready_ms.back(), outage_ms.back());
   }
+  // The last daemon saw each rank resume once, and logged it with the gap.
+  EXPECT_EQ(Sample(HttpGet(metrics_port_, "/metrics"), "gpufeed_resumed_sessions_total"), kWorld);
+  const std::string log = daemon_->process().Stderr();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_THAT(log, ::testing::ContainsRegex(absl::StrCat(
+                         "resume: session [0-9]+ uid [0-9]+ job 'f' rank ", r,
+                         " goes on at \\([01], [0-9]+\\) after [0-9.]+m?s without a stream")))
+        << log;
+  }
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
     const std::string want = ReadFile(IdsPath("ref", r));
@@ -186,6 +200,14 @@ INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTER
                          });
 
 // Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.
+// The daemon at `socket` answers, and its first session has been sent a batch.
+bool FirstSessionDelivered(const std::string& socket) {
+  auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
+  if (!admin.ok()) return false;
+  auto sessions = (*admin)->ListSessions();
+  return sessions.ok() && !sessions->empty() && (*sessions)[0].batches_delivered > 0;
+}
+
 TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait) {
   TempDir dir;
   WriteTokens(dir.File("t.bin"), kTokens);
@@ -196,23 +218,142 @@ TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait
                                  "--batch-size", "4", "--epochs", "0", "--max-batches",
                                  "100000000", "--step-ms", "5", "--reconnect-timeout", "1s"}),
       dir.File("consumer"));
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto admin = client::AdminClient::Connect(daemon->socket(), absl::Seconds(1));
-        if (!admin.ok()) return false;
-        auto sessions = (*admin)->ListSessions();
-        return sessions.ok() && !sessions->empty() && (*sessions)[0].batches_delivered > 0;
-      },
-      absl::Seconds(10)));
+  ASSERT_TRUE(
+      Eventually([&] { return FirstSessionDelivered(daemon->socket()); }, absl::Seconds(10)));
   daemon->process().Kill(SIGKILL);
   ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
   const absl::Time killed = absl::Now();
   EXPECT_EQ(consumer.Wait(absl::Seconds(20)), 1);
   EXPECT_GE(absl::Now() - killed, absl::Seconds(1));
+  // The socket file stays after a SIGKILL: the last attempt's error, in our words.
   EXPECT_THAT(consumer.Stderr(),
               HasSubstr(absl::StrCat("UNAVAILABLE: gpufeedd at ", daemon->socket(),
-                                     " did not come back within 1 s (last: ")));
+                                     " did not come back within 1 s (last: nothing listens on ",
+                                     daemon->socket(), " (connection refused))")));
+  EXPECT_THAT(consumer.Stderr(), Not(HasSubstr("failed to connect to all addresses")));
 }
+
+// --timeout-ms bounds the wait on a daemon that is there; while gpufeedd is away,
+// --reconnect-timeout does: an outage of 1.5 s does not end a consumer with --timeout-ms 300.
+TEST(ReattachBoundTest, AnOutageLongerThanTimeoutMsIsRiddenThrough) {
+  TempDir dir;
+  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  auto daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  Subprocess consumer(
+      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16",
+                                 "--batch-size", "4", "--step-ms", "5", "--timeout-ms", "300",
+                                 "--ids", dir.File("c.ids"), "--checksum", "-o", "json"}),
+      dir.File("consumer"));
+  ASSERT_TRUE(
+      Eventually([&] { return ReadIdsFile(dir.File("c.ids")).size() >= 20; }, absl::Seconds(20)));
+  daemon->process().Kill(SIGKILL);
+  ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
+  absl::SleepFor(absl::Milliseconds(1500));  // the outage's length, not a wait for a state
+  daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  ASSERT_EQ(consumer.Wait(), 0) << consumer.Stderr();
+  const std::vector<IdsLine> lines = ReadIdsFile(dir.File("c.ids"));
+  ASSERT_EQ(lines.size(), static_cast<size_t>((kTokens - 1) / 16 / 4));  // one epoch
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i].step, static_cast<int64_t>(i));
+  EXPECT_EQ(static_cast<uint64_t>(JsonInt(consumer.Stdout(), "checksum")),
+            TokensChecksum(tokens, 16, lines));
+}
+
+// A daemon that stops answering without closing its socket (SIGSTOP): the keepalive pings
+// find it (1 s, then 1 s for the answer), the re-attach tries for --reconnect-timeout (its
+// calls cut short by that bound), then the consumer fails naming the socket and the wait, in
+// about 2 x keepalive + reconnect_timeout, not at --timeout-ms (10 minutes here).
+TEST(ReattachBoundTest, AStoppedDaemonIsFoundByKeepaliveAndFailsWithinTheBound) {
+  TempDir dir;
+  WriteTokens(dir.File("t.bin"), kTokens);
+  auto daemon = std::make_unique<Daemon>(dir);
+  ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
+  Subprocess consumer(
+      CtlArgv(daemon->socket(),
+              {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16", "--batch-size", "4",
+               "--epochs", "0", "--max-batches", "100000000", "--step-ms", "5",
+               "--reconnect-timeout", "3s", "--keepalive", "1s", "--timeout-ms", "600000"}),
+      dir.File("consumer"));
+  ASSERT_TRUE(
+      Eventually([&] { return FirstSessionDelivered(daemon->socket()); }, absl::Seconds(10)));
+  daemon->process().Kill(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  const int exit_code = consumer.Wait(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - stopped;
+  daemon->process().Kill(SIGCONT);  // for its orderly end
+  ASSERT_EQ(exit_code, 1) << consumer.Stderr();
+  EXPECT_GE(took, absl::Seconds(3)) << "gave up before --reconnect-timeout";
+  EXPECT_LE(took, absl::Seconds(12)) << "2 x 1 s of keepalive + 3 s, with slack";
+  EXPECT_THAT(consumer.Stderr(),
+              HasSubstr(absl::StrCat("UNAVAILABLE: gpufeedd at ", daemon->socket(),
+                                     " did not come back within 3 s (last: gpufeedd did not "
+                                     "answer in time (stopped, hung or overloaded?))")));
+  std::printf("stopped daemon: the consumer failed %.1f s after SIGSTOP\n",
+              absl::ToDoubleSeconds(took));
+}
+
+// A consumer killed between Attach and opening its stream: its ring is freed within 1 s (the
+// daemon sees its lifeline close), not after --attach_timeout (60 s here). Before the ring is
+// mapped and after.
+class ReclaimTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ReclaimTest, AConsumerKilledBeforeItsStreamFreesItsRingWithinASecond) {
+  const bool mapped = GetParam();
+  TempDir dir;
+  WriteTokens(dir.File("t.bin"), kTokens);
+  const int port = FreePort();
+  Daemon daemon(dir, {"--attach_timeout=60s", absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  auto admin = client::AdminClient::Connect(daemon.socket(), absl::Seconds(5));
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  absl::StatusOr<client::DaemonStatus> before = (*admin)->GetStatus();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  std::vector<std::string> argv = {ATTACH_ONLY_PATH, daemon.socket(), dir.File("t.bin")};
+  if (mapped) argv.push_back("map");
+  Subprocess orphan(argv, dir.File("orphan"));
+  ASSERT_TRUE(Eventually([&] { return absl::StrContains(orphan.Stdout(), "attached "); },
+                         absl::Seconds(20)))
+      << orphan.Stderr();
+  absl::StatusOr<std::vector<client::SessionSummary>> sessions = (*admin)->ListSessions();
+  ASSERT_TRUE(sessions.ok()) << sessions.status();
+  ASSERT_EQ(sessions->size(), 1u);
+  EXPECT_EQ((*sessions)[0].job, "orphan");
+  EXPECT_FALSE((*sessions)[0].streaming);
+  absl::StatusOr<client::DaemonStatus> attached = (*admin)->GetStatus();
+  ASSERT_TRUE(attached.ok());
+  EXPECT_EQ(attached->staging_free_bytes + (*sessions)[0].ring_bytes, before->staging_free_bytes);
+
+  orphan.Kill(SIGKILL);
+  ASSERT_NE(orphan.Wait(absl::Seconds(10)), -1);
+  const absl::Time killed = absl::Now();
+  // The bound is the behaviour under test (the reaper looks every 100 ms).
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto s = (*admin)->GetStatus();
+        return s.ok() && s->sessions == 0 && s->staging_free_bytes == before->staging_free_bytes;
+      },
+      absl::Seconds(1)))
+      << "the ring was not freed within 1 s of the consumer's death";
+  std::printf("orphaned session freed %.0f ms after the consumer was killed\n",
+              absl::ToDoubleMilliseconds(absl::Now() - killed));
+  EXPECT_EQ(Sample(HttpGet(port, "/metrics"),
+                   "gpufeed_sessions_reclaimed_total{reason=\"consumer_gone\"}"),
+            1);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(daemon.process().Stderr(),
+                                 "consumer gone before its stream: session ");
+      },
+      absl::Seconds(5)))
+      << daemon.process().Stderr();
+}
+
+INSTANTIATE_TEST_SUITE_P(Orphan, ReclaimTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "RingMapped" : "AttachedOnly");
+                         });
 
 // In-process, the C++ client: a batch handed out before the restart stays readable (its old
 // mapping) and its release goes nowhere (not to the new session, which would refuse it or,

@@ -41,7 +41,7 @@ struct ConsumeFlags {
   bool no_drop_last = false;
   bool checksum = false;
   ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
-      start_epoch, start_step, ring_slots, step_ms, timeout_ms, reconnect_timeout;
+      start_epoch, start_step, ring_slots, step_ms, timeout_ms, reconnect_timeout, keepalive;
 };
 
 // What the integer flags come to, with their defaults.
@@ -86,6 +86,9 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
       flags.reconnect_timeout.ReadDuration(absl::Seconds(120));
   if (!reconnect.ok()) return reconnect.status();
   o->reconnect_timeout = *reconnect;
+  absl::StatusOr<absl::Duration> keepalive = flags.keepalive.ReadDuration(absl::Seconds(10));
+  if (!keepalive.ok()) return keepalive.status();
+  o->keepalive = *keepalive;
   if (o->dataset.empty()) return absl::InvalidArgumentError("--dataset: required");
   if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
   o->rank = static_cast<int32_t>(rank);
@@ -156,6 +159,9 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
   absl::Status end;
   while (limits.max_batches < 0 || batches < limits.max_batches) {
     absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Milliseconds(limits.timeout_ms));
+    // --timeout-ms bounds the wait on a daemon that is there; while gpufeedd is away,
+    // --reconnect-timeout does (its end is UNAVAILABLE naming the socket and the wait).
+    if (absl::IsDeadlineExceeded(batch.status()) && (*session)->reconnecting()) continue;
     if (!batch.ok()) {
       end = batch.status();
       break;
@@ -258,11 +264,15 @@ Command AddConsume(CLI::App& app) {
   f.step_ms.AddTo(*cli, "--step-ms", "MS",
                   "hold each batch MS milliseconds, as a training step would");
   f.timeout_ms.AddTo(*cli, "--timeout-ms", "MS",
-                     "give up when no batch comes for MS milliseconds (default 60000)");
+                     "give up when no batch comes for MS milliseconds (default 60000;\n"
+                     "while gpufeedd is away, --reconnect-timeout bounds the wait)");
   f.reconnect_timeout.AddTo(
       *cli, "--reconnect-timeout", "DURATION",
       "when gpufeedd goes away (killed, restarted, drained), re-attach at\n"
       "the next batch for up to DURATION: 120s (default), 500ms, 2m; 0 = never");
+  f.keepalive.AddTo(*cli, "--keepalive", "DURATION",
+                    "ping gpufeedd this often; one that does not answer for as long\n"
+                    "again (stopped, hung) counts as gone: 10s (default), 0 = no pings");
   cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
       ->type_name("FILE");
   cli->add_flag("--checksum", f.checksum,

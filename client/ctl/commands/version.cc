@@ -1,4 +1,6 @@
 // gpufeedctl version: gpufeedctl's version, and the daemon's when it answers.
+#include "common/version.h"
+
 #include <cstdio>
 #include <string>
 
@@ -10,7 +12,7 @@
 namespace gpufeed::ctl {
 namespace {
 
-constexpr char kCtlVersion[] = "0.1.0";
+constexpr const char* kCtlVersion = kVersion;  // common/version.h
 
 int RunVersion(const GlobalFlags& global) {
   std::string daemon = "not answering";

@@ -104,10 +104,11 @@ const char* gpufeed_last_error(void);
  * augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
  * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
  * refused with FAILED_PRECONDITION naming the fields that differ) (strings);
- * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, ring_slots, start_epoch,
- * start_step, stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (integers; the last: how long
- * gpufeed_next re-attaches after the daemon went away, default 120000, 0 = never; see the C++
- * AttachOptions::reconnect_timeout). An unknown key is INVALID_ARGUMENT. */
+ * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, ring_slots,
+ * start_epoch, start_step, stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
+ * re-attaches after the daemon went away, default 120000, 0 = never), keepalive_ms (pings that
+ * find a daemon that stopped answering, default 10000, 0 = none, else >= 1000) (integers; see
+ * the C++ AttachOptions). An unknown key is INVALID_ARGUMENT. */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
 void gpufeed_options_destroy(gpufeed_options* options);
 gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* key,

@@ -79,10 +79,17 @@ struct AttachOptions {
   // When the stream or the connection fails with UNAVAILABLE (the daemon was killed, is
   // restarting, shutting down or draining), Next() re-attaches: same job, rank, feed, delivery
   // and ring slots, at the position of the next batch not yet returned, with its fingerprint,
-  // retrying with backoff (50 ms doubling to 1 s) for up to this long. The stream goes on with
+  // retrying with backoff (50 ms doubling to 200 ms) for up to this long. The stream goes on with
   // no duplicate and no lost batch. Past it, UNAVAILABLE naming the socket and the wait.
   // Zero: no re-attach (the session's error is returned as it is).
   absl::Duration reconnect_timeout = absl::Seconds(120);
+  // The connection pings the daemon this often when quiet; a ping unanswered for as long
+  // again ends the stream with UNAVAILABLE, so a daemon that stops answering without closing
+  // its socket (SIGSTOP, a hang) is treated as gone: re-attached within reconnect_timeout,
+  // then an error. A Next() with no timeout therefore returns within about
+  // 2 x keepalive + reconnect_timeout of the daemon's last answer. Zero or at least 1 s;
+  // zero: no pings (such a Next() may then wait for ever).
+  absl::Duration keepalive = absl::Seconds(10);
 };
 
 struct Tensor {
@@ -178,9 +185,12 @@ class Session {
   // The next batch, in order. DEADLINE_EXCEEDED after `timeout`; OUT_OF_RANGE after the last
   // batch before stop_epoch; the daemon's status when the session ended (DATA_LOSS when the
   // dataset could not be read, ...). An UNAVAILABLE end (the daemon gone, restarting or
-  // draining) is re-attached within `reconnect_timeout` (AttachOptions), inside Next: a
-  // pause, then the batch that comes next; past it UNAVAILABLE naming the socket. Next and
-  // Detach are called from one thread at a time.
+  // draining; one that stopped answering is found by `keepalive`) is re-attached within
+  // `reconnect_timeout` (AttachOptions), inside Next: a pause, then the batch that comes
+  // next; past it UNAVAILABLE naming the socket. `timeout` bounds the wait on a daemon that
+  // is there: when it passes while re-attaching, DEADLINE_EXCEEDED with reconnecting() true,
+  // and the next call goes on; a daemon re-attached to gets all of `timeout` for its first
+  // batch. Next and Detach are called from one thread at a time.
   absl::StatusOr<Batch> Next(absl::Duration timeout = absl::InfiniteDuration());
 
   // The position after the last batch Next returned: what to checkpoint. Attaching with
@@ -191,6 +201,9 @@ class Session {
   const SessionInfo& info() const { return info_; }
   // Releases the daemon refused so far (each is a bug in the caller) and the last message.
   int64_t rejected_releases() const;
+  // A re-attach is under way: the daemon went away and Next() returned DEADLINE_EXCEEDED
+  // before it came back. Calling Next() again goes on (within reconnect_timeout).
+  bool reconnecting() const;
 
   // Ends the session: at once when no batch of it is held, else when the last held batch is
   // released (held batches keep their bytes; the daemon frees an ended ring's pages).

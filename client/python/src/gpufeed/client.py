@@ -528,6 +528,7 @@ class Client:
         augment: str = "auto",
         rpc_timeout: Optional[float] = None,
         reconnect_timeout: Optional[float] = None,
+        keepalive: Optional[float] = None,
         start_fingerprint: Optional[str] = None,
         vocab_size: Optional[int] = None,
     ) -> Session:
@@ -550,6 +551,10 @@ class Client:
         ``rpc_timeout``: seconds for each call to the daemon (default 10).
         ``reconnect_timeout``: seconds a session re-attaches for after the daemon went away
         (killed, restarted, drained: default 120; 0: never, the stream's error is raised).
+        ``keepalive``: seconds between pings that find a daemon which stopped answering
+        without closing its socket (SIGSTOP, a hang; default 10, 0: none, else >= 1): one
+        silent for as long again counts as gone, so a ``next()`` with no timeout raises
+        :class:`~gpufeed.Unavailable` within about 2 x keepalive + reconnect_timeout.
         ``start_fingerprint``: the :attr:`Session.fingerprint` saved with ``start``; a feed
         with another one is refused (FailedPrecondition naming each differing field).
         ``vocab_size`` (tokens): refuse a file whose sampled tokens reach it (a wrong
@@ -595,6 +600,7 @@ class Client:
             "rpc_timeout_ms": None if rpc_timeout is None else int(rpc_timeout * 1000),
             "reconnect_timeout_ms": (None if reconnect_timeout is None
                                      else int(reconnect_timeout * 1000)),
+            "keepalive_ms": None if keepalive is None else int(keepalive * 1000),
         }
         lib = _capi.lib()
         options = ctypes.c_void_p()

@@ -298,7 +298,12 @@ class Loader:
             ``/run/gpufeed/gpufeed.sock``.
         copy: yield owned copies and return each slot at once.
         timeout: seconds to wait for a batch before :class:`~gpufeed.DeadlineExceeded`;
-            ``None`` waits as long as it takes.
+            ``None`` waits as long as it takes while the daemon answers.
+        reconnect_timeout: seconds to re-attach for when the daemon goes away (killed,
+            restarted, drained; default 120, 0: never): the loader goes on with the next
+            batch, no duplicate and no loss; past it :class:`~gpufeed.Unavailable`.
+        keepalive: seconds between pings that find a daemon which stopped answering
+            (SIGSTOP, a hang; default 10, 0: none): it then counts as gone.
 
     The loader attaches when made (so a bad option fails here, with the field named), and
     iterating it yields the rest of the current epoch; the next ``iter()`` goes on with the
@@ -329,6 +334,8 @@ class Loader:
         socket: Optional[Union[str, "os.PathLike[str]"]] = None,
         copy: bool = False,
         timeout: Optional[float] = None,
+        reconnect_timeout: Optional[float] = None,
+        keepalive: Optional[float] = None,
     ) -> None:
         self.device: torch.device = _resolve_device(device)
         """Where batches land: ``cpu`` (host delivery) or ``cuda:N`` (device delivery)."""
@@ -352,7 +359,8 @@ class Loader:
             kind=kind, batch_size=batch_size, seq_len=seq_len, token_dtype=token_dtype,
             pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last,
             rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
-            decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size)
+            decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size,
+            reconnect_timeout=reconnect_timeout, keepalive=keepalive)
         if self.device.type == "cuda":
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset

@@ -116,19 +116,20 @@ const char* FaultName(int fault) {
 // with the same ids, in the same order, and the same checksum as a fault-free run.
 TEST_P(ReattachTest, RanksResumeExactlyAcrossDaemonRestarts) {
   const int signal = GetParam();
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // Under ASan on 2 cores the drain variant once missed its 30 s re-attach bound (CI run of
-  // e30c935); not yet understood (see the issue 13 note). It runs in the plain build.
-  if (signal == kDrain) GTEST_SKIP() << "drain + restart: not run under sanitizers (issue 13)";
-#endif
   // The fault-free run.
   std::vector<std::unique_ptr<Subprocess>> ref;
   for (int r = 0; r < kWorld; ++r) ref.push_back(Rank("ref", r, {}));
   for (int r = 0; r < kWorld; ++r) ASSERT_EQ(ref[r]->Wait(), 0) << ref[r]->Stderr();
 
-  // The same job under faults; 10 ms a batch so that the restarts fall mid-epoch.
+  // The same job under faults; 10 ms a batch so that the restarts fall mid-epoch. A drain
+  // ends the streams only when it times out: they run on through the 300 ms, the daemon's
+  // 100 ms drain poll and its shutdown, 0.45 to 0.65 s in all (44 to 60 batches at 10 ms)
+  // under ASan on 2 cores, while after the third moment the fastest rank has ~50 batches
+  // left. At 10 ms a rank could take its last batch before the drain ends and so have nothing
+  // to re-attach; at 30 ms that run-on is ~20 batches.
+  const std::string step_ms = signal == kDrain ? "30" : "10";
   std::vector<std::unique_ptr<Subprocess>> ranks;
-  for (int r = 0; r < kWorld; ++r) ranks.push_back(Rank("f", r, {"--step-ms", "10"}));
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(Rank("f", r, {"--step-ms", step_ms}));
   const int64_t kMoments[] = {30, 90, 150};
   const absl::Duration kDown[] = {absl::Milliseconds(200), absl::Milliseconds(1100),
                                   absl::Milliseconds(2000)};
@@ -147,6 +148,13 @@ TEST_P(ReattachTest, RanksResumeExactlyAcrossDaemonRestarts) {
       daemon_->process().Kill(signal);
     }
     ASSERT_NE(daemon_->process().Wait(absl::Seconds(20)), -1) << "the daemon did not exit";
+    // The fault must fall before any rank's last batch, or that rank has nothing to re-attach.
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(ranks[r]->Running())
+          << "restart " << i << ": rank " << r << " ended before the daemon went down (exit "
+          << ranks[r]->Wait() << ")\n"
+          << ranks[r]->Stderr();
+    }
     absl::SleepFor(kDown[i]);  // the fault's shape, not a wait for a condition
     StartDaemon();
     const absl::Time ready = absl::Now();

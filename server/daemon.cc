@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -203,8 +204,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // call fails, so readiness goes NOT_SERVING and the daemon asks to be stopped, with exit code
   // 1 for its supervisor (systemd's Restart=on-failure, Kubernetes) to start a fresh one.
   d->readiness_monitor_ = std::thread([raw] {
-    while (!raw->stop_drain_watcher_) {
-      absl::SleepFor(absl::Milliseconds(250));
+    while (!raw->stop_threads_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       raw->CheckProgress();
       if (raw->devices_ != nullptr && !raw->devices_->healthy() && raw->exit_code_ == 0) {
         spdlog::error("a GPU's CUDA context failed for good: readiness NOT_SERVING, exiting "
@@ -272,7 +272,9 @@ int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
   const absl::Time deadline =
       timeout > absl::ZeroDuration() ? clock_() + timeout : absl::InfiniteFuture();
   drain_watcher_ = std::thread([this, deadline, on_drained = std::move(on_drained)] {
-    while (!stop_drain_watcher_) {
+    // The session count is looked at every 20 ms (a lock and a map size); the deadline is
+    // kept to within that too, by the daemon's clock.
+    do {
       const int left = sessions_->num_sessions();
       if (left == 0 || clock_() >= deadline) {
         spdlog::info("drain: {}", left == 0 ? "the last session has ended"
@@ -281,8 +283,8 @@ int Daemon::Drain(absl::Duration timeout, std::function<void()> on_drained) {
         on_drained();
         return;
       }
-      absl::SleepFor(absl::Milliseconds(100));
-    }
+    } while (!stop_threads_.WaitForNotificationWithTimeout(
+        std::min(absl::Milliseconds(20), deadline - clock_())));
   });
   return sessions;
 }
@@ -297,7 +299,7 @@ void Daemon::Shutdown() {
     absl::MutexLock lock(&drain_mu_);
     stopping_ = true;  // no Drain starts a watcher from now on
   }
-  stop_drain_watcher_ = true;
+  if (!stop_threads_.HasBeenNotified()) stop_threads_.Notify();
   if (drain_watcher_.joinable()) drain_watcher_.join();
   if (readiness_monitor_.joinable()) readiness_monitor_.join();
   SetServing(false);

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/version.h"
@@ -115,8 +116,11 @@ class Daemon {
   std::unique_ptr<MetricsServer> metrics_;
   std::unique_ptr<SystemdNotifier> notifier_;
   std::thread drain_watcher_;
-  std::thread readiness_monitor_;  // re-evaluates readiness every second
-  std::atomic<bool> stop_drain_watcher_{false};
+  std::thread readiness_monitor_;  // re-evaluates readiness every 250 ms
+  // Notified by Shutdown: the drain watcher and the readiness monitor end at once, not after
+  // their next sleep (a SIGTERM or drain ends the process sooner, so consumers re-attach
+  // sooner).
+  absl::Notification stop_threads_;
   absl::Mutex drain_mu_;  // orders Drain's watcher start against Shutdown's join
   bool stopping_ ABSL_GUARDED_BY(drain_mu_) = false;
   std::atomic<int> exit_code_{0};

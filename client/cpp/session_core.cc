@@ -611,7 +611,11 @@ void SessionCore::ReadLoop() {
   absl::Status status = FromGrpc(stream_->Finish(), "stream");
   if (status.ok()) status = absl::CancelledError("stream: the session was detached");
   if (absl::IsUnavailable(status)) {
-    status = absl::UnavailableError(absl::StrCat("stream: ", InOurWords(status, socket_)));
+    // gRPC's transport text in our words; the daemon's own message ("stream: gpufeedd is
+    // shutting down") as it is.
+    if (std::string words = InOurWords(status, socket_); words != status.message()) {
+      status = absl::UnavailableError(absl::StrCat("stream: ", words));
+    }
   }
   absl::MutexLock lock(&mu_);
   if (end_.ok()) end_ = status;

@@ -1,9 +1,17 @@
 #include "server/service/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <deque>
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/metrics.h"
@@ -188,6 +196,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
         absl::StrCat("metrics_listen: want HOST:PORT (e.g. 0.0.0.0:9090), got '", listen, "'"));
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->host_ = listen.substr(0, listen.rfind(':'));
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
   } catch (const std::exception& e) {
@@ -199,7 +208,35 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   return server;
 }
 
-MetricsServer::~MetricsServer() = default;
+// civetweb's mg_stop (run by ~Exposer) sets a stop flag that its listening thread reads only
+// between polls of the listening sockets, each up to a second long (civetweb issue #1163,
+// open): every SIGTERM or drain of a daemon with metrics took a second longer, and each
+// consumer's pause with it. A connection to the port ends the poll at once, so one is made
+// every 5 ms until the exposer is gone.
+MetricsServer::~MetricsServer() {
+  const int bound = port();
+  std::atomic<bool> gone{false};
+  std::thread wake([&] {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(bound));
+    const bool any = host_.empty() || host_ == "0.0.0.0" || host_ == "*" || host_ == "[::]";
+    if (bound == 0 || ::inet_pton(AF_INET, any ? "127.0.0.1" : host_.c_str(), &addr.sin_addr) != 1) {
+      return;  // an IPv6 or named host: the poll ends by itself
+    }
+    while (!gone.load()) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+        ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  exposer_.reset();
+  gone.store(true);
+  wake.join();
+}
 
 int MetricsServer::port() const {
   const std::vector<int> ports = exposer_->GetListeningPorts();

@@ -41,6 +41,7 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
+  std::string host_;  // as given in `listen`, for the wake-up connections of ~MetricsServer
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<void> collector_;
 };

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/rpc.h"
+#include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -53,6 +54,38 @@ TEST_F(PassDatasetTest, TheDaemonIsAskedFirst) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("attach: "));
   EXPECT_TRUE(r.dataset().handle().empty());
+}
+
+// A daemon too old for this client (no memory socket in its status: protocol 1) is refused in
+// one line naming both versions and the way out, before the dataset is opened.
+class OldDaemon final : public v1::Admin::Service {
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse* response) override {
+    response->set_version("0.0.9");
+    return grpc::Status::OK;
+  }
+};
+
+TEST_F(PassDatasetTest, ADaemonOfAnOlderProtocolIsRefusedNamingBothVersions) {
+  const std::string socket = dir_ + "/old.sock";
+  OldDaemon service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix://" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  SessionCore core(ChannelFor(socket), socket, absl::Seconds(5), absl::ZeroDuration());
+  v1::AttachRequest r;
+  r.mutable_dataset()->set_kind(v1::DATASET_KIND_TOKENS);
+  r.mutable_dataset()->set_path(dir_ + "/nope.bin");
+  absl::Status s = core.PassDataset(&r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            absl::StrCat("attach: gpufeedd at ", socket,
+                         " is version 0.0.9 (protocol 1); this client (version ", kVersion,
+                         ") needs protocol 2 or newer: upgrade gpufeedd, "
+                         "or use a client of its version"));
+  server->Shutdown();
 }
 
 }  // namespace

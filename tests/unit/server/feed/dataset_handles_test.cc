@@ -72,6 +72,30 @@ TEST_F(DatasetHandlesTest, ExpiredHandlesAreDroppedAndTheirDescriptorsClosed) {
   EXPECT_TRUE(handles.Take(*young, 1000).ok());
 }
 
+// The lifeline (MemRequest.lifeline) is the owner's to take once, apart from the descriptor;
+// an expired handle's lifeline is closed with it.
+TEST_F(DatasetHandlesTest, ALifelineIsTakenOnceByItsOwnerAndClosedWithAnExpiredHandle) {
+  DatasetHandles handles = Make({.lifetime = absl::Seconds(10)});
+  UniqueFd line = DevNull();
+  const int raw = line.get();
+  absl::StatusOr<std::string> h = handles.Add(DevNull(), 1000, std::move(line));
+  ASSERT_TRUE(h.ok());
+  EXPECT_FALSE(handles.TakeLifeline(*h, 1001).valid());  // another uid's
+  UniqueFd taken = handles.TakeLifeline(*h, 1000);
+  EXPECT_EQ(taken.get(), raw);
+  EXPECT_FALSE(handles.TakeLifeline(*h, 1000).valid());  // once
+  EXPECT_TRUE(handles.Take(*h, 1000).ok());              // the descriptor is still there
+
+  UniqueFd other_line = DevNull();
+  const int other_raw = other_line.get();
+  absl::StatusOr<std::string> expiring = handles.Add(DevNull(), 1000, std::move(other_line));
+  ASSERT_TRUE(expiring.ok());
+  now_ += absl::Seconds(10);
+  EXPECT_FALSE(handles.TakeLifeline(*expiring, 1000).valid());
+  EXPECT_EQ(handles.Take(*expiring, 1000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(IsOpen(other_raw));
+}
+
 TEST_F(DatasetHandlesTest, MalformedHandlesAreInvalidArgument) {
   DatasetHandles handles = Make();
   for (const std::string& bad : std::vector<std::string>{"", "abc", std::string(32, 'g'), std::string(32, 'A'),

@@ -117,6 +117,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   info.started = absl::Now();
   info.pool = d->pool_.get();
   info.mem_socket = c.mem_socket;
+  if (d->devices_ != nullptr) {
+    info.gpus = d->devices_->gpu_uuids();
+    info.mps_gpus = d->devices_->mps_gpu_uuids();
+  }
   info.serving = [raw] { return raw->serving_.load(); };
   info.draining = [raw] { return raw->sessions_->draining(); };
   // A drain requested over gRPC ends the process as SIGTERM does: the owner shuts down in

@@ -193,6 +193,16 @@ gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** 
   return Ok();
 }
 
+gpufeed_status gpufeed_session_mps(const gpufeed_session* session, int32_t* out_daemon,
+                                   int32_t* out_consumer) {
+  if (session == nullptr || out_daemon == nullptr || out_consumer == nullptr) {
+    return Invalid("session, out_daemon and out_consumer must not be NULL");
+  }
+  *out_daemon = session->session->info().daemon_mps;
+  *out_consumer = session->session->info().consumer_mps;
+  return Ok();
+}
+
 gpufeed_status gpufeed_detach(gpufeed_session* session) {
   if (session == nullptr) return Invalid("session must not be NULL");
   absl::Status status = session->session->Detach();

@@ -56,6 +56,8 @@ absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
   out.sessions = response.sessions();
   out.feeds = response.feeds();
   out.draining = response.draining();
+  out.gpus.assign(response.gpus().begin(), response.gpus().end());
+  out.mps_gpus.assign(response.mps_gpus().begin(), response.mps_gpus().end());
   return out;
 }
 

@@ -23,6 +23,7 @@ absl::Status NoCuda() {
 }  // namespace
 
 absl::StatusOr<GpuTarget> ResolveGpu(const std::string&) { return NoCuda(); }
+absl::StatusOr<bool> UsesMps(int) { return NoCuda(); }
 absl::StatusOr<std::unique_ptr<DeviceRingMapping>> DeviceRingMapping::MapVmm(
     int, UniqueFd, uint64_t, const std::vector<std::string>&) {
   return NoCuda();
@@ -36,6 +37,8 @@ absl::Status DeviceRingMapping::WaitReady(int, void*) const { return NoCuda(); }
 absl::Status DeviceRingMapping::RecordRelease(int, void*) const { return NoCuda(); }
 
 #else
+
+absl::StatusOr<bool> UsesMps(int ordinal) { return cuda::UsesMps(ordinal); }
 
 absl::StatusOr<GpuTarget> ResolveGpu(const std::string& spec) {
   const std::vector<cuda::Device> devices = cuda::VisibleDevices();

@@ -20,6 +20,8 @@ struct GpuTarget {
 };
 // "" (the current device), "cuda:N" or "GPU-..." → ordinal and UUID in this process.
 absl::StatusOr<GpuTarget> ResolveGpu(const std::string& spec);
+// Whether this process's contexts on `ordinal` go through MPS; an error when unknown.
+absl::StatusOr<bool> UsesMps(int ordinal);
 
 class DeviceRingMapping {
  public:

@@ -177,6 +177,9 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
     info.gpu_uuid = device_reply_.gpu_uuid();
     info.gpu_ordinal = gpu_.ordinal;
     info.ipc = device_reply_.ipc() == v1::IPC_KIND_LEGACY ? "legacy" : "vmm";
+    // Daemons before protocol 3 do not say.
+    info.daemon_mps = daemon_protocol_ >= 3 ? (device_reply_.mps() ? 1 : 0) : -1;
+    if (absl::StatusOr<bool> mine = UsesMps(gpu_.ordinal); mine.ok()) info.consumer_mps = *mine;
     if (device_reply_.alloc_bytes() < stride_ * static_cast<uint64_t>(ring_slots_) ||
         device_reply_.ready_event_handles_size() != ring_slots_) {
       return absl::InternalError("attach: daemon sent a device ring smaller than its slots");
@@ -214,6 +217,7 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   const uint32_t protocol = status.protocol() != 0        ? status.protocol()
                             : status.mem_socket().empty() ? 1
                                                           : 2;
+  daemon_protocol_ = protocol;
   if (protocol < kMinDaemonProtocol || status.mem_socket().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "attach: gpufeedd at ", socket_, " is version ", status.version(), " (protocol ", protocol,

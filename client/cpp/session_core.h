@@ -132,6 +132,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Set by Attach, MapRing and OpenStream before the reader starts; read-only afterwards,
   // except by a re-attach (Next's thread, the reader joined).
   std::string mem_socket_;
+  uint32_t daemon_protocol_ = 0;  // from GetStatus (PassDataset)
   // The open_dataset connection, held open while the session lives (MemRequest.lifeline):
   // should this process die before its stream opens, the daemon frees the ring at once.
   UniqueFd lifeline_;

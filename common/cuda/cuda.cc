@@ -1,13 +1,12 @@
 #include "common/cuda/cuda.h"
 
 #include <atomic>
-
-
 #include <mutex>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status.h"
 
 namespace gpufeed::cuda {
 
@@ -122,6 +121,15 @@ bool SupportsVmmFd(int ordinal) {
   (*api)->cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                ordinal);
   return vmm != 0 && fd != 0;
+}
+
+absl::StatusOr<bool> UsesMps(int ordinal) {
+  GPUFEED_ASSIGN_OR_RETURN(const DriverApi* api, Driver());
+  int mps = 0;
+  if (api->cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, ordinal) != CUDA_SUCCESS) {
+    return absl::UnimplementedError("this driver does not say whether MPS is in use");
+  }
+  return mps != 0;
 }
 
 }  // namespace gpufeed::cuda

@@ -70,4 +70,9 @@ absl::StatusOr<const DriverApi*> Driver();
 // Whether `ordinal` supports VMM allocations exportable as POSIX fds.
 bool SupportsVmmFd(int ordinal);
 
+// Whether this process's contexts on `ordinal` are shared through MPS (an MPS control daemon
+// answered when CUDA started: CU_DEVICE_ATTRIBUTE_MPS_ENABLED); an error when the driver
+// cannot say (older than CUDA 12.x's attribute).
+absl::StatusOr<bool> UsesMps(int ordinal);
+
 }  // namespace gpufeed::cuda

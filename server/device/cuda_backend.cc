@@ -33,6 +33,8 @@ class CudaBackend final : public DeviceBackend {
       gpu->ordinal = d.ordinal;
       gpu->uuid = d.uuid;
       gpu->vmm = cuda::SupportsVmmFd(d.ordinal);
+      absl::StatusOr<bool> mps = cuda::UsesMps(d.ordinal);
+      gpu->mps = mps.ok() && *mps;
       gpu->options = &options_;
       gpu->budget = budget_;
       {
@@ -45,8 +47,13 @@ class CudaBackend final : public DeviceBackend {
       const int ordinal = d.ordinal;
       gpu->thread = std::make_unique<CopyThread>(absl::StrCat("h2d/gpu", ordinal),
                                                  [ordinal] { cudaSetDevice(ordinal); });
-      spdlog::info("GPU {} {} ({}): copy thread started, {} IPC", d.ordinal, d.uuid, d.name,
-                   gpu->vmm ? "VMM fd" : "legacy");
+      // Under MPS the daemon's kernels run beside the consumers' instead of time-sliced
+      // against them; it takes both sides (README, "MPS").
+      spdlog::info("GPU {} {} ({}): copy thread started, {} IPC, MPS {}", d.ordinal, d.uuid, d.name,
+                   gpu->vmm ? "VMM fd" : "legacy",
+                   !mps.ok() ? "unknown (the driver does not say)"
+                   : *mps    ? "on"
+                             : "off");
       gpus_.push_back(std::move(gpu));
     }
     return absl::OkStatus();
@@ -55,6 +62,13 @@ class CudaBackend final : public DeviceBackend {
   std::vector<std::string> gpu_uuids() const override {
     std::vector<std::string> out;
     for (const auto& gpu : gpus_) out.push_back(gpu->uuid);
+    return out;
+  }
+  std::vector<std::string> mps_gpu_uuids() const override {
+    std::vector<std::string> out;
+    for (const auto& gpu : gpus_) {
+      if (gpu->mps) out.push_back(gpu->uuid);
+    }
     return out;
   }
 

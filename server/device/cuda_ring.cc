@@ -86,6 +86,7 @@ class CudaRing final : public DeviceRing {
   absl::Status Allocate(int slots, uint64_t stride, IpcKind ipc, uint64_t scratch_bytes) {
     const int device = gpu_->ordinal;
     export_.gpu_uuid = gpu_->uuid;
+    export_.mps = gpu_->mps;
     export_.ipc = ipc == IpcKind::kUnspecified ? (gpu_->vmm ? IpcKind::kVmm : IpcKind::kLegacy)
                                                : ipc;
     if (export_.ipc == IpcKind::kVmm && !gpu_->vmm) {

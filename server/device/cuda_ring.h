@@ -24,6 +24,7 @@ struct Gpu {
   int ordinal = 0;
   std::string uuid;
   bool vmm = false;
+  bool mps = false;         // this process's contexts on it go through MPS
   int lowest_priority = 0;  // of a stream: the daemon's work yields to training kernels
   const CudaBackendOptions* options = nullptr;  // the backend's
   std::unique_ptr<CopyThread> thread;

@@ -26,6 +26,7 @@ enum class IpcKind { kUnspecified = 0, kVmm = 1, kLegacy = 2 };
 struct DeviceRingExport {
   IpcKind ipc = IpcKind::kVmm;
   std::string gpu_uuid;
+  bool mps = false;  // the daemon's work on this GPU goes through MPS
   uint64_t alloc_bytes = 0;
   std::string legacy_mem_handle;                 // kLegacy: cudaIpcMemHandle_t bytes
   std::vector<std::string> ready_event_handles;  // per slot: cudaIpcEventHandle_t bytes
@@ -111,6 +112,8 @@ class DeviceBackend {
   virtual ~DeviceBackend() = default;
   // UUIDs ("GPU-...") of the GPUs this daemon serves; empty without GPU or driver.
   virtual std::vector<std::string> gpu_uuids() const = 0;
+  // The GPUs whose contexts this process shares through MPS (docs/ARCHITECTURE.md, "MPS").
+  virtual std::vector<std::string> mps_gpu_uuids() const { return {}; }
   // A ring of `slots` x `stride` bytes on the GPU `gpu_uuid`, plus private device memory for
   // StageIn (the CUDA backend keeps two buffers of `scratch_bytes`, used in turn). FAILED_PRECONDITION without GPUs, NOT_FOUND for an
   // unknown UUID, RESOURCE_EXHAUSTED beyond the GPU's byte budget.

@@ -189,6 +189,7 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     v1::DeviceRing* d = out->mutable_device();
     d->set_ipc(a.device_ring.ipc == IpcKind::kLegacy ? v1::IPC_KIND_LEGACY : v1::IPC_KIND_VMM);
     d->set_gpu_uuid(a.device_ring.gpu_uuid);
+    d->set_mps(a.device_ring.mps);
     d->set_alloc_bytes(a.device_ring.alloc_bytes);
     d->set_legacy_mem_handle(a.device_ring.legacy_mem_handle);
     for (const std::string& h : a.device_ring.ready_event_handles) d->add_ready_event_handles(h);

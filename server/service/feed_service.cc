@@ -352,6 +352,8 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
   response->set_draining(info_.draining ? info_.draining() : false);
   response->set_mem_socket(info_.mem_socket);
   response->set_protocol(kProtocol);
+  for (const std::string& g : info_.gpus) response->add_gpus(g);
+  for (const std::string& g : info_.mps_gpus) response->add_mps_gpus(g);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

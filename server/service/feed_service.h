@@ -54,6 +54,7 @@ struct DaemonInfo {
   // Starts a drain (Admin.Drain); returns the sessions attached.
   std::function<int(absl::Duration timeout)> drain;
   std::string mem_socket;  // GetStatusResponse.mem_socket: clients pass datasets there
+  std::vector<std::string> gpus, mps_gpus;  // UUIDs: every GPU, and those under MPS
 };
 
 class AdminService final : public v1::Admin::CallbackService {

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -112,6 +113,15 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
                          "Device memory of the rings and scratch on each GPU (used) and what is "
                          "left of its --device_bytes budget (free)",
                          MetricType::Gauge);
+    auto& mps = b.Family("gpufeed_gpu_mps",
+                         "1 when the daemon's work on the GPU goes through MPS (its kernels run "
+                         "beside the consumers' instead of time-sliced against them)",
+                         MetricType::Gauge);
+    const std::vector<std::string> shared = src.devices->mps_gpu_uuids();
+    for (const std::string& uuid : src.devices->gpu_uuids()) {
+      Builder::Add(mps, {{"gpu", uuid}},
+                   std::find(shared.begin(), shared.end(), uuid) != shared.end() ? 1 : 0);
+    }
     for (const DeviceBackend::GpuMemory& g : src.devices->memory()) {
       Builder::Add(dev, {{"gpu", g.uuid}, {"state", "used"}}, static_cast<double>(g.used));
       Builder::Add(dev, {{"gpu", g.uuid}, {"state", "free"}}, static_cast<double>(g.budget - g.used));

@@ -92,6 +92,38 @@ def main(argv: List[str]) -> int:
                 print(f"note (not about gpufeedd.service): {line}")
         expect(run.returncode == 0, f"systemd-analyze verify exited {run.returncode}")
 
+        # 1b. The MPS control unit and gpufeedd with its MPS drop-in verify too (the MPS
+        # control program replaced by a stub: it is the driver's, absent here).
+        stub = tmp_path / "nvidia-cuda-mps-control"
+        stub.write_text("#!/bin/sh\n", encoding="utf-8")
+        stub.chmod(0o755)
+        mps_text = (root / "deploy/systemd/nvidia-cuda-mps.service").read_text(encoding="utf-8")
+        mps_copy = tmp_path / "nvidia-cuda-mps.service"
+        mps_copy.write_text(mps_text.replace("/usr/bin/nvidia-cuda-mps-control", str(stub)),
+                            encoding="utf-8")
+        dropin = tmp_path / "gpufeedd.service.d"
+        dropin.mkdir()
+        (dropin / "mps.conf").write_text(
+            (root / "deploy/systemd/gpufeedd-mps.conf").read_text(encoding="utf-8"),
+            encoding="utf-8")
+        run = subprocess.run([analyze, "verify", str(mps_copy), str(copy)], capture_output=True,
+                             text=True, timeout=60, env={"SYSTEMD_UNIT_PATH": f"{tmp}:",
+                                                         "PATH": "/usr/bin:/bin"})
+        for line in (run.stdout + run.stderr).splitlines():
+            if "nvidia-cuda-mps.service" in line or "mps.conf" in line:
+                problems.append(f"systemd-analyze verify (MPS): {line}")
+        expect(run.returncode == 0, f"systemd-analyze verify (MPS) exited {run.returncode}")
+        mps = unit_settings(mps_text)
+        expect("gpufeedd.service" in " ".join(mps.get("Unit", {}).get("Before", [])),
+               "nvidia-cuda-mps.service is not ordered before gpufeedd.service")
+        pipe = [v for v in mps.get("Service", {}).get("Environment", [])
+                if v.startswith("CUDA_MPS_PIPE_DIRECTORY=")]
+        dropin_text = (dropin / "mps.conf").read_text(encoding="utf-8")
+        expect(len(pipe) == 1 and f"Environment={pipe[0]}" in dropin_text
+               and f"ReadWritePaths={pipe[0].split('=', 1)[1]}" in dropin_text,
+               "the MPS drop-in does not give gpufeedd the control daemon's pipe directory "
+               "(Environment= and ReadWritePaths=)")
+
         # 2. security exposure, offline (systemd >= 250).
         run = subprocess.run([analyze, "security", "--offline=yes",
                               f"--threshold={EXPOSURE_THRESHOLD}", "--no-pager", str(copy)],

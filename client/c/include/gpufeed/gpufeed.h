@@ -127,6 +127,11 @@ gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epo
 /* The feed's fingerprint, to save beside the position: a NUL-terminated string owned by the
  * session, valid until gpufeed_session_destroy. */
 gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** out_fingerprint);
+/* Device delivery: whether the daemon's work on the session's GPU (*out_daemon) and this
+ * process's (*out_consumer) go through MPS: 1 or 0, -1 when unknown (host delivery, no CUDA, an
+ * old driver or daemon). The daemon's kernels run beside training's only when both are 1. */
+gpufeed_status gpufeed_session_mps(const gpufeed_session* session, int32_t* out_daemon,
+                                   int32_t* out_consumer);
 gpufeed_status gpufeed_detach(gpufeed_session* session);
 /* Detaches if needed and frees the handle. Batches still held stay valid memory. */
 void gpufeed_session_destroy(gpufeed_session* session);

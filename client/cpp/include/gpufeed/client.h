@@ -171,6 +171,11 @@ struct SessionInfo {
   std::string ipc;             // device delivery: "vmm" or "legacy"
   std::string decode;          // image datasets: "cpu" or "nvjpeg", as the daemon resolved it
   std::string augment;         // image datasets: "cpu" or "gpu"
+  // Device delivery: whether the daemon's work on the GPU, and this process's, go through
+  // MPS. Only when both do are the daemon's kernels run beside training's instead of
+  // time-sliced against them (README, "MPS"); -1: unknown (no CUDA, an old driver).
+  int daemon_mps = -1;
+  int consumer_mps = -1;
 };
 
 class Session {
@@ -226,6 +231,8 @@ struct DaemonStatus {
   int32_t sessions = 0;
   int32_t feeds = 0;
   bool draining = false;
+  std::vector<std::string> gpus;      // UUIDs of the GPUs the daemon sees
+  std::vector<std::string> mps_gpus;  // those of them it shares through MPS
 };
 
 struct FeedInfo {

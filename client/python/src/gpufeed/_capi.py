@@ -96,6 +96,10 @@ _PROTOTYPES = {
         [_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
     ),
     "gpufeed_fingerprint": (_status, [_p, ctypes.POINTER(ctypes.c_char_p)]),
+    "gpufeed_session_mps": (
+        _status,
+        [_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],
+    ),
     "gpufeed_detach": (_status, [_p]),
     "gpufeed_session_destroy": (None, [_p]),
     "gpufeed_batch_get_info": (_status, [_p, ctypes.POINTER(BatchInfo)]),

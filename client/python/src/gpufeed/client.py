@@ -413,6 +413,19 @@ class Session:
         _check(handle.lib, handle.lib.gpufeed_fingerprint(handle.ptr, ctypes.byref(text)))
         return (text.value or b"").decode("utf-8", "replace")
 
+    @property
+    def mps(self) -> Tuple[Optional[bool], Optional[bool]]:
+        """Device delivery: whether the daemon's work on this session's GPU, and this
+        process's, go through MPS (``None``: unknown, e.g. host delivery). The daemon's
+        kernels run beside training's instead of time-sliced against them only when both
+        do."""
+        handle = self._live()
+        daemon, consumer = ctypes.c_int32(), ctypes.c_int32()
+        _check(handle.lib, handle.lib.gpufeed_session_mps(handle.ptr, ctypes.byref(daemon),
+                                                          ctypes.byref(consumer)))
+        return (None if daemon.value < 0 else bool(daemon.value),
+                None if consumer.value < 0 else bool(consumer.value))
+
     def position(self) -> Position:
         """The position after the last batch :meth:`next` returned: what to checkpoint."""
         handle = self._live()

@@ -25,8 +25,9 @@ struct AdminClient::Impl {
 AdminClient::AdminClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdminClient::~AdminClient() = default;
 
-absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& socket,
+absl::StatusOr<std::unique_ptr<AdminClient>> AdminClient::Connect(const std::string& given,
                                                                   absl::Duration timeout) {
+  const std::string socket = SocketPath(given);
   GPUFEED_RETURN_IF_ERROR(internal::ProbeSocket(socket));
   auto impl = std::make_unique<Impl>();
   impl->channel = internal::ChannelFor(socket);

@@ -1,8 +1,10 @@
 // The public Session and Batch: thin handles on internal::SessionCore (session_core.h).
 #include "gpufeed/client.h"
 
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/rpc.h"
 #include "client/cpp/session_core.h"
@@ -72,7 +74,16 @@ Session::~Session() {
   if (core_ != nullptr) (void)core_->DetachWhenUnused();
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& options) {
+std::string SocketPath(const std::string& given) {
+  for (const char* scheme : {"unix://", "unix:"}) {
+    if (absl::StartsWith(given, scheme)) return given.substr(std::strlen(scheme));
+  }
+  return given;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& given) {
+  AttachOptions options = given;
+  options.socket = SocketPath(given.socket);
   GPUFEED_RETURN_IF_ERROR(internal::ProbeSocket(options.socket));
   if (options.reconnect_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reconnect_timeout: must be >= 0 (0: no re-attach)");

@@ -88,6 +88,7 @@ int Main(int argc, char** argv) {
   for (const Command& command : commands) command.cli->group("Commands");
   try {
     app.parse(argc, argv);
+    global.socket = client::SocketPath(global.socket);  // "unix:///..." as gpufeedd logs it
   } catch (const CLI::CallForHelp&) {
     // gpufeedctl --help: every command with its flags; gpufeedctl COMMAND --help: that one.
     const CLI::AppFormatMode mode =

@@ -41,6 +41,9 @@ for r in 0 1; do
     { ok=0; log "rank $r: no run, or ids or checksum DIFFER"; }
   log "rank $r: $(wc -l <"$work/fault-$r.ids") batches"
 done
-sleep 1; log "GPU memory after: $(mem) MiB (before: $base MiB)"
-[ $ok = 1 ] && log "PASS: both ranks' ids and checksums equal the fault-free run's" || log "FAIL"
+sleep 1; after=$(mem); log "GPU memory after: $after MiB (before: $base MiB)"
+# Every consumer and daemon has exited: the GPU's memory is what it was (a few MiB of slack
+# for the driver's own bookkeeping).
+if [ "$base" != n/a ] && [ "$after" -gt $((base + 8)) ]; then ok=0; log "GPU memory not back to its baseline"; fi
+[ $ok = 1 ] && log "PASS: both ranks' ids and checksums equal the fault-free run's, GPU memory back to baseline" || log "FAIL"
 cp "$work"/*.out "$work/daemon.log" "$out/" 2>/dev/null

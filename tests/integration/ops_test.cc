@@ -364,6 +364,25 @@ TEST_F(OpsTest, SessionsShowTheUidThatAttached) {
 
 // gpufeedctl's command line (CLI11): help, both flag forms, base-10 integers, and the exit
 // statuses: 2 for a usage error, 1 for a bad value or a failed command.
+// gpufeedd logs its address as gRPC spells it ("serving on unix:///.../gf.sock"): pasted into
+// --socket, GPUFEED_SOCKET or the client library it names the same socket.
+TEST_F(OpsTest, TheSocketAddressAsTheDaemonLogsItIsAccepted) {
+  Daemon daemon(dir_);
+  ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
+  const std::string address = "unix://" + daemon.socket();
+  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("serving on " + address));
+  EXPECT_EQ(client::SocketPath(address), daemon.socket());
+  EXPECT_EQ(client::SocketPath("unix:" + daemon.socket()), daemon.socket());
+  EXPECT_EQ(client::SocketPath("/a/b.sock"), "/a/b.sock");
+  CtlResult status = RunCtl(address, {"status"}, dir_.File("status"));
+  EXPECT_EQ(status.exit_code, 0) << status.err;
+  CtlResult run = RunCtl(address, Consume({"--max-batches", "3", "--ids", dir_.File("u.ids")}),
+                         dir_.File("run"));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(ReadIdsFile(dir_.File("u.ids")).size(), 3u);
+  EXPECT_TRUE(client::AdminClient::Connect(address).ok());
+}
+
 TEST_F(OpsTest, CtlCommandLine) {
   Daemon daemon(dir_);
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();

@@ -62,6 +62,10 @@ def test_default_socket(monkeypatch, tmp_path):
     with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " + re.escape(path)):
         gpufeed.Client().attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert gpufeed.Client(tmp_path / "arg.sock").socket == str(tmp_path / "arg.sock")
+    # The address as gpufeedd logs it ("serving on unix:///...") names the same path.
+    monkeypatch.setenv("GPUFEED_SOCKET", "unix://" + path)
+    assert gpufeed.Client().socket == path
+    assert gpufeed.Client("unix:" + path).socket == path
 
 
 # ---- errors ----
@@ -241,9 +245,11 @@ def test_float16_records_byte_exact(daemon, job, datasets):
         assert n == 10
 
 
-def test_tokens_uint32_rows(daemon, job, datasets):
+@pytest.mark.parametrize("dtype", ["uint32", np.uint32, np.dtype("uint32")],
+                         ids=["str", "numpy-type", "numpy-dtype"])
+def test_tokens_uint32_rows(daemon, job, datasets, dtype):
     with gpufeed.Client(daemon.socket).attach(datasets.tokens_u32, kind="tokens",
-                                              token_dtype="uint32", seq_len=16, batch_size=8,
+                                              token_dtype=dtype, seq_len=16, batch_size=8,
                                               seed=3, stop_epoch=1, job=job) as s:
         for batch in s:
             tokens = batch.numpy()["tokens"]

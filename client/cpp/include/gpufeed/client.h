@@ -29,6 +29,11 @@ namespace gpufeed::client {
 
 inline constexpr char kDefaultSocket[] = "/run/gpufeed/gpufeed.sock";
 
+// The socket's path from what a user may paste: gpufeedd logs its address as gRPC spells it,
+// "unix:///run/gpufeed/gpufeed.sock" ("unix:PATH" too); those become the path. Anything else is
+// returned as it is. Session::Attach, AdminClient::Connect, gpufeedctl and Python apply it.
+std::string SocketPath(const std::string& given);
+
 struct Position {
   int64_t epoch = 0;
   int64_t step = 0;

@@ -64,6 +64,21 @@ DTYPES: Dict[int, Tuple[str, str]] = {
 """Element types of the C ABI (``gpufeed_dtype``): number -> (name, numpy typestr)."""
 
 
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``"uint16"`` for ``"uint16"``, ``np.uint16``, ``np.dtype("uint16")`` or
+    ``torch.uint16``; ``None`` stays ``None``; anything else as ``str()`` (the daemon names
+    what it takes)."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    name = str(dtype)
+    if name.startswith("torch."):
+        return name[len("torch."):]
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return name
+
+
 def default_socket() -> str:
     """The socket used when none is given: ``$GPUFEED_SOCKET``, else :data:`DEFAULT_SOCKET`."""
     return os.environ.get("GPUFEED_SOCKET") or DEFAULT_SOCKET
@@ -512,7 +527,13 @@ class Client:
     """
 
     def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
-        self.socket: str = os.fspath(socket) if socket else default_socket()
+        given = os.fspath(socket) if socket else default_socket()
+        # "unix:///run/gpufeed/gpufeed.sock", as gpufeedd logs its address, names the path.
+        for scheme in ("unix://", "unix:"):
+            if given.startswith(scheme):
+                given = given[len(scheme):]
+                break
+        self.socket: str = given
         """Path of gpufeedd's gRPC socket."""
 
     def attach(
@@ -522,7 +543,7 @@ class Client:
         kind: str,
         batch_size: int,
         seq_len: Optional[int] = None,
-        token_dtype: Optional[str] = None,
+        token_dtype: Any = None,
         pipeline: Optional[PipelineSpec] = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -584,7 +605,7 @@ class Client:
             "kind": kind,
             "dataset": os.path.abspath(os.fspath(dataset)),
             "job": job,
-            "token_dtype": token_dtype,
+            "token_dtype": _dtype_name(token_dtype),
             "delivery": delivery,
             "gpu": gpu,
             "ipc": ipc,

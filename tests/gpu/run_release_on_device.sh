@@ -16,21 +16,9 @@ set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-release
 rm -rf "$out"; mkdir -p "$out" "$final"
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/.devbundle
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
-export GPUFEEDD=$bundle/bin/gpufeedd GPUFEEDCTL=$bundle/bin/gpufeedctl
-ctl=$bundle/bin/gpufeedctl
-if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
-  GPUFEED_NVJPEG_LIBRARY=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libnvjpeg.so.1[23] \
-                               /usr/local/cuda*/lib64/libnvjpeg.so.1[23] 2>/dev/null | head -1)
-  export GPUFEED_NVJPEG_LIBRARY
-fi
-log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
+source "$(dirname "$0")/device_env.sh"
 # SKIP="suite old sanitizer racecheck pytest bench hostbench" leaves those steps out.
-want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |\[ measure \]|Failure|bad rows|epoch .* row' "$1" | head -${2:-60}; }
-log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
 
 if want suite; then
   log "1. GPU suite, this daemon"

@@ -10,23 +10,13 @@
 #      (gpufeedctl status, Session.mps), a consumer that does not is warned;
 #   5. isolation: session A's rate (nvJPEG + GPU augment, B=128) alone, beside session B that
 #      holds each batch 10 s, and alone again: B must not lower A's rate by more than 5 %.
-# Writes summary.log (and the logs) under $OUT. SKIP="suite ptx reattach mps isolation".
+# Writes summary.log and logs.tgz under $OUT. SKIP="suite ptx reattach mps isolation".
 set -u
-out=${OUT:-/tmp/gpufeed-out}; mkdir -p "$out"
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/.devbundle
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
-export GPUFEEDD=$bundle/bin/gpufeedd GPUFEEDCTL=$bundle/bin/gpufeedctl
-ctl=$bundle/bin/gpufeedctl
-if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
-  GPUFEED_NVJPEG_LIBRARY=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libnvjpeg.so.1[23] \
-                               /usr/local/cuda*/lib64/libnvjpeg.so.1[23] 2>/dev/null | head -1)
-  export GPUFEED_NVJPEG_LIBRARY
-fi
-log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
-want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
+final=${OUT:-/tmp/gpufeed-out}
+out=/tmp/gpufeed-round2  # the logs; summary.log and logs.tgz go to $final
+rm -rf "$out"; mkdir -p "$out" "$final"
+source "$(dirname "$0")/device_env.sh"
 gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure' "$1" | head -${2:-60}; }
-log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
 
 start_daemon() {  # start_daemon SOCKET LOG: gpufeedd in the background, $daemon its pid
   rm -f "$1"
@@ -130,3 +120,5 @@ print(f'alone {a:.2f} batches/s (runs: $alone1, $alone2; warm-up $warm), beside 
   fi
 fi
 log "done"
+cp "$out/summary.log" "$final/"
+tar -czf "$final/logs.tgz" -C "$out" . 2>/dev/null

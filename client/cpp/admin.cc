@@ -57,6 +57,7 @@ absl::StatusOr<DaemonStatus> AdminClient::GetStatus() {
   out.sessions = response.sessions();
   out.feeds = response.feeds();
   out.draining = response.draining();
+  out.protocol = response.protocol();
   out.gpus.assign(response.gpus().begin(), response.gpus().end());
   out.mps_gpus.assign(response.mps_gpus().begin(), response.mps_gpus().end());
   return out;

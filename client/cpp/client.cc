@@ -85,6 +85,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& gi
   AttachOptions options = given;
   options.socket = SocketPath(given.socket);
   GPUFEED_RETURN_IF_ERROR(internal::ProbeSocket(options.socket));
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout: must be > 0");
+  }
   if (options.reconnect_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reconnect_timeout: must be >= 0 (0: no re-attach)");
   }

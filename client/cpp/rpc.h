@@ -31,7 +31,7 @@ absl::Status ProbeSocket(const std::string& socket);
 // is back).
 // `keepalive` > 0: the channel pings the daemon that often when the connection is quiet and
 // gives the connection up (UNAVAILABLE) when a ping is not answered within as long again, so
-// a daemon that stopped answering (SIGSTOP, a hang) ends a stream instead of hanging it.
+// a daemon that stopped answering (SIGSTOP, a frozen process) ends a stream instead of hanging it.
 std::shared_ptr<grpc::Channel> ChannelFor(const std::string& socket, bool fresh = false,
                                           absl::Duration keepalive = absl::ZeroDuration());
 

@@ -56,7 +56,8 @@ absl::Duration SessionCore::CallTimeout() const {
   if (!reconnecting_) return rpc_timeout_;
   // A re-attach's calls end by its bound: a daemon that accepts connections but never
   // answers (stopped) gives the bound's error on time, not a call's timeout later.
-  return std::clamp(give_up_ - absl::Now(), absl::Milliseconds(100), rpc_timeout_);
+  const absl::Duration floor = std::min(absl::Milliseconds(100), rpc_timeout_);
+  return std::max(std::min(give_up_ - absl::Now(), rpc_timeout_), floor);
 }
 
 SessionCore::~SessionCore() {
@@ -357,6 +358,7 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   Event event;
   const auto asked = std::chrono::steady_clock::now();  // a wall-clock step is no wait
   absl::Time deadline = absl::Now() + timeout;          // infinite stays infinite
+  bool renewed = false;  // the deadline, once, for the first batch of a re-attached stream
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -374,6 +376,7 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
           end_ = absl::OutOfRangeError("end of data: the stream reached stop_epoch");
           return end_;
         }
+        bounded_ = false;  // a batch came: a later failure starts a bound of its own
         break;
       }
       // Every batch of the old stream is handed out: position_ is the next one. (Past
@@ -399,8 +402,12 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
       return end_;
     }
     // `timeout` bounds the wait on a daemon that is there: the new one gets all of it for
-    // its first batch (the time away was reconnect_timeout's to bound).
-    deadline = absl::Now() + timeout;
+    // its first batch (the time away was reconnect_timeout's to bound). Once a call: a
+    // daemon that fails again before its first batch gets no second renewal.
+    if (!renewed) {
+      deadline = absl::Now() + timeout;
+      renewed = true;
+    }
   }
   const v1::BatchReady& b = event.batch;
   if (b.slot() < 0 || b.slot() >= ring_slots_) {
@@ -437,14 +444,16 @@ absl::Status SessionCore::Reconnect(absl::Time deadline) {
         absl::StrCat("gpufeedd at ", socket_, " did not come back within ",
                      absl::ToDoubleSeconds(reconnect_timeout_), " s (last: ", last_error_, ")"));
   };
-  if (!reconnecting_) {
-    reconnecting_ = true;
+  // The bound runs from the first failure until a batch of a new stream is handed out, so a
+  // daemon that fails again before its first batch (a crash loop) does not renew it.
+  if (!bounded_) {
+    bounded_ = true;
     give_up_ = absl::Now() + reconnect_timeout_;
     backoff_ = absl::Milliseconds(50);
-    Stop();  // the old stream is over: join its reader
-  } else if (absl::Now() >= give_up_) {
-    return gave_up();  // an earlier call's deadline fell just before the bound
   }
+  reconnecting_ = true;
+  Stop();  // the stream that failed is over: join its reader (again: a no-op)
+  if (absl::Now() >= give_up_) return gave_up();
   while (true) {
     absl::Status attempt = ReattachOnce();
     if (attempt.ok()) {
@@ -476,6 +485,14 @@ absl::Status SessionCore::Reconnect(absl::Time deadline) {
 }
 
 absl::Status SessionCore::ReattachOnce() {
+  absl::Status status = ReattachSteps();
+  // A failed attempt closes its lifeline: a session the daemon made for it (an Attach whose
+  // answer came too late, a MapRing that failed) is then freed at once, not at attach_timeout.
+  if (!status.ok()) lifeline_.Reset();
+  return status;
+}
+
+absl::Status SessionCore::ReattachSteps() {
   GPUFEED_RETURN_IF_ERROR(CheckSocket(socket_));
   channel_ = ChannelFor(socket_, /*fresh=*/true, keepalive_);
   stub_ = v1::Feed::NewStub(channel_);

@@ -94,7 +94,7 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   Position position() const ABSL_LOCKS_EXCLUDED(mu_);
   // A re-attach is under way (Next's thread): Next returned DEADLINE_EXCEEDED while the
   // daemon was away; the next call goes on re-attaching, within reconnect_timeout.
-  bool reconnecting() const { return reconnecting_; }
+  bool reconnecting() const { return reconnecting_.load(); }
   int64_t rejected() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -109,8 +109,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   absl::StatusOr<SessionInfo> AttachWith(v1::AttachRequest request, bool again);
   // rpc_timeout, or while re-attaching what is left of reconnect_timeout if less.
   absl::Duration CallTimeout() const;
-  // One attempt: attach at position_, map the new ring, open its stream.
+  // One attempt: attach at position_, map the new ring, open its stream (ReattachSteps);
+  // closes the attempt's lifeline when it fails.
   absl::Status ReattachOnce() ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
+  absl::Status ReattachSteps() ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
   // Until re-attached (OK), the call's `deadline` passed (DEADLINE_EXCEEDED; the next call
   // goes on), reconnect_timeout passed or a hard error (the session's end).
   absl::Status Reconnect(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, write_mu_, release_mu_);
@@ -149,8 +151,12 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   v1::DeviceRing device_reply_;
   std::shared_ptr<RingMapping> ring_;  // this attachment's; freed after its last batch
   uint64_t link_ = 0;                  // this attachment's number, from 1
-  // Next's thread only: a re-attach under way.
-  bool reconnecting_ = false;
+  // A re-attach under way: from the stream's failure until a new stream is open. Written on
+  // Next's thread; atomic, as Session::reconnecting() may be read from any.
+  std::atomic<bool> reconnecting_{false};
+  // Next's thread only: give_up_ is set (from the first failure until a batch of a new stream
+  // is handed out).
+  bool bounded_ = false;
   absl::Time give_up_;
   absl::Duration backoff_;
   std::string last_error_;

@@ -224,20 +224,36 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
 // consumer's pause with it. A connection to the port ends the poll at once, so one is made
 // every 5 ms until the exposer is gone.
 MetricsServer::~MetricsServer() {
+  if (exposer_ == nullptr) return;  // Start failed: nothing listens
   const int bound = port();
   std::atomic<bool> gone{false};
   std::thread wake([&] {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(bound));
-    const bool any = host_.empty() || host_ == "0.0.0.0" || host_ == "*" || host_ == "[::]";
-    if (bound == 0 || ::inet_pton(AF_INET, any ? "127.0.0.1" : host_.c_str(), &addr.sin_addr) != 1) {
-      return;  // an IPv6 or named host: the poll ends by itself
+    // Where the listener can be reached: loopback for a wildcard, else the address given.
+    sockaddr_storage storage{};
+    socklen_t length = 0;
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    std::string host = host_;
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
     }
+    if (host.empty() || host == "0.0.0.0" || host == "*") host = "127.0.0.1";
+    if (host == "::") host = "::1";
+    if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+      v4->sin_family = AF_INET;
+      v4->sin_port = htons(static_cast<uint16_t>(bound));
+      length = sizeof(*v4);
+    } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+      v6->sin6_family = AF_INET6;
+      v6->sin6_port = htons(static_cast<uint16_t>(bound));
+      length = sizeof(*v6);
+    }
+    if (bound == 0 || length == 0) return;  // a named host: the poll ends by itself
     while (!gone.load()) {
-      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      // Non-blocking: a full accept queue must not hold this thread in a SYN retry.
+      const int fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
       if (fd >= 0) {
-        (void)::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+        (void)::connect(fd, reinterpret_cast<const sockaddr*>(&storage), length);
         ::close(fd);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

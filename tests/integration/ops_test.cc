@@ -364,6 +364,23 @@ TEST_F(OpsTest, SessionsShowTheUidThatAttached) {
 
 // gpufeedctl's command line (CLI11): help, both flag forms, base-10 integers, and the exit
 // statuses: 2 for a usage error, 1 for a bad value or a failed command.
+// A metrics port another process holds ends the start-up with a line naming it and exit 1,
+// not a crash (the metrics server's teardown once ran on a server that never started).
+TEST_F(OpsTest, AMetricsPortInUseIsAClearErrorAndExitOne) {
+  const int port = FreePort();
+  const std::string listen = absl::StrCat("--metrics_listen=127.0.0.1:", port);
+  Daemon first(dir_, {listen});
+  ASSERT_TRUE(first.ready()) << first.process().Stderr();
+  TempDir other;
+  Subprocess second({GpufeeddPath(), "--listen=unix://" + other.File("gf.sock"), listen},
+                    other.File("second"));
+  EXPECT_EQ(second.Wait(absl::Seconds(20)), 1) << second.Stderr();
+  EXPECT_THAT(second.Stderr(),
+              HasSubstr(absl::StrCat("gpufeedd cannot start: UNAVAILABLE: metrics_listen: cannot "
+                                     "serve on 127.0.0.1:",
+                                     port)));
+}
+
 // gpufeedd logs its address as gRPC spells it ("serving on unix:///.../gf.sock"): pasted into
 // --socket, GPUFEED_SOCKET or the client library it names the same socket.
 TEST_F(OpsTest, TheSocketAddressAsTheDaemonLogsItIsAccepted) {

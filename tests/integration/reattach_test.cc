@@ -207,7 +207,6 @@ INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTER
                            return std::string(FaultName(info.param));
                          });
 
-// Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.
 // The daemon at `socket` answers, and its first session has been sent a batch.
 bool FirstSessionDelivered(const std::string& socket) {
   auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
@@ -215,6 +214,8 @@ bool FirstSessionDelivered(const std::string& socket) {
   auto sessions = (*admin)->ListSessions();
   return sessions.ok() && !sessions->empty() && (*sessions)[0].batches_delivered > 0;
 }
+
+// Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.
 
 TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait) {
   TempDir dir;

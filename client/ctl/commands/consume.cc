@@ -272,7 +272,7 @@ Command AddConsume(CLI::App& app) {
       "the next batch for up to DURATION: 120s (default), 500ms, 2m; 0 = never");
   f.keepalive.AddTo(*cli, "--keepalive", "DURATION",
                     "ping gpufeedd this often; one that does not answer for as long\n"
-                    "again (stopped, hung) counts as gone: 10s (default), 0 = no pings");
+                    "again (stopped, frozen) counts as gone: 10s (default), 0 = no pings");
   cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
       ->type_name("FILE");
   cli->add_flag("--checksum", f.checksum,

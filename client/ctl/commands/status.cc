@@ -32,7 +32,8 @@ int RunStatus(const GlobalFlags& global) {
   } else {
     // MPS: the daemon's GPU work runs beside training's only if both are MPS clients.
     const std::string gpus =
-        s->gpus.empty()
+        s->protocol < 3 ? std::string("(this gpufeedd does not say: older than protocol 3)")
+        : s->gpus.empty()
             ? std::string("none (host delivery only)")
             : absl::StrCat(s->gpus.size(), ", ", s->mps_gpus.size(), " of them through MPS",
                            s->mps_gpus.empty()

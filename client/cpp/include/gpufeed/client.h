@@ -90,7 +90,8 @@ struct AttachOptions {
   absl::Duration reconnect_timeout = absl::Seconds(120);
   // The connection pings the daemon this often when quiet; a ping unanswered for as long
   // again ends the stream with UNAVAILABLE, so a daemon that stops answering without closing
-  // its socket (SIGSTOP, a hang) is treated as gone: re-attached within reconnect_timeout,
+  // its socket (SIGSTOP, a frozen process or machine) is treated as gone: re-attached within
+  // reconnect_timeout,
   // then an error. A Next() with no timeout therefore returns within about
   // 2 x keepalive + reconnect_timeout of the daemon's last answer. Zero or at least 1 s;
   // zero: no pings (such a Next() may then wait for ever).
@@ -236,7 +237,8 @@ struct DaemonStatus {
   int32_t sessions = 0;
   int32_t feeds = 0;
   bool draining = false;
-  std::vector<std::string> gpus;      // UUIDs of the GPUs the daemon sees
+  uint32_t protocol = 0;              // the daemon's (common/version.h); 0: before protocol 3
+  std::vector<std::string> gpus;      // UUIDs of the GPUs the daemon sees (protocol 3 on)
   std::vector<std::string> mps_gpus;  // those of them it shares through MPS
 };
 

@@ -586,7 +586,7 @@ class Client:
         ``reconnect_timeout``: seconds a session re-attaches for after the daemon went away
         (killed, restarted, drained: default 120; 0: never, the stream's error is raised).
         ``keepalive``: seconds between pings that find a daemon which stopped answering
-        without closing its socket (SIGSTOP, a hang; default 10, 0: none, else >= 1): one
+        without closing its socket (SIGSTOP, a frozen process; default 10, 0: none, else >= 1): one
         silent for as long again counts as gone, so a ``next()`` with no timeout raises
         :class:`~gpufeed.Unavailable` within about 2 x keepalive + reconnect_timeout.
         ``start_fingerprint``: the :attr:`Session.fingerprint` saved with ``start``; a feed

@@ -303,7 +303,7 @@ class Loader:
             restarted, drained; default 120, 0: never): the loader goes on with the next
             batch, no duplicate and no loss; past it :class:`~gpufeed.Unavailable`.
         keepalive: seconds between pings that find a daemon which stopped answering
-            (SIGSTOP, a hang; default 10, 0: none): it then counts as gone.
+            (SIGSTOP, a frozen process; default 10, 0: none): it then counts as gone.
 
     The loader attaches when made (so a bad option fails here, with the field named), and
     iterating it yields the rest of the current epoch; the next ``iter()`` goes on with the

@@ -9,6 +9,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -180,6 +182,37 @@ absl::Status SessionManager::Admit(const AttachSpec& spec) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The fields of two FeedSpec::Canonical strings that differ, as "name=asked (the job's:
+// had)"; "the dataset file" when only the opened file differs (same text, another inode).
+std::string SpecDifference(const std::string& had, const std::string& asked) {
+  auto fields = [](const std::string& canonical) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (absl::string_view field : absl::StrSplit(canonical, ';')) {
+      const size_t eq = field.find('=');
+      out.emplace_back(std::string(field.substr(0, eq)),
+                       eq == absl::string_view::npos ? "" : std::string(field.substr(eq + 1)));
+    }
+    return out;
+  };
+  const auto a = fields(had);
+  const auto b = fields(asked);
+  std::vector<std::string> differ;
+  for (const auto& [name, value] : b) {
+    std::string theirs = "(none)";
+    for (const auto& [n, v] : a) {
+      if (n == name) theirs = v;
+    }
+    if (theirs != value)
+      differ.push_back(absl::StrCat(name, "=", value, " (the job's: ", theirs, ")"));
+  }
+  return differ.empty() ? std::string("another dataset file under the same path")
+                        : absl::StrJoin(differ, ", ");
+}
+
+}  // namespace
+
 absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   if (absl::Status admitted = Admit(spec); !admitted.ok()) {
     // A refused Attach spends its dataset handle all the same: the caller's descriptor is
@@ -276,13 +309,17 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
       // one display path are not one job.
       if (it->second.canonical != canonical || it->second.feed_key != feed->key()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "job '", spec.job, "' is attached with feed {", it->second.canonical,
-            "}; rank ", spec.rank, " asked for {", canonical,
-            "}: every rank of a job must use the same dataset and sampling"));
+            "job '", spec.job,
+            "' is attached with another feed: ", SpecDifference(it->second.canonical, canonical),
+            "; rank ", spec.rank, " asked for {", canonical,
+            "}: every rank of a job must use the same dataset and sampling; to run another "
+            "job beside it, give that one another name (job=)"));
       }
       if (it->second.ranks.contains(spec.rank)) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "job '", spec.job, "' rank ", spec.rank, " is already attached"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("job '", spec.job, "' rank ", spec.rank,
+                         " is already attached; to run another "
+                         "job beside it, give that one another name (job=)"));
       }
     }
     params.id = next_id_++;

@@ -37,7 +37,7 @@ fi
 if want ptx; then
   log "2. the fused kernel's tests with CUDA_FORCE_PTX_JIT=1 (compute_75 PTX, JIT-compiled)"
   CUDA_FORCE_PTX_JIT=1 timeout 600 "$bundle/bin/gpufeed_gpu_tests" \
-      --gtest_filter='ImageGpuTest.FusedKernel*:DeviceDelivery*' >"$out/ptx_tests.log" 2>&1
+      --gtest_filter='ImageGpuTest.FusedKernel*' >"$out/ptx_tests.log" 2>&1
   rc=$?
   log "exit $rc, $(grep -c '^\[       OK' "$out/ptx_tests.log") OK, $(grep -c '^\[  FAILED' "$out/ptx_tests.log") FAILED"
   gtest_summary "$out/ptx_tests.log" 40 | grep -v '^\[       OK' | tee -a "$out/summary.log"

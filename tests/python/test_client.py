@@ -178,12 +178,15 @@ def test_rank_twice_and_other_feed(daemon, job, datasets):
         e = _attach_error(daemon, job, datasets.records, kind="records", batch_size=2,
                           world_size=2)
         assert type(e) is gpufeed.AlreadyExists
-        assert str(e) == f"attach: job '{job}' rank 0 is already attached"
+        assert str(e) == (f"attach: job '{job}' rank 0 is already attached; to run another "
+                          "job beside it, give that one another name (job=)")
         e = _attach_error(daemon, job, datasets.records, kind="records", batch_size=3,
                           world_size=2, rank=1)
         assert type(e) is gpufeed.FailedPrecondition
-        assert str(e).startswith(f"attach: job '{job}' is attached with feed {{")
-        assert str(e).endswith("every rank of a job must use the same dataset and sampling")
+        assert str(e).startswith(f"attach: job '{job}' is attached with another feed: "
+                                 "batch_size=3 (the job's: 2); rank 1 asked for {")
+        assert str(e).endswith("every rank of a job must use the same dataset and sampling; "
+                               "to run another job beside it, give that one another name (job=)")
     # Leaving the `with` detached rank 0: it can attach again.
     client.attach(datasets.records, kind="records", batch_size=2, world_size=2, job=job).close()
 

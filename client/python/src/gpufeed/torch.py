@@ -486,8 +486,9 @@ class Loader:
             gc.collect()  # the batches holding that session may be garbage in cycles
             held = _lingering(key)
             if held:
+                base = e.message.split("; to run another job", 1)[0]
                 raise AlreadyExists(
-                    f"{e.message}: by a closed gpufeed.torch.Loader of this process, which "
+                    f"{base}: by a closed gpufeed.torch.Loader of this process, which "
                     "stays attached while you reference its batches through tensors or views "
                     f"taken out of them ({_describe(held)}); drop those references or keep "
                     ".clone()s") from None

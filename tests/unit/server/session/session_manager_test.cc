@@ -1301,10 +1301,13 @@ TEST_F(SessionManagerTest, JobsAreNamespacedByTheOwnersUid) {
   EXPECT_TRUE(manager_->Attach(SpecOf(reseeded, 1002)).ok());
   const absl::Status mismatch = manager_->Attach(SpecOf(reseeded, 1000)).status();
   EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition) << mismatch;
-  EXPECT_THAT(mismatch.message(), HasSubstr("job 'train' is attached with feed"));
+  EXPECT_THAT(mismatch.message(),
+              HasSubstr("job 'train' is attached with another feed: seed=99 (the job's: "));
   const absl::Status twice = manager_->Attach(SpecOf(Spec(), 1001)).status();
   EXPECT_EQ(twice.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(twice.message(), "job 'train' rank 0 is already attached");
+  EXPECT_EQ(twice.message(),
+            "job 'train' rank 0 is already attached; to run another job beside it, give that "
+            "one another name (job=)");
   // Detaching uid 1001's rank frees only uid 1001's (job, rank).
   ASSERT_TRUE(manager_->Detach(other->session_id, other->token, AsUid(1001)).ok());
   EXPECT_TRUE(manager_->Attach(SpecOf(Spec(), 1001)).ok());

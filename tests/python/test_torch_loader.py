@@ -444,13 +444,30 @@ def test_set_epoch_after_load_state_dict_keeps_the_loaded_step(daemon, job, data
         assert loader.position == gpufeed.Position(1, 0)
 
 
-def test_torchrun_without_rdzv_id_is_no_job_name(daemon, job, datasets, monkeypatch):
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+def test_default_job_names_never_collide_on_a_node(daemon, job, datasets, monkeypatch):
+    """torchrun's run id, else its rendezvous address, else host:pid (one process); a second
+    loader of the process adds .N. Two loaders at once with default names both attach."""
+    import socket as socketlib
+
+    import gpufeed.torch as gt
+    monkeypatch.setattr(gt, "_DEFAULT_JOBS", __import__("itertools").count())
+    for var in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    with _loader(daemon, datasets.records, kind="records", batch_size=10) as first, \
+            _loader(daemon, datasets.records, kind="records", batch_size=10) as second:
+        host = f"{socketlib.gethostname()}:{os.getpid()}"
+        assert (first.job, second.job) == (host, host + ".1")
+        assert next(iter(first)).ids.shape == next(iter(second)).ids.shape == (10,)
+    monkeypatch.setenv("MASTER_ADDR", "[fd00::1]")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     with _loader(daemon, datasets.records, kind="records", batch_size=10) as loader:
-        assert loader.job is None
+        assert loader.job == "_fd00::1_:29500.2"  # brackets are no job-name characters
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-7")
     with _loader(daemon, datasets.records, kind="records", batch_size=10) as loader:
-        assert loader.job == "run-7"
+        assert loader.job == "run-7.3"
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, job=job) as loader:
+        assert loader.job == job  # given: as it is, and no number spent
 
 
 def test_set_epoch_ends_a_running_iterator(daemon, job, datasets):

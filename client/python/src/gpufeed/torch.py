@@ -14,7 +14,7 @@
     torch.save({"model": ..., "loader": loader.state_dict()}, path)   # exact resume
 
 Rank and world size come from torchrun's ``RANK`` / ``WORLD_SIZE``, the job name from
-``TORCHELASTIC_RUN_ID``; ``device=None`` means the current CUDA device when there is one
+``TORCHELASTIC_RUN_ID`` or the rendezvous address (one that no other job on the node uses); ``device=None`` means the current CUDA device when there is one
 (device delivery: the batch lands in that GPU), else host memory.
 
 **Lifetime of a batch's tensors.** The tensors are views of one slot of the session's ring
@@ -53,7 +53,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import os
+import re
+import socket as _socket
 import warnings
 import weakref
 from typing import Any, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -67,6 +70,30 @@ from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 
 __all__ = ["Batch", "Loader"]
+
+# Loaders made in this process that took a default job name, in order: the n in those names.
+_DEFAULT_JOBS = itertools.count()
+
+
+def _default_job(world_size: int) -> str:
+    """A job name that no other job on the node uses and that every rank of this job makes
+    alike: the job's identity from torchrun (``TORCHELASTIC_RUN_ID``, else the rendezvous
+    ``MASTER_ADDR:MASTER_PORT``, which two jobs running at once on a node cannot share), or for
+    a single process its host and pid; then ``.N`` from the second loader of the process on
+    (train, then eval), so ranks that make their loaders in the same order agree."""
+    n = next(_DEFAULT_JOBS)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if run_id not in ("", "none"):  # torchrun without --rdzv-id says "none"
+        base = run_id
+    elif addr and port:
+        base = f"{addr}:{port}"
+    elif world_size == 1:
+        base = f"{_socket.gethostname()}:{os.getpid()}"
+    else:  # ranks with nothing in common to name them by: the old shared default
+        base = "default"
+    name = base if n == 0 else f"{base}.{n}"
+    return re.sub(r"[^A-Za-z0-9._:@+=/-]", "_", name)[:128]  # the daemon's job-name rule
 
 # gpufeed dtype name -> (numpy typestr of the carrier view, torch dtype) for types torch
 # cannot take directly from numpy or __cuda_array_interface__: their bits are viewed as the
@@ -281,9 +308,12 @@ class Loader:
         device: ``None`` (the current CUDA device if there is one, else host), ``"cpu"``
             (host delivery) or ``"cuda[:N]"``.
         rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
-        job: the job's name, shared by its ranks; defaults to ``$TORCHELASTIC_RUN_ID``, else
-            the daemon's ``"default"``. Two loaders of one process (train and eval) need
-            different job names.
+        job: the job's name, shared by its ranks. The default never collides with another
+            job on the node: torchrun's ``$TORCHELASTIC_RUN_ID``, else its rendezvous
+            ``MASTER_ADDR:MASTER_PORT``, else (one process) ``HOST:PID``; the second and later
+            loaders of a process add ``.1``, ``.2``, ... (so ranks that make their loaders
+            in the same order agree; give ``job=`` when they do not). Without any of these
+            and ``world_size > 1`` it is ``default``.
         ring_slots: slots in the ring (1-64); ``None``: the daemon's default. How many
             batches you can hold in place at once; beyond, held batches are copied (see the
             module's notes on lifetime).
@@ -343,11 +373,8 @@ class Loader:
         """This process's rank."""
         self.world_size: int = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         """The number of ranks."""
-        # torchrun without --rdzv-id sets TORCHELASTIC_RUN_ID=none: not a job name.
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-        self.job: Optional[str] = (run_id if run_id not in (None, "", "none") else None) \
-            if job is None else job
-        """The job's name (``None``: the daemon's default)."""
+        self.job: str = _default_job(self.world_size) if job is None else job
+        """The job's name (see ``job`` above)."""
         self.copy: bool = copy
         """Whether batches are owned copies."""
         self.drop_last: bool = drop_last

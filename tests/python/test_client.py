@@ -360,8 +360,11 @@ def test_library_lookup_order(monkeypatch, tmp_path):
     assert tried[-1] == "libgpufeed_c.so"
     monkeypatch.setenv("GPUFEED_LIBRARY", str(tmp_path / "missing.so"))
     with pytest.raises(ImportError, match="cannot load GPUFEED_LIBRARY=" +
-                       re.escape(str(tmp_path / "missing.so"))):
+                       re.escape(str(tmp_path / "missing.so"))) as raised:
         _capi._open()
+    # The example's `except gpufeed.Error` catches it too.
+    assert isinstance(raised.value, gpufeed.Error)
+    assert type(raised.value) is gpufeed.LibraryNotFound
     assert gpufeed.library_api_version() == _capi.API_VERSION == 1
 
 

@@ -29,6 +29,7 @@ from gpufeed.errors import (
     FailedPrecondition,
     Internal,
     InvalidArgument,
+    LibraryNotFound,
     NotFound,
     OutOfRange,
     PermissionDenied,
@@ -53,6 +54,7 @@ def library_api_version() -> int:
 __all__ = [
     "Aborted", "AlreadyExists", "Batch", "Cancelled", "Client", "DEFAULT_SOCKET", "DataLoss",
     "DeadlineExceeded", "Error", "FailedPrecondition", "Internal", "InvalidArgument",
+    "LibraryNotFound",
     "NotFound", "OutOfRange", "PermissionDenied", "Position", "ResourceExhausted", "Session",
     "SessionInfo", "Tensor", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
     "default_socket", "library_api_version", "__version__",

@@ -23,6 +23,8 @@ import os
 import threading
 from typing import List, Optional
 
+from gpufeed.errors import LibraryNotFound
+
 API_VERSION = 1
 """``GPUFEED_API_VERSION`` these bindings match."""
 
@@ -137,23 +139,23 @@ def _open() -> ctypes.CDLL:
             lib = ctypes.CDLL(candidate)
         except OSError as e:
             if candidate == os.environ.get("GPUFEED_LIBRARY"):
-                raise ImportError(f"gpufeed: cannot load GPUFEED_LIBRARY={candidate}: {e}") from e
+                raise LibraryNotFound(f"gpufeed: cannot load GPUFEED_LIBRARY={candidate}: {e}") from e
             tried.append(f"{candidate} ({e})")
             continue
         for name, (restype, argtypes) in _PROTOTYPES.items():
             try:
                 fn = getattr(lib, name)
             except AttributeError as e:
-                raise ImportError(f"gpufeed: {candidate} lacks {name}: not a gpufeed C library "
+                raise LibraryNotFound(f"gpufeed: {candidate} lacks {name}: not a gpufeed C library "
                                   "or an incompatible version") from e
             fn.restype = restype
             fn.argtypes = argtypes
         version = lib.gpufeed_api_version()
         if version != API_VERSION:
-            raise ImportError(f"gpufeed: {candidate} has C API version {version}; this package "
+            raise LibraryNotFound(f"gpufeed: {candidate} has C API version {version}; this package "
                               f"needs {API_VERSION}")
         return lib
-    raise ImportError(
+    raise LibraryNotFound(
         "gpufeed: cannot find libgpufeed_c.so; set GPUFEED_LIBRARY to its path (built as "
         "build/client/c/libgpufeed_c.so) or put it on the loader path. Tried: "
         + "; ".join(tried))

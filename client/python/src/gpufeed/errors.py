@@ -90,6 +90,15 @@ class FailedPrecondition(Error):
     code, code_name = 9, "FAILED_PRECONDITION"
 
 
+class LibraryNotFound(FailedPrecondition, ImportError):
+    """The C library (``libgpufeed_c.so``) could not be found or loaded, or is of another
+    version: raised at the first call that needs it (``Client.attach``, ``Loader()``). Both a
+    :class:`Error` (so ``except gpufeed.Error`` covers it) and an :class:`ImportError`."""
+
+    def __init__(self, message: str) -> None:
+        FailedPrecondition.__init__(self, message)
+
+
 class Aborted(Error):
     """ABORTED (10)."""
 

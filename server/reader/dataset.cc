@@ -124,6 +124,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const FileDatasetSpec& spec,
         "dataset.token_dtype: tokens must be uint16 or uint32, got ",
         DTypeName(spec.token_dtype)));
   }
+  if (spec.seq_len == 0) {
+    return absl::InvalidArgumentError(
+        "dataset.seq_len: required for kind tokens (tokens per sample: each row holds "
+        "seq_len + 1 tokens, the inputs and the shifted targets)");
+  }
   if (spec.seq_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.seq_len: must be >= 1, got ", spec.seq_len));

@@ -140,7 +140,8 @@ def test_decode_and_augment_reach_the_library(daemon, job, datasets, key):
 def test_token_options_name_the_field(daemon, job, datasets):
     e = _attach_error(daemon, job, datasets.tokens_u16, kind="tokens", batch_size=1, seq_len=0)
     assert type(e) is gpufeed.InvalidArgument
-    assert str(e) == "attach: dataset.seq_len: must be >= 1, got 0"
+    assert str(e) == ("attach: dataset.seq_len: required for kind tokens (tokens per sample: "
+                      "each row holds seq_len + 1 tokens, the inputs and the shifted targets)")
     e = _attach_error(daemon, job, datasets.tokens_u16, kind="tokens", batch_size=1, seq_len=4,
                       token_dtype="uint8")
     assert type(e) is gpufeed.InvalidArgument

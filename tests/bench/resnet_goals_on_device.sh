@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 14's goals, measured the way users train (client/python/examples/train_ddp.py under
+# torchrun): ResNet-50, bf16, channels_last, SGD, batch 256 per rank, STEPS measured steps
+# after 20 warm-up, on 20,000 ~110 KB JPEGs in the page cache, gpufeedd --threads 4. Runs
+# on every GPU of the machine (1 or 2 H200: one call per machine kind):
+#   synthetic (the ceiling), gpufeed (nvJPEG + GPU augment, device delivery), torchvision's
+#   DataLoader (15 workers a rank, pin_memory); then under MPS: synthetic and gpufeed.
+# Prints a table (images/s, % of synthetic, the ranks' data wait) and one JSON line; logs
+# under $OUT. Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry
+# [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS].
+set -u
+steps=${1:-300}
+final=${OUT:-/tmp/gpufeed-out}
+out=/tmp/gpufeed-goals
+rm -rf "$out"; mkdir -p "$out" "$final"
+source "$(dirname "$0")/../gpu/device_env.sh"
+gpus=$(nvidia-smi -L | wc -l)
+data=/tmp/gpufeed-images
+python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images 20000 --classes 100 \
+    --seed 0 >"$out/make_dataset.log" 2>&1
+find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
+sock=/tmp/gf-goals.sock
+export GPUFEED_SOCKET=$sock
+
+start_daemon() {
+  rm -f "$sock"
+  "$GPUFEEDD" --listen="unix://$sock" --threads=4 --staging_bytes=$((8 << 30)) \
+      --device_bytes=$((16 << 30)) >>"$out/gpufeedd.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 300); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && return 0; sleep 0.1; done
+  log "gpufeedd did not start"; return 1
+}
+stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
+train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/TAG.json
+  local tag=$1 loader=$2; shift 2
+  timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
+      "$root/client/python/examples/train_ddp.py" --data "$data" --loader "$loader" \
+      --steps "$steps" --warmup 20 --json "$@" >"$out/$tag.log" 2>&1
+  grep '^{' "$out/$tag.log" | tail -1 >"$out/$tag.json"
+  log "$tag: $(grep -E '^(gpufeed|torch|synthetic):' "$out/$tag.log" | tail -1)"
+}
+
+log "ResNet-50, $gpus GPU(s), $steps steps"
+train synthetic synthetic
+start_daemon && { train gpufeed gpufeed; stop_daemon; }
+train dataloader torch --workers 15
+mps=/tmp/gpufeed-goals-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
+export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+if nvidia-cuda-mps-control -d; then
+  train mps_synthetic synthetic
+  start_daemon && { log "$(grep MPS "$out/gpufeedd.log" | tail -1)"; train mps_gpufeed gpufeed; stop_daemon; }
+  echo quit | nvidia-cuda-mps-control
+fi
+python3 - "$out" "$gpus" "$steps" <<'EOF' | tee -a "$out/summary.log"
+import json, pathlib, sys
+out, gpus, steps = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def load(tag):
+    try:
+        return json.loads((out / f"{tag}.json").read_text())
+    except Exception:
+        return None
+rows = [("synthetic", "synthetic", "synthetic"), ("gpufeed", "gpufeed", "synthetic"),
+        ("torchvision DataLoader, 15 workers", "dataloader", "synthetic"),
+        ("MPS: synthetic", "mps_synthetic", "mps_synthetic"),
+        ("MPS: gpufeed", "mps_gpufeed", "mps_synthetic")]
+print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | data wait |")
+print("|---|---:|---:|---:|")
+summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
+for name, tag, ref in rows:
+    r, base = load(tag), load(ref)
+    if r is None:
+        print(f"| {name} | failed | | |")
+        continue
+    share = r["images_per_s"] / base["images_per_s"] if base else float("nan")
+    print(f"| {name} | {r['images_per_s']:,.0f} | {100 * share:.1f} % | "
+          f"{100 * r['data_wait_share']:.1f} % |")
+    summary[tag] = {"images_per_s": round(r["images_per_s"]), "vs_synthetic": round(share, 4),
+                    "data_wait_share": round(r["data_wait_share"], 4)}
+print()
+print(json.dumps(summary))
+EOF
+cp "$out/summary.log" "$final/"
+tar -czf "$final/logs.tgz" -C "$out" --exclude='*.npy' . 2>/dev/null

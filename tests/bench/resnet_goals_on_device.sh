@@ -7,7 +7,8 @@
 #   DataLoader (15 workers a rank, pin_memory); then under MPS: synthetic and gpufeed.
 # Prints a table (images/s, % of synthetic, the ranks' data wait) and one JSON line; logs
 # under $OUT. Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry
-# [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS].
+# [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS]. ONLY="gpufeed ..." runs
+# those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots).
 set -u
 steps=${1:-300}
 final=${OUT:-/tmp/gpufeed-out}
@@ -33,6 +34,16 @@ start_daemon() {
 }
 stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
 train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/TAG.json
+  local tag=$1 loader=$2; shift 2
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && return 0
+  if [ "$loader" = gpufeed ] && [ -n "${RINGS:-}" ]; then
+    local k
+    for k in $RINGS; do train_one "$tag-ring$k" "$loader" --ring-slots "$k" "$@"; done
+    return 0
+  fi
+  train_one "$tag" "$loader" "$@"
+}
+train_one() {
   local tag=$1 loader=$2; shift 2
   timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
       "$root/client/python/examples/train_ddp.py" --data "$data" --loader "$loader" \
@@ -67,6 +78,9 @@ rows = [("synthetic", "synthetic", "synthetic"), ("gpufeed", "gpufeed", "synthet
 print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | data wait |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
+for f in sorted(out.glob("*-ring*.json")):  # RINGS: each depth as a row of its own
+    tag = f.stem
+    rows.append((tag, tag, "mps_synthetic" if tag.startswith("mps_") else "synthetic"))
 for name, tag, ref in rows:
     r, base = load(tag), load(ref)
     if r is None:

@@ -145,19 +145,6 @@ std::string EscapeValue(const std::string& v) {
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> ParseFingerprint(absl::string_view text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (absl::string_view field : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    const size_t eq = field.find('=');
-    if (eq == absl::string_view::npos) {
-      out.emplace_back(std::string(field), "");
-    } else {
-      out.emplace_back(std::string(field.substr(0, eq)), std::string(field.substr(eq + 1)));
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string Feed::MakeFingerprint() const {
@@ -199,9 +186,22 @@ std::string Feed::MakeFingerprint() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> ParseFields(absl::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view field : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    const size_t eq = field.find('=');
+    if (eq == absl::string_view::npos) {
+      out.emplace_back(std::string(field), "");
+    } else {
+      out.emplace_back(std::string(field.substr(0, eq)), std::string(field.substr(eq + 1)));
+    }
+  }
+  return out;
+}
+
 absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current) {
   if (saved == current) return absl::OkStatus();
-  const auto a = ParseFingerprint(saved), b = ParseFingerprint(current);
+  const auto a = ParseFields(saved), b = ParseFields(current);
   auto find = [](const std::vector<std::pair<std::string, std::string>>& fields,
                  const std::string& name) {
     return std::find_if(fields.begin(), fields.end(),

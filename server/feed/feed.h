@@ -195,6 +195,10 @@ class FeedRegistry {
   absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };
 
+// The fields of a "name=value;name=value" text (a fingerprint, a canonical spec), in order; a
+// field without "=" has an empty value.
+std::vector<std::pair<std::string, std::string>> ParseFields(absl::string_view text);
+
 // OK when a position saved with fingerprint `saved` may resume the feed of `current`;
 // FAILED_PRECONDITION naming every field that differs otherwise.
 absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current);

@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -187,17 +186,8 @@ namespace {
 // The fields of two FeedSpec::Canonical strings that differ, as "name=asked (the job's:
 // had)"; "the dataset file" when only the opened file differs (same text, another inode).
 std::string SpecDifference(const std::string& had, const std::string& asked) {
-  auto fields = [](const std::string& canonical) {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (absl::string_view field : absl::StrSplit(canonical, ';')) {
-      const size_t eq = field.find('=');
-      out.emplace_back(std::string(field.substr(0, eq)),
-                       eq == absl::string_view::npos ? "" : std::string(field.substr(eq + 1)));
-    }
-    return out;
-  };
-  const auto a = fields(had);
-  const auto b = fields(asked);
+  const auto a = ParseFields(had);
+  const auto b = ParseFields(asked);
   std::vector<std::string> differ;
   for (const auto& [name, value] : b) {
     std::string theirs = "(none)";

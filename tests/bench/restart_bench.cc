@@ -133,11 +133,6 @@ class Rank {
   std::thread thread_;
 };
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -215,17 +210,17 @@ int main(int argc, char** argv) {
   bool all_exact = true;
   for (const Row& r : rows) {
     std::printf("| %s | %.0f ms | %.0f ms | %.0f ms | %.0f ms | %s |\n", r.fault,
-                Percentile(r.pause_ms, 0.5), Percentile(r.pause_ms, 1.0),
-                Percentile(r.after_ready_ms, 0.5), Percentile(r.after_ready_ms, 1.0),
+                gt::Percentile(r.pause_ms, 0.5), gt::Percentile(r.pause_ms, 1.0),
+                gt::Percentile(r.after_ready_ms, 0.5), gt::Percentile(r.after_ready_ms, 1.0),
                 r.exact ? "yes" : "NO");
     absl::StrAppendFormat(&json,
                           ",\"%s\":{\"pause_p50_ms\":%.0f,\"pause_max_ms\":%.0f,"
                           "\"after_ready_p50_ms\":%.0f,\"after_ready_max_ms\":%.0f,"
                           "\"exact\":%s}",
                           std::string(r.fault).substr(0, std::string(r.fault).find(' ')),
-                          Percentile(r.pause_ms, 0.5), Percentile(r.pause_ms, 1.0),
-                          Percentile(r.after_ready_ms, 0.5), Percentile(r.after_ready_ms, 1.0),
-                          r.exact ? "true" : "false");
+                          gt::Percentile(r.pause_ms, 0.5), gt::Percentile(r.pause_ms, 1.0),
+                          gt::Percentile(r.after_ready_ms, 0.5),
+                          gt::Percentile(r.after_ready_ms, 1.0), r.exact ? "true" : "false");
     all_exact = all_exact && r.exact;
   }
   std::printf("\n%s}\n", json.c_str());

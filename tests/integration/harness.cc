@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +194,11 @@ uint64_t TokensChecksum(const std::vector<uint16_t>& tokens, int64_t seq_len,
     }
   }
   return sum;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
 int FreePort() {

@@ -95,6 +95,9 @@ uint64_t TokensChecksum(const std::vector<uint16_t>& tokens, int64_t seq_len,
 int64_t JsonInt(const std::string& json, const std::string& key);
 std::string ReadFile(const std::string& path);
 
+// The p-quantile (0 <= p <= 1) of `v`, nearest rank; `v` must not be empty.
+double Percentile(std::vector<double> v, double p);
+
 // A TCP port nobody listens on now (for --metrics_listen, --health_listen).
 int FreePort();
 // GET http://127.0.0.1:PORT/PATH; the body, or "" on failure.

@@ -99,11 +99,6 @@ class ReattachTest : public ::testing::TestWithParam<int> {
   int metrics_port_ = 0;
 };
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
 constexpr int kDrain = 0;  // not a signal: `gpufeedctl drain --timeout 300ms`
 
 const char* FaultName(int fault) {
@@ -364,6 +359,36 @@ INSTANTIATE_TEST_SUITE_P(Orphan, ReclaimTest, ::testing::Bool(),
                            return std::string(info.param ? "RingMapped" : "AttachedOnly");
                          });
 
+// The C++ client's options for the token file at `dataset`: 8 rows of kSeqLen a batch, in
+// file order.
+client::AttachOptions InOrderOptions(const std::string& socket, const std::string& job,
+                                     const std::string& dataset, int32_t ring_slots) {
+  client::AttachOptions o;
+  o.socket = socket;
+  o.job = job;
+  o.dataset = dataset;
+  o.token_dtype = "uint16";
+  o.seq_len = kSeqLen;
+  o.batch_size = 8;
+  o.shuffle = false;
+  o.ring_slots = ring_slots;
+  return o;
+}
+
+// Every row of `b` (of InOrderOptions) is the sample of its step in file order, and holds
+// that sample's bytes of `tokens`.
+bool RowsAreTheFile(const client::Batch& b, const std::vector<uint16_t>& tokens) {
+  const auto* data = static_cast<const uint16_t*>(b.tensor("tokens")->data);
+  for (int64_t r = 0; r < 8; ++r) {
+    if (b.ids()[r] != b.step() * 8 + r) return false;  // no shuffle
+    if (std::memcmp(data + r * (kSeqLen + 1), &tokens[b.ids()[r] * kSeqLen], (kSeqLen + 1) * 2) !=
+        0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // In-process, the C++ client: a batch handed out before the restart stays readable (its old
 // mapping) and its release goes nowhere (not to the new session, which would refuse it or,
 // worse, free a slot of its own); the stream goes on at the next step.
@@ -372,31 +397,12 @@ TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
   const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
   auto daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
-  client::AttachOptions o;
-  o.socket = daemon->socket();
-  o.job = "cpp";
-  o.dataset = dir.File("t.bin");
-  o.token_dtype = "uint16";
-  o.seq_len = kSeqLen;
-  o.batch_size = 8;
-  o.shuffle = false;
+  client::AttachOptions o = InOrderOptions(daemon->socket(), "cpp", dir.File("t.bin"), 4);
   o.stop_epoch = 1;
-  o.ring_slots = 4;
   o.reconnect_timeout = absl::Seconds(30);
   constexpr int64_t kSteps1 = (kTokens - 1) / kSeqLen / 8;  // 156
   auto session = client::Session::Attach(o);
   ASSERT_TRUE(session.ok()) << session.status();
-  auto rows_are_the_file = [&](const client::Batch& b) {
-    const auto* data = static_cast<const uint16_t*>(b.tensor("tokens")->data);
-    for (int64_t r = 0; r < 8; ++r) {
-      if (b.ids()[r] != b.step() * 8 + r) return false;  // no shuffle
-      if (std::memcmp(data + r * (kSeqLen + 1), &tokens[b.ids()[r] * kSeqLen],
-                      (kSeqLen + 1) * 2) != 0) {
-        return false;
-      }
-    }
-    return true;
-  };
   absl::StatusOr<client::Batch> held = (*session)->Next(absl::Seconds(10));
   ASSERT_TRUE(held.ok()) << held.status();
   int64_t step = 1;
@@ -415,10 +421,10 @@ TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_EQ(b->epoch(), 0);
     ASSERT_EQ(b->step(), step) << "a batch lost or repeated across the restart";
-    ASSERT_TRUE(rows_are_the_file(*b)) << "step " << step;
+    ASSERT_TRUE(RowsAreTheFile(*b, tokens)) << "step " << step;
     if (step == 10) {
       EXPECT_EQ(held->step(), 0);
-      EXPECT_TRUE(rows_are_the_file(*held)) << "the held batch changed";
+      EXPECT_TRUE(RowsAreTheFile(*held, tokens)) << "the held batch changed";
       held->Release();
     }
     ++step;
@@ -436,16 +442,8 @@ TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsF
   const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
   Daemon daemon(dir);
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
-  client::AttachOptions o;
-  o.socket = daemon.socket();
-  o.job = "held";
-  o.dataset = dir.File("t.bin");
-  o.token_dtype = "uint16";
-  o.seq_len = kSeqLen;
-  o.batch_size = 8;
-  o.shuffle = false;
-  o.ring_slots = 2;
-  auto session = client::Session::Attach(o);
+  auto session =
+      client::Session::Attach(InOrderOptions(daemon.socket(), "held", dir.File("t.bin"), 2));
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<client::Batch> held = (*session)->Next(absl::Seconds(10));
   ASSERT_TRUE(held.ok()) << held.status();
@@ -458,16 +456,10 @@ TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsF
   };
   session->reset();  // the Session goes; its batch stays
   EXPECT_EQ(sessions(), 1u);  // not detached: the batch is held
-  const auto* data = static_cast<const uint16_t*>(held->tensor("tokens")->data);
-  for (int64_t r = 0; r < 8; ++r) {
-    ASSERT_EQ(held->ids()[r], r);
-    EXPECT_EQ(std::memcmp(data + r * (kSeqLen + 1), &tokens[r * kSeqLen], (kSeqLen + 1) * 2), 0)
-        << "row " << r;
-  }
+  EXPECT_EQ(held->step(), 0);
+  EXPECT_TRUE(RowsAreTheFile(*held, tokens)) << "the held batch changed";
   held->Release();  // the last reference: now the session detaches
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (sessions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_EQ(sessions(), 0u);
+  EXPECT_TRUE(Eventually([&] { return sessions() == 0; }, absl::Seconds(10)));
 }
 
 // The usual ways of not reaching a daemon say so in our words, not gRPC's: a stale socket file

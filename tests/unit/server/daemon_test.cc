@@ -103,6 +103,13 @@ class InProcessDaemonTest : public ::testing::Test {
     return r;
   }
 
+  // Request() through the daemon's Feed service itself, without the client library.
+  void AttachRaw(v1::Feed::Stub* feed, v1::AttachResponse* attached) const {
+    grpc::ClientContext ctx;
+    grpc::Status s = feed->Attach(&ctx, Request(), attached);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
   std::vector<client::SessionSummary> Sessions() const {
     absl::StatusOr<std::unique_ptr<client::AdminClient>> admin = daemon_->Admin();
     EXPECT_TRUE(admin.ok()) << admin.status();
@@ -166,11 +173,7 @@ TEST_F(InProcessDaemonTest, TheStreamDeliversEveryBatchInOrderByteExact) {
 TEST_F(InProcessDaemonTest, AReleaseOfAWrongGenerationIsRejectedAndTheSessionGoesOn) {
   std::unique_ptr<v1::Feed::Stub> feed = v1::Feed::NewStub(daemon_->Channel());
   v1::AttachResponse attached;
-  {
-    grpc::ClientContext ctx;
-    grpc::Status s = feed->Attach(&ctx, Request(), &attached);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  ASSERT_NO_FATAL_FAILURE(AttachRaw(feed.get(), &attached));
   grpc::ClientContext ctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream =
       feed->Stream(&ctx);
@@ -226,11 +229,7 @@ TEST_F(InProcessDaemonTest, AReleaseOfAWrongGenerationIsRejectedAndTheSessionGoe
 TEST_F(InProcessDaemonTest, AStreamCancelledByTheClientEndsItsSession) {
   std::unique_ptr<v1::Feed::Stub> feed = v1::Feed::NewStub(daemon_->Channel());
   v1::AttachResponse attached;
-  {
-    grpc::ClientContext ctx;
-    grpc::Status s = feed->Attach(&ctx, Request(), &attached);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  ASSERT_NO_FATAL_FAILURE(AttachRaw(feed.get(), &attached));
   ASSERT_EQ(Sessions().size(), 1u);
   {
     grpc::ClientContext ctx;

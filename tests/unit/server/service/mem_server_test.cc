@@ -82,6 +82,23 @@ class MemServerTest : public ::testing::Test {
     return OpenDataset(fd.get());
   }
 
+  // With two silent connections held, a third is refused at once with `message`; a hang-up
+  // of one of them makes room again for a request that is served.
+  void ExpectThirdRefusedThenRoom(const std::string& message) {
+    UniqueFd a = Connect(), b = Connect();  // silent
+    ASSERT_TRUE(Eventually([&] { return server_->active() == 2; }));
+    const absl::Time asked = absl::Now();
+    UniqueFd c = Connect();
+    v1::MemResponse refused = Reply(c.get());
+    EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
+    EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+    EXPECT_EQ(refused.message(), message);
+    EXPECT_EQ(server_->active(), 2);
+    a.Reset();  // a hang-up ends that connection's wait: room again
+    ASSERT_TRUE(Eventually([&] { return server_->active() == 1; }));
+    EXPECT_EQ(OpenTokens().code(), 0);
+  }
+
   TempDir dir_;
   std::string path_;
   std::string tokens_;
@@ -158,18 +175,7 @@ TEST_F(MemServerTest, ADribblingClientIsCutOffAtTheDeadlineAndDelaysNoOne) {
 
 TEST_F(MemServerTest, ConnectionsPastTheLimitAreRefusedAtOnce) {
   Start({.request_timeout = absl::Seconds(30), .max_connections = 2});
-  UniqueFd a = Connect(), b = Connect();  // silent
-  ASSERT_TRUE(Eventually([&] { return server_->active() == 2; }));
-  const absl::Time asked = absl::Now();
-  UniqueFd c = Connect();
-  v1::MemResponse refused = Reply(c.get());
-  EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
-  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(refused.message(),
-            "memory socket: 2 connections are being served; retry shortly");
-  a.Reset();  // a hang-up ends that connection's wait: room again
-  ASSERT_TRUE(Eventually([&] { return server_->active() == 1; }));
-  EXPECT_EQ(OpenTokens().code(), 0);
+  ExpectThirdRefusedThenRoom("memory socket: 2 connections are being served; retry shortly");
 }
 
 // One uid cannot hold every slot: past its share its connections are refused at once, and
@@ -179,20 +185,9 @@ TEST_F(MemServerTest, OneUidGetsAtMostItsShareOfTheConnections) {
          .max_connections = 8,
          .max_connections_per_uid = 2,
          .exempt_root_and_daemon = false});
-  UniqueFd a = Connect(), b = Connect();  // silent
-  ASSERT_TRUE(Eventually([&] { return server_->active() == 2; }));
-  const absl::Time asked = absl::Now();
-  UniqueFd c = Connect();
-  v1::MemResponse refused = Reply(c.get());
-  EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
-  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(refused.message(),
-            absl::StrCat("memory socket: uid ", ::geteuid(),
-                         " has 2 connections being served, the most one uid may; retry shortly"));
-  EXPECT_EQ(server_->active(), 2);
-  a.Reset();  // a hang-up ends that connection's wait: the uid has room again
-  ASSERT_TRUE(Eventually([&] { return server_->active() == 1; }));
-  EXPECT_EQ(OpenTokens().code(), 0);
+  ExpectThirdRefusedThenRoom(
+      absl::StrCat("memory socket: uid ", ::geteuid(),
+                   " has 2 connections being served, the most one uid may; retry shortly"));
 }
 
 TEST_F(MemServerTest, ShutdownDoesNotWaitForSilentClients) {

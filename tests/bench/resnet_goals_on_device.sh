@@ -24,15 +24,8 @@ export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed
 sock=/tmp/gf-goals.sock
 export GPUFEED_SOCKET=$sock
 
-start_daemon() {
-  rm -f "$sock"
-  "$GPUFEEDD" --listen="unix://$sock" --threads=4 --staging_bytes=$((8 << 30)) \
-      --device_bytes=$((16 << 30)) >>"$out/gpufeedd.log" 2>&1 &
-  daemon=$!
-  for _ in $(seq 300); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && return 0; sleep 0.1; done
-  log "gpufeedd did not start"; return 1
-}
-stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
+# gpufeedd with 8 GiB of staging and 16 GiB of device memory (device_env.sh's start_daemon).
+start() { start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((8 << 30)) --device_bytes=$((16 << 30)); }
 train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/TAG.json
   local tag=$1 loader=$2; shift 2
   [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && return 0
@@ -54,13 +47,13 @@ train_one() {
 
 log "ResNet-50, $gpus GPU(s), $steps steps"
 train synthetic synthetic
-start_daemon && { train gpufeed gpufeed; stop_daemon; }
+start && { train gpufeed gpufeed; stop_daemon; }
 train dataloader torch --workers 15
 mps=/tmp/gpufeed-goals-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
 export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
 if nvidia-cuda-mps-control -d; then
   train mps_synthetic synthetic
-  start_daemon && { log "$(grep MPS "$out/gpufeedd.log" | tail -1)"; train mps_gpufeed gpufeed; stop_daemon; }
+  start && { log "$(grep MPS "$out/gpufeedd.log" | tail -1)"; train mps_gpufeed gpufeed; stop_daemon; }
   echo quit | nvidia-cuda-mps-control
 fi
 python3 - "$out" "$gpus" "$steps" <<'EOF' | tee -a "$out/summary.log"

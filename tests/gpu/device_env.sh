@@ -14,4 +14,15 @@ fi
 log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
 # SKIP="step step ..." leaves those steps out.
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
+# start_daemon SOCKET LOG [FLAG...]: gpufeedd on SOCKET in the background ($daemon: its pid)
+# with --threads=4 and the flags given, appending to LOG; returns once it answers (30 s).
+start_daemon() {
+  local sock=$1 logfile=$2; shift 2
+  rm -f "$sock"
+  "$GPUFEEDD" --listen="unix://$sock" --threads=4 "$@" >>"$logfile" 2>&1 &
+  daemon=$!
+  for _ in $(seq 300); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && return 0; sleep 0.1; done
+  log "gpufeedd did not start: $(tail -3 "$logfile" | tr '\n' ' ')"; return 1
+}
+stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"

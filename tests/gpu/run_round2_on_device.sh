@@ -18,15 +18,8 @@ rm -rf "$out"; mkdir -p "$out" "$final"
 source "$(dirname "$0")/device_env.sh"
 gtest_summary() { grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure' "$1" | head -${2:-60}; }
 
-start_daemon() {  # start_daemon SOCKET LOG: gpufeedd in the background, $daemon its pid
-  rm -f "$1"
-  "$GPUFEEDD" --listen="unix://$1" --threads=4 --staging_bytes=$((2 << 30)) \
-      --device_bytes=$((8 << 30)) >"$2" 2>&1 &
-  daemon=$!
-  for _ in $(seq 300); do "$ctl" --socket "$1" status >/dev/null 2>&1 && return 0; sleep 0.1; done
-  log "gpufeedd did not start: $(tail -3 "$2" | tr '\n' ' ')"; return 1
-}
-stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
+# gpufeedd with 2 GiB of staging and 8 GiB of device memory (device_env.sh's start_daemon).
+start() { start_daemon "$1" "$2" --staging_bytes=$((2 << 30)) --device_bytes=$((8 << 30)); }
 
 if want suite; then
   log "1. GPU suite"
@@ -56,7 +49,7 @@ if want mps; then
   mps=/tmp/gpufeed-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
   export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
   nvidia-cuda-mps-control -d && log "MPS control daemon started"
-  if start_daemon /tmp/gf-mps.sock "$out/daemon-mps.log"; then
+  if start /tmp/gf-mps.sock "$out/daemon-mps.log"; then
     grep -E "MPS" "$out/daemon-mps.log" | head -2 | tee -a "$out/summary.log"
     log "status: $("$ctl" --socket /tmp/gf-mps.sock status -o json)"
     cat >"$out/mps_check.py" <<'EOF'
@@ -79,7 +72,7 @@ EOF
   fi
   echo quit | nvidia-cuda-mps-control; sleep 1
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  if start_daemon /tmp/gf-nomps.sock "$out/daemon-nomps.log"; then
+  if start /tmp/gf-nomps.sock "$out/daemon-nomps.log"; then
     log "no MPS: $(grep -E "MPS" "$out/daemon-nomps.log" | head -1)"
     log "status: $("$ctl" --socket /tmp/gf-nomps.sock status | grep gpus)"
     stop_daemon
@@ -93,7 +86,7 @@ if want isolation; then
       --seed 0 >"$out/make_dataset.log" 2>&1
   find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
   sock=/tmp/gf-iso.sock
-  if start_daemon "$sock" "$out/daemon-iso.log"; then
+  if start "$sock" "$out/daemon-iso.log"; then
     rate() {  # rate TAG: session A's batches/s over 500 batches
       "$ctl" --socket "$sock" consume --job "a-$1" --kind image_folder --dataset "$data" \
           --pipeline "$root/deploy/pipelines/imagenet_train.json" --batch-size 128 \

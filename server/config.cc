@@ -93,6 +93,10 @@ ABSL_FLAG(absl::Duration, idle_lease_timeout, DaemonConfig().idle_lease_timeout,
 ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
+ABSL_FLAG(bool, adaptive_decode, DaemonConfig().adaptive_decode,
+          "decode auto on a GPU not under MPS: the CPU pool decodes as much of each batch as it "
+          "keeps up with, nvJPEG the rest (nvJPEG's engines slow a training process on the same "
+          "GPU without MPS); false: nvJPEG for every row it can decode");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");
@@ -230,6 +234,7 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
                     absl::Milliseconds(file.shutdown_grace_ms()));
   GPUFEED_FROM_FILE(nvjpeg_library, nvjpeg_library, file.nvjpeg_library());
   GPUFEED_FROM_FILE(nvjpeg_interpolation, nvjpeg_interpolation, file.nvjpeg_interpolation());
+  GPUFEED_FROM_FILE(adaptive_decode, adaptive_decode, file.adaptive_decode());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
   GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
@@ -300,6 +305,7 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_shutdown_grace, &c->shutdown_grace);
   apply(FLAGS_nvjpeg_library, &c->nvjpeg_library);
   apply(FLAGS_nvjpeg_interpolation, &c->nvjpeg_interpolation);
+  apply(FLAGS_adaptive_decode, &c->adaptive_decode);
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);

@@ -115,6 +115,7 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
     info.bytes_delivered = s.bytes_delivered();
     info.producer_blocked_ns = s.producer_blocked_ns();
     info.consumer_wait_ns = s.consumer_wait_ns();
+    info.cpu_decode_share = s.cpu_decode_share();
     info.streaming_ns = s.streaming_ns();
     out.push_back(std::move(info));
   }

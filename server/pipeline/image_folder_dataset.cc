@@ -87,7 +87,7 @@ class ImageFolderDataset final : public ImageDataset {
       SampleRandom random(context.seed, context.epoch, sample);
       *record = StagedRecord{};
       bool staged = false;
-      if (target.mode == StageMode::kNvjpeg) {
+      if (target.mode == StageMode::kNvjpeg && !CpuDecodesRow(row, target.cpu_share)) {
         DecodeOptions options;
         options.max_pixels = max_pixels_;
         absl::StatusOr<JpegHeader> header = InspectJpeg(*bytes, options);

@@ -229,6 +229,7 @@ void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
   out->set_bytes_delivered(s.bytes_delivered);
   out->set_producer_blocked_ns(absl::ToInt64Nanoseconds(s.producer_blocked));
   out->set_consumer_wait_ns(absl::ToInt64Nanoseconds(s.consumer_wait));
+  out->set_cpu_decode_share(s.cpu_decode_share);
   out->set_streaming_ns(absl::ToInt64Nanoseconds(s.streaming_for));
 }
 

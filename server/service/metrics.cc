@@ -156,12 +156,17 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
                         MetricType::Counter);
   auto& wall = b.Family("gpufeed_consumer_wall_seconds_total",
                         "Time since the consumer's stream opened", MetricType::Counter);
+  auto& share = b.Family("gpufeed_cpu_decode_share",
+                         "decode auto on a GPU not under MPS: the share of each batch's rows "
+                         "the CPU pool decodes now, nvJPEG the rest",
+                         MetricType::Gauge);
   for (const SessionSnapshot& s : sessions) {
     const std::vector<ClientMetric::Label> labels = {
         {"job", s.job}, {"rank", absl::StrCat(s.rank)}, {"uid", absl::StrCat(s.owner_uid)}};
     Builder::Add(blocked, labels, absl::ToDoubleSeconds(s.producer_blocked));
     Builder::Add(wait, labels, absl::ToDoubleSeconds(s.consumer_wait));
     Builder::Add(wall, labels, absl::ToDoubleSeconds(s.streaming_for));
+    Builder::Add(share, labels, s.cpu_decode_share);
   }
 
   auto& stages = b.Family("gpufeed_stage_duration_seconds",

@@ -219,6 +219,7 @@ void Session::UpdateBlockedLocked() {
   const absl::Time now = params_.clock();
   if (full && blocked_since_ == absl::InfiniteFuture()) {
     blocked_since_ = now;
+    if (params_.adaptive_decode) decode_share_.Ahead();
   } else if (!full && blocked_since_ != absl::InfiniteFuture()) {
     blocked_ += now - blocked_since_;
     blocked_since_ = absl::InfiniteFuture();
@@ -247,6 +248,7 @@ absl::Status Session::Release(int32_t slot_index, uint64_t generation, absl::Dur
     slot.state = SlotState::kFree;
     all_leased_since_ = absl::InfiniteFuture();
     consumer_wait_ += waited;
+    if (params_.adaptive_decode) decode_share_.Waited(waited);
     UpdateBlockedLocked();
     schedule = WantScheduleLocked();
   }
@@ -267,6 +269,7 @@ Position Session::delivered() const {
 void Session::FillOne() {
   Slot* slot = nullptr;
   bool more;
+  double cpu_share = 0;
   {
     absl::MutexLock lock(&mu_);
     queued_ = false;
@@ -284,6 +287,7 @@ void Session::FillOne() {
     slot->batch.slot = static_cast<int32_t>(slot - slots_.data());
     slot->batch.generation = slot->generation;
     fill_position_ = feed_->sampler().Next(fill_position_);
+    cpu_share = params_.adaptive_decode ? decode_share_.share() : 0.0;
     ++fills_in_flight_;
     more = WantScheduleLocked();
   }
@@ -306,8 +310,8 @@ void Session::FillOne() {
     valid = params_.stage == StageMode::kNone
                 ? feed_->Fill(slot->batch.position, params_.rank, data,
                               std::span<int64_t>(slot->batch.ids), parallel)
-                : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, data,
-                                    std::span<int64_t>(slot->batch.ids), parallel);
+                : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, cpu_share,
+                                    data, std::span<int64_t>(slot->batch.ids), parallel);
   }
 
   bool failed_here = false;
@@ -396,6 +400,7 @@ SessionSnapshot Session::Snapshot() const {
   s.producer_blocked =
       blocked_ + (blocked_since_ == absl::InfiniteFuture() ? absl::ZeroDuration() : now - blocked_since_);
   s.consumer_wait = consumer_wait_;
+  s.cpu_decode_share = params_.adaptive_decode ? decode_share_.share() : 0.0;
   s.streaming_for = streaming_since_ == absl::InfiniteFuture() ? absl::ZeroDuration()
                                                                 : now - streaming_since_;
   for (const Slot& slot : slots_) {

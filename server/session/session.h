@@ -26,6 +26,7 @@
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
 #include "server/feed/ids_budget.h"
+#include "server/session/decode_share.h"
 #include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
@@ -84,6 +85,7 @@ struct SessionSnapshot {
   absl::Duration age;
   uint64_t bytes_delivered = 0;
   absl::Duration producer_blocked;  // the ring was full of ready or leased batches
+  double cpu_decode_share = 0;      // adaptive decode: the CPU's share of the rows now
   absl::Duration consumer_wait;     // as the consumer reported with its releases
   absl::Duration streaming_for;     // since the stream opened
   int32_t slots_filling = 0, slots_ready = 0;
@@ -105,6 +107,9 @@ struct SessionParams {
   // Device delivery of image datasets: kNone finishes samples on the CPU; kCpuDecode and
   // kNvjpeg stage them for the GPU's kernel (augment/staged.h).
   StageMode stage = StageMode::kNone;
+  // kNvjpeg from decode auto on a GPU not under MPS: the CPU pool decodes the share of each
+  // batch it keeps up with (DecodeShare), nvJPEG the rest.
+  bool adaptive_decode = false;
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
   std::shared_ptr<const IdsBudget::Charge> ids_charge;
@@ -266,6 +271,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Time blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
+  DecodeShare decode_share_ ABSL_GUARDED_BY(mu_);  // with params_.adaptive_decode
   absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time all_leased_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };

@@ -272,6 +272,11 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.start = spec.start;
   params.stop_epoch = spec.stop_epoch;
   params.stage = stage;
+  // decode auto: nvJPEG's engines cost a training process on the same GPU ~8.5 ms a batch
+  // unless under MPS (session/decode_share.h), so the CPU pool decodes what it keeps up with.
+  params.adaptive_decode = options_.adaptive_decode && stage == StageMode::kNvjpeg &&
+                           spec.decode == DecodeChoice::kAuto && device != nullptr &&
+                           !device->exported().mps;
   params.ids_charge = std::move(ids_charge);
   params.lifeline = std::move(lifeline);
   const std::string canonical = feed->spec().Canonical();

@@ -7,8 +7,17 @@
 //       busy CPU cores meanwhile (all processes: the daemon's pool, nvJPEG's threads, us).
 //   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
 //                      [--flags N]  (nvjpegCreateEx flags; 32: chroma upsampling by interpolation)
+//                      [--format rgbi|rgb|yuv|y|unchanged] [--step-ms MS] [--trace 1]
+//                      [--vary N]
 //       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
-//       nvJPEG path (no augmentation, no daemon).
+//       nvJPEG path (no augmentation, no daemon). --format: nvJPEG's output format (planar
+//       ones get three planes of the image's full size). --step-ms: one batch every MS
+//       (a consumer's pace, to measure what the decode costs a training context beside
+//       it). --vary N: batches alternate between B and B - N images, so the decoder is
+//       re-initialised (nvjpegDecodeBatchedInitialize) before each, as when the number of
+//       rows nvJPEG takes changes from batch to batch. --trace: synchronises and prints "batch N"
+//       on stderr after each batch, so a profiler's per-kernel lines (ncu) can be counted per
+//       batch.
 //   image_bench crop   --image FILE --crop TOP,LEFT,H,W --size S --out OUT.npy [--decoded D.npy]
 //       the CPU path for a fixed crop (libjpeg-turbo decode, antialiased bilinear resize,
 //       uint8 HWC), for tests/bench/image/compare_torchvision.py; --decoded writes the
@@ -270,13 +279,26 @@ int Nvjpeg(const Flags& f) {
   server::nvjpeg::Handle handle = nullptr;
   server::nvjpeg::State state = nullptr;
   const unsigned flags = static_cast<unsigned>(GetInt(f, "--flags", 0));
+  const std::string format_name = Get(f, "--format", "rgbi");
+  const std::map<std::string, int> formats = {{"unchanged", 0},
+                                              {"yuv", 1},
+                                              {"y", 2},
+                                              {"rgb", 3},
+                                              {"rgbi", server::nvjpeg::kRgbInterleaved}};
+  if (formats.count(format_name) == 0) Die("--format: want rgbi, rgb, yuv, y or unchanged");
+  const int format = formats.at(format_name);
+  const bool planar = format != server::nvjpeg::kRgbInterleaved;
+  const int64_t step_ms = GetInt(f, "--step-ms", 0);
+  const bool trace = GetInt(f, "--trace", 0) != 0;
+  const int vary = static_cast<int>(GetInt(f, "--vary", 0));
+  if (vary < 0 || vary >= batch) Die("--vary: want 0 <= N < --batch");
   if (int rc = api->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
     Die(absl::StrCat("nvjpegCreateEx(", backend_name, "): ", server::nvjpeg::StatusName(rc)));
   }
   api->JpegStateCreate(handle, &state);
   unsigned engines = 0, cores = 0;
   api->GetHardwareDecoderInfo(handle, &engines, &cores);
-  if (api->DecodeBatchedInitialize(handle, state, batch, 1, server::nvjpeg::kRgbInterleaved) != 0) {
+  if (api->DecodeBatchedInitialize(handle, state, batch, 1, format) != 0) {
     Die("nvjpegDecodeBatchedInitialize failed");
   }
   unsigned char* out = nullptr;
@@ -288,20 +310,46 @@ int Nvjpeg(const Flags& f) {
   size_t next = 0;
   absl::Time start = absl::Now();
   double busy0 = BusyCoreSeconds();
+  int initialized = batch;
   for (int round = 0;; ++round) {
-    std::vector<const unsigned char*> d(static_cast<size_t>(batch));
-    std::vector<size_t> l(static_cast<size_t>(batch));
-    for (int i = 0; i < batch; ++i, next = (next + 1) % files) {
+    const int n = batch - (round % 2) * vary;
+    if (n != initialized) {
+      if (api->DecodeBatchedInitialize(handle, state, n, 1, format) != 0) {
+        Die("nvjpegDecodeBatchedInitialize failed");
+      }
+      initialized = n;
+    }
+    std::vector<const unsigned char*> d(static_cast<size_t>(n));
+    std::vector<size_t> l(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i, next = (next + 1) % files) {
       d[i] = data[next];
       l[i] = lengths[next];
       images[i] = {};
-      images[i].channel[0] = out + static_cast<size_t>(i) * max_decoded;
-      images[i].pitch[0] = static_cast<size_t>(headers[next].width) * 3;
+      unsigned char* base = out + static_cast<size_t>(i) * max_decoded;
+      const size_t w = static_cast<size_t>(headers[next].width);
+      if (planar) {  // three planes of the full size: room for any subsampling
+        const size_t plane = w * static_cast<size_t>(headers[next].height);
+        for (int c = 0; c < 3; ++c) {
+          images[i].channel[c] = base + c * plane;
+          images[i].pitch[c] = w;
+        }
+      } else {
+        images[i].channel[0] = base;
+        images[i].pitch[0] = w * 3;
+      }
     }
     if (int rc = api->DecodeBatched(handle, state, d.data(), l.data(), images.data(), stream); rc != 0) {
       Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
     }
     ++calls;
+    if (trace) {
+      cudaStreamSynchronize(stream);
+      std::fprintf(stderr, "batch %d\n", round);
+    }
+    if (step_ms > 0) {  // the consumer's pace: batch k starts at start + k * step
+      const absl::Time due = start + absl::Milliseconds(step_ms * (round > 2 ? round - 2 : 0));
+      if (due > absl::Now()) absl::SleepFor(due - absl::Now());
+    }
     if (round == 2) {  // warm-up done
       cudaStreamSynchronize(stream);
       start = absl::Now();
@@ -309,18 +357,21 @@ int Nvjpeg(const Flags& f) {
       decoded = 0;
       continue;
     }
-    decoded += batch;
+    decoded += n;
     if (round > 2 && absl::ToDoubleSeconds(absl::Now() - start) >= seconds) break;
   }
   cudaStreamSynchronize(stream);
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   const double busy = (BusyCoreSeconds() - busy0) / wall;
-  std::printf("{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
-              "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
-              "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
-              backend_name.c_str(), (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
-              backend_name.c_str(), engines, batch, files, decoded, wall,
-              decoded / wall, busy);
+  std::printf(
+      "{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
+      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,"
+      "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
+      "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
+      backend_name.c_str(),
+      (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
+      backend_name.c_str(), format_name.c_str(), static_cast<long>(step_ms), vary, engines, batch,
+      files, decoded, wall, decoded / wall, busy);
   return 0;
 }
 

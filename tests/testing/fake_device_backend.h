@@ -62,6 +62,7 @@ class FakeDeviceRing final : public server::DeviceRing {
     --log_->rings_alive;
   }
   const server::DeviceRingExport& exported() const override { return exported_; }
+  void SetMps(bool mps) { exported_.mps = mps; }
   absl::StatusOr<UniqueFd> ExportFd() const override {
     return absl::FailedPreconditionError("fake ring has no fd");
   }
@@ -223,6 +224,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
     used_ += bytes;
     auto ring = std::make_unique<FakeDeviceRing>(log, slots, stride, scratch_bytes);
     ring->refuse_jpeg = refuse_jpeg;
+    ring->SetMps(mps);
     ring->before_stage = before_stage;
     last = ring.get();
     return std::unique_ptr<server::DeviceRing>(std::move(ring));
@@ -235,6 +237,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
   bool stage = true;          // StageIn works
   bool nvjpeg = true;         // NvjpegStatus is OK
   bool refuse_jpeg = false;   // given to new rings
+  bool mps = false;           // new rings' GPU runs under MPS
   std::function<void(std::byte*, const server::StagedLayout&)> before_stage;  // given to new rings
 
   void Post(const std::string&, std::function<void()> work) override {

@@ -90,12 +90,14 @@ void PrintRates(const Sample& before, const Sample& now, bool json) {
                  : 0;
     session_rows.push_back({absl::StrCat(s.session_id), s.job, absl::StrCat(s.rank), s.delivery,
                             absl::StrFormat("%.1f", batches), absl::StrFormat("%.1f", bytes / 1e6),
-                            absl::StrFormat("%.0f%%", blocked), absl::StrFormat("%.0f%%", wait)});
+                            absl::StrFormat("%.0f%%", blocked), absl::StrFormat("%.0f%%", wait),
+                            absl::StrFormat("%.0f%%", 100 * s.cpu_decode_share)});
     session_json.push_back(absl::StrFormat(
         "{\"session_id\":%d,\"job\":%s,\"rank\":%d,\"delivery\":%s,\"batches_per_s\":%.3f,"
-        "\"bytes_per_s\":%.1f,\"producer_blocked_pct\":%.2f,\"consumer_wait_pct\":%.2f}",
+        "\"bytes_per_s\":%.1f,\"producer_blocked_pct\":%.2f,\"consumer_wait_pct\":%.2f,"
+        "\"cpu_decode_pct\":%.1f}",
         s.session_id, JsonString(s.job), s.rank, JsonString(s.delivery), batches, bytes, blocked,
-        wait));
+        wait, 100 * s.cpu_decode_share));
   }
   if (json) {
     std::printf("{\"interval_s\":%.3f,\"feeds\":[%s],\"sessions\":[%s]}\n", dt,
@@ -106,7 +108,7 @@ void PrintRates(const Sample& before, const Sample& now, bool json) {
   PrintTable({"FEED", "KIND", "SESSIONS", "BATCHES/S", "MB/S"}, feed_rows);
   std::puts("");
   PrintTable({"SESSION", "JOB", "RANK", "DELIVERY", "BATCHES/S", "MB/S", "PRODUCER_BLOCKED",
-              "CONSUMER_WAIT"},
+              "CONSUMER_WAIT", "CPU_DECODE"},
              session_rows);
   std::fflush(stdout);
 }

@@ -277,6 +277,7 @@ struct SessionSummary {
   uint64_t bytes_delivered = 0;
   int64_t producer_blocked_ns = 0;  // the ring was full: the daemon waited for the consumer
   int64_t consumer_wait_ns = 0;     // the consumer waited for batches (its data stall)
+  double cpu_decode_share = 0;      // decode auto without MPS: the CPU's share of the rows
   int64_t streaming_ns = 0;         // since the stream opened
 };
 

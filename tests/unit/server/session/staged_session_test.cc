@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/session/decode_share.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "tests/testing/fake_device_backend.h"
@@ -169,7 +170,8 @@ TEST_F(StagedSessionTest, DctScaledCpuDecodeStagesTheScaledCrop) {
 
 TEST_F(StagedSessionTest, NvjpegPathStagesFilesItTakesAndDecodesTheRestOnTheCpu) {
   AttachSpec spec = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
-  absl::StatusOr<Attachment> a = manager_->Attach(spec);  // decode auto: nvJPEG is "there"
+  spec.decode = DecodeChoice::kNvjpeg;  // no adaptive share: every row nvJPEG takes
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->stage, StageMode::kNvjpeg);
   EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
@@ -177,6 +179,135 @@ TEST_F(StagedSessionTest, NvjpegPathStagesFilesItTakesAndDecodesTheRestOnTheCpu)
   EXPECT_EQ(devices_.last->jpegs.load(), 8);
   EXPECT_EQ(devices_.last->raws.load(), 4);
   EXPECT_EQ(devices_.last->redone.load(), 0);
+}
+
+// decode auto without MPS (session/decode_share.h): each time the ring fills, the CPU takes
+// 1/64 more of the rows; a consumer's wait of more than 1 ms takes 1/8 back. Rows keep
+// equal to the CPU path whichever decoder made them.
+TEST_F(StagedSessionTest, DecodeAutoShiftsRowsToTheCpuWhileTheRingStaysFull) {
+  AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  spec.stop_epoch = 0;  // no end
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->stage, StageMode::kNvjpeg);
+  absl::StatusOr<std::shared_ptr<Session>> session = manager_->Find(a->session_id, a->token);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->BindStream([] {}).ok());
+  EXPECT_LE((*session)->Snapshot().cpu_decode_share, 1.0 / 64);  // 0, or the first fill-up
+  // Waits until both slots hold batches (the ring is full), then takes and releases one.
+  auto full_then_release = [&](absl::Duration waited) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    StreamEvent e = Next(**session);
+    ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+    ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation, waited).ok());
+  };
+  // Fill-ups 1..8: the ring became full 8 times (the first fill, then after each release).
+  for (int i = 0; i < 7; ++i) full_then_release(absl::ZeroDuration());
+  full_then_release(absl::Microseconds(900));  // a wait of at most 1 ms is not "behind"
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  EXPECT_DOUBLE_EQ((*session)->Snapshot().cpu_decode_share, 9.0 / 64);
+  full_then_release(absl::Milliseconds(5));  // behind: 1/8 back, then the refill adds 1/64
+  while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  EXPECT_DOUBLE_EQ((*session)->Snapshot().cpu_decode_share, 9.0 / 64 - 1.0 / 8 + 1.0 / 64);
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+}
+
+TEST_F(StagedSessionTest, AFullShareDecodesEveryRowOnTheCpuAndEqualsTheCpuPath) {
+  AttachSpec spec = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
+  spec.stop_epoch = 60;  // 120 batches: the share reaches 1 after 64 fill-ups
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto session = manager_->Find(a->session_id, a->token);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->BindStream([] {}).ok());
+  int64_t jpegs_at_full = -1, raws_at_full = -1;
+  for (int b = 0; b < 120; ++b) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline && b < 119) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    if (jpegs_at_full < 0 && (*session)->Snapshot().cpu_decode_share == 1.0) {
+      jpegs_at_full = devices_.last->jpegs.load();
+      raws_at_full = devices_.last->raws.load();
+    }
+    StreamEvent e = Next(**session);
+    ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+    ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
+  }
+  ASSERT_GE(jpegs_at_full, 0) << "the share never reached 1";
+  // The two batches in the ring then (63 and 64) were staged, and counted, at lower shares;
+  // the 55 after them have no JPEG record: the CPU decoded all their rows.
+  EXPECT_EQ(devices_.last->jpegs.load() - jpegs_at_full, 0);
+  EXPECT_EQ(devices_.last->raws.load() - raws_at_full, 55 * 3);
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  // Whichever decoder made a row, it equals the CPU path (a fresh job, shares from 0 up).
+  AttachSpec check = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
+  check.job = "check";
+  absl::StatusOr<Attachment> c = manager_->Attach(check);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(ConsumeAndCompare(check, *c), 4);
+}
+
+TEST_F(StagedSessionTest, NoAdaptiveShareUnderMpsOrForAnExplicitNvjpeg) {
+  for (const bool mps : {true, false}) {
+    devices_.mps = mps;
+    AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+    spec.job = absl::StrCat("fixed-", mps);
+    spec.decode = mps ? DecodeChoice::kAuto : DecodeChoice::kNvjpeg;
+    spec.stop_epoch = 20;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto session = manager_->Find(a->session_id, a->token);
+    ASSERT_TRUE((*session)->BindStream([] {}).ok());
+    for (int b = 0; b < 40; ++b) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline && b < 39) {
+        absl::SleepFor(absl::Microseconds(200));
+      }
+      StreamEvent e = Next(**session);
+      ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+      ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
+    }
+    EXPECT_EQ((*session)->Snapshot().cpu_decode_share, 0.0) << (mps ? "MPS" : "decode nvjpeg");
+    // 4 colour baseline JPEGs of the 6 images per epoch, 20 epochs: all to "nvJPEG".
+    EXPECT_EQ(devices_.last->jpegs.load(), 80) << (mps ? "MPS" : "decode nvjpeg");
+    ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  }
+  devices_.mps = false;
+}
+
+TEST(DecodeShareTest, RowsSpreadEvenlyAndTheControllerIsBounded) {
+  auto cpu_rows = [](double share, int batch) {
+    std::vector<int> rows;
+    for (int r = 0; r < batch; ++r) {
+      if (CpuDecodesRow(r, share)) rows.push_back(r);
+    }
+    return rows;
+  };
+  EXPECT_TRUE(cpu_rows(0, 8).empty());
+  EXPECT_EQ(cpu_rows(1, 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(cpu_rows(0.25, 8), (std::vector<int>{3, 7}));
+  EXPECT_EQ(cpu_rows(0.5, 6), (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(cpu_rows(0.75, 4), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(cpu_rows(0.3, 256).size(), 76u);  // floor(256 * 0.3)
+  DecodeShare share;
+  EXPECT_EQ(share.share(), 0);
+  share.Waited(absl::Seconds(1));
+  EXPECT_EQ(share.share(), 0);  // never below 0
+  for (int i = 0; i < 100; ++i) share.Ahead();
+  EXPECT_EQ(share.share(), 1);          // never above 1
+  share.Waited(absl::Milliseconds(1));  // 1 ms is not more than 1 ms
+  EXPECT_EQ(share.share(), 1);
+  share.Waited(absl::Milliseconds(2));
+  EXPECT_DOUBLE_EQ(share.share(), 7.0 / 8);
 }
 
 TEST_F(StagedSessionTest, ResizeThenCentreCropAndPaddedCentreCropOnTheGpuPath) {

@@ -14,8 +14,8 @@
 #include "common/os/fd.h"
 #include "common/os/file.h"
 #include "server/augment/crop.h"
+#include "server/augment/fast_augment.h"
 #include "server/augment/pipeline.h"
-#include "server/augment/resize.h"
 #include "server/decode/image_decoder.h"
 #include "server/pipeline/dataset.h"
 #include "server/reader/image_folder.h"
@@ -301,40 +301,11 @@ class ImageFolderDataset final : public ImageDataset {
     return g;
   }
 
-  // The CPU path: geometry, then the output stage, into one finished image row.
+  // The CPU path: geometry, then the output stage, into one finished image row (SIMD, in one
+  // pass; bit-equal to ResizedCrop, the window, then WriteImage, and to the kernel's arithmetic).
   void Augment(const Image& image, const StagedGeometry& g, std::byte* out) const {
     metrics::StageTimer timer(metrics::Stage::kAugment);
-    const int oh = plan_.out_height, ow = plan_.out_width;
-    std::vector<float> pixels(static_cast<size_t>(oh) * ow * 3);
-    const CropBox crop{g.crop_top, g.crop_left, g.crop_height, g.crop_width};
-    if (plan_.random_resized_crop) {
-      ResizedCrop(image, crop, oh, ow, g.flip != 0, pixels.data());
-    } else {
-      const int sh = g.resize_height, sw = g.resize_width;
-      std::vector<float> resized;
-      if (plan_.resize) {
-        resized.resize(static_cast<size_t>(sh) * sw * 3);
-        ResizedCrop(image, crop, sh, sw, false, resized.data());
-      }
-      // Reads the window straight from the resized floats or the decoded bytes.
-      auto window = [&](const auto* source) {
-        for (int y = 0; y < oh; ++y) {
-          for (int x = 0; x < ow; ++x) {
-            const int sy = g.window_top + y, sx = g.window_left + x;
-            float* d = &pixels[(static_cast<size_t>(y) * ow + (g.flip ? ow - 1 - x : x)) * 3];
-            const bool inside = sy >= 0 && sy < sh && sx >= 0 && sx < sw;
-            const auto* s = source + (static_cast<size_t>(inside ? sy : 0) * sw + (inside ? sx : 0)) * 3;
-            for (int c = 0; c < 3; ++c) d[c] = inside ? static_cast<float>(s[c]) : 0.0f;
-          }
-        }
-      };
-      if (plan_.resize) {
-        window(resized.data());
-      } else {
-        window(image.rgb.data());
-      }
-    }
-    WriteImage(pixels.data(), oh, ow, plan_.output, out);
+    FastAugment(image, g, plan_.out_height, plan_.out_width, plan_.output, out);
   }
 
   // A decoded image into the arena: the pixels the kernel reads (the crop box of a random

@@ -22,6 +22,7 @@ EXPECTED = {
     "spdlog": r"libspdlog1(\.\d+)?(t64)?",
     "libjpeg-turbo": r"libturbojpeg0?",
     "libpng": r"libpng16-16(t64)?",
+    "highway": r"libhwy1(t64)?",
     "prometheus-cpp": r"libprometheus-cpp-pull\d.*",
     "libsystemd": r"libsystemd0",
 }

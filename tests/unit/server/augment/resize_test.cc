@@ -3,48 +3,13 @@
 #include <cmath>
 
 #include "gtest/gtest.h"
+#include "tests/testing/resample_reference.h"
 
 namespace gpufeed::server {
 namespace {
 
-Image Noise(int h, int w, unsigned seed) {
-  Image image{h, w, std::vector<uint8_t>(static_cast<size_t>(h) * w * 3)};
-  for (uint8_t& v : image.rgb) {
-    seed = seed * 1103515245u + 12345u;
-    v = static_cast<uint8_t>(seed >> 16);
-  }
-  return image;
-}
-
-// An independent, straightforward reference: for each output pixel, the 2-D sum over the
-// input of the product of the two 1-D triangle weights (computed on the spot, in double).
-double Weight(int out_i, int in_j, int in_size, int out_size) {
-  const double scale = static_cast<double>(in_size) / out_size;
-  const double support = std::max(scale, 1.0);
-  const double center = scale * (out_i + 0.5);
-  if (in_j < std::max(static_cast<int>(center - support + 0.5), 0) ||
-      in_j >= std::min(static_cast<int>(center + support + 0.5), in_size)) {
-    return 0;
-  }
-  return std::max(0.0, 1.0 - std::abs((in_j - center + 0.5) / std::max(scale, 1.0)));
-}
-
-double Reference(const Image& image, const CropBox& box, int oh, int ow, int y, int x, int c) {
-  double num = 0, den_y = 0, den_x = 0;
-  for (int j = 0; j < box.height; ++j) den_y += Weight(y, j, box.height, oh);
-  for (int k = 0; k < box.width; ++k) den_x += Weight(x, k, box.width, ow);
-  for (int j = 0; j < box.height; ++j) {
-    const double wy = Weight(y, j, box.height, oh);
-    if (wy == 0) continue;
-    for (int k = 0; k < box.width; ++k) {
-      const double wx = Weight(x, k, box.width, ow);
-      if (wx == 0) continue;
-      num += wy * wx *
-             image.rgb[(static_cast<size_t>(box.top + j) * image.width + box.left + k) * 3 + c];
-    }
-  }
-  return num / (den_y * den_x);
-}
+using ::gpufeed::testing::Noise;
+using ::gpufeed::testing::ResampleReference;
 
 void ExpectMatchesReference(const Image& image, const CropBox& box, int oh, int ow, bool flip) {
   std::vector<float> out(static_cast<size_t>(oh) * ow * 3);
@@ -54,7 +19,7 @@ void ExpectMatchesReference(const Image& image, const CropBox& box, int oh, int 
     for (int x = 0; x < ow; ++x) {
       for (int c = 0; c < 3; ++c) {
         const int sx = flip ? ow - 1 - x : x;
-        const double ref = Reference(image, box, oh, ow, y, sx, c);
+        const double ref = ResampleReference(image, box, oh, ow, y, sx, c);
         worst = std::max(worst, std::abs(ref - out[(static_cast<size_t>(y) * ow + x) * 3 + c]));
       }
     }

@@ -8,7 +8,9 @@
 # Prints a table (images/s, % of synthetic, the ranks' data wait) and one JSON line; logs
 # under $OUT. Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry
 # [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS]. ONLY="gpufeed ..." runs
-# those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots).
+# those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots);
+# THREADS="4 12" runs the gpufeed tag once per daemon thread count (tags gpufeed-tN past the
+# first; the first count is the plain gpufeed row). IMAGES=N: a dataset of N images.
 set -u
 steps=${1:-300}
 final=${OUT:-/tmp/gpufeed-out}
@@ -17,7 +19,7 @@ rm -rf "$out"; mkdir -p "$out" "$final"
 source "$(dirname "$0")/../gpu/device_env.sh"
 gpus=$(nvidia-smi -L | wc -l)
 data=/tmp/gpufeed-images
-python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images 20000 --classes 100 \
+python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images "${IMAGES:-20000}" --classes 100 \
     --seed 0 >"$out/make_dataset.log" 2>&1
 find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
 export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
@@ -25,10 +27,13 @@ sock=/tmp/gf-goals.sock
 export GPUFEED_SOCKET=$sock
 
 # gpufeedd with 8 GiB of staging and 16 GiB of device memory (device_env.sh's start_daemon).
-start() { start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((8 << 30)) --device_bytes=$((16 << 30)); }
+start() {  # start [THREADS]
+  start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((8 << 30)) \
+      --device_bytes=$((16 << 30)) --threads="${1:-4}"
+}
 train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/TAG.json
   local tag=$1 loader=$2; shift 2
-  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* ]] && return 0
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $tag "* && " $ONLY " != *" ${tag%%-*} "* ]] && return 0
   if [ "$loader" = gpufeed ] && [ -n "${RINGS:-}" ]; then
     local k
     for k in $RINGS; do train_one "$tag-ring$k" "$loader" --ring-slots "$k" "$@"; done
@@ -38,16 +43,31 @@ train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/
 }
 train_one() {
   local tag=$1 loader=$2; shift 2
+  local sampler=
+  if [ "$loader" = gpufeed ]; then  # the sessions' rates, waits and CPU decode share mid-run
+    (sleep "${STATS_AFTER_S:-40}"; "$ctl" --socket "$sock" -o json stats --interval 5s --count 1 \
+         >"$out/$tag.stats.json" 2>&1) &
+    sampler=$!
+  fi
   timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
       "$root/client/python/examples/train_ddp.py" --data "$data" --loader "$loader" \
       --steps "$steps" --warmup 20 --json "$@" >"$out/$tag.log" 2>&1
   grep '^{' "$out/$tag.log" | tail -1 >"$out/$tag.json"
   log "$tag: $(grep -E '^(gpufeed|torch|synthetic):' "$out/$tag.log" | tail -1)"
+  if [ -n "$sampler" ]; then
+    wait "$sampler"
+    log "$tag: stats mid-run: $(grep -o '"sessions":.*' "$out/$tag.stats.json" | cut -c1-400)"
+  fi
 }
 
 log "ResNet-50, $gpus GPU(s), $steps steps"
 train synthetic synthetic
-start && { train gpufeed gpufeed; stop_daemon; }
+first=1
+for t in ${THREADS:-4}; do
+  tag=gpufeed; [ "$first" = 1 ] || tag=gpufeed-t$t
+  first=0
+  start "$t" && { train "$tag" gpufeed; stop_daemon; }
+done
 train dataloader torch --workers 15
 mps=/tmp/gpufeed-goals-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
 export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
@@ -71,7 +91,7 @@ rows = [("synthetic", "synthetic", "synthetic"), ("gpufeed", "gpufeed", "synthet
 print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | data wait |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
-for f in sorted(out.glob("*-ring*.json")):  # RINGS: each depth as a row of its own
+for f in sorted([*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json")]):  # RINGS, THREADS
     tag = f.stem
     rows.append((tag, tag, "mps_synthetic" if tag.startswith("mps_") else "synthetic"))
 for name, tag, ref in rows:

@@ -11,7 +11,9 @@ if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
                                /usr/local/cuda*/lib64/libnvjpeg.so.1[23] 2>/dev/null | head -1)
   export GPUFEED_NVJPEG_LIBRARY
 fi
-log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
+# log: to the terminal and $out/summary.log, and, where the script set $final (its $OUT), to
+# $final/progress.log as it happens: a run cut short by the device's limit says how far it got.
+log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log" ${final:+"$final/progress.log"}; }
 # SKIP="step step ..." leaves those steps out.
 want() { [[ " ${SKIP:-} " != *" $1 "* ]]; }
 # start_daemon SOCKET LOG [FLAG...]: gpufeedd on SOCKET in the background ($daemon: its pid)

@@ -7,18 +7,17 @@
 #      image_bench nvjpeg decoding one batch of 256 every STEP_MS (the training's own pace)
 #      in each output format, and beside the daemon's nvJPEG + kernel path
 #      (gpufeedctl consume --device cuda:0 --step-ms STEP_MS).
-#   3. the CPU image path (decode cpu, augment cpu, 16 threads) and libjpeg-turbo's one-core
+#   3. nvJPEG's batched decode alone with the batch size fixed, then alternating (the decoder
+#      re-initialised before every batch, as when the rows nvJPEG takes vary).
+#   4. the CPU image path (decode cpu, augment cpu, 16 threads) and libjpeg-turbo's one-core
 #      rate, for part 4's goal.
 # Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-# bash tests/gpu/interference_on_device.sh. SKIP="ncu train cpu" leaves parts out.
+# bash tests/gpu/interference_on_device.sh. SKIP="ncu train vary cpu" leaves parts out.
 set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-interference
 rm -rf "$out"; mkdir -p "$out" "$final"
 source "$(dirname "$0")/device_env.sh"
-# Progress lands in $final as it happens: a run cut short by the device's limit still says
-# how far it got.
-log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log" "$final/progress.log"; }
 bench=$bundle/bin/image_bench
 steps=${STEPS:-150}
 step_ms=${STEP_MS:-59}
@@ -74,7 +73,8 @@ beside() {  # beside TAG FLAGS...: train while image_bench nvjpeg decodes at the
   log "$tag: beside $(cat "$out/$tag.bench.json")"
 }
 # BESIDE="TAG:FLAGS;TAG:FLAGS": the image_bench nvjpeg runs to train beside (STEP in FLAGS
-# is the training's pace); DAEMON=0 leaves out the daemon's own paths.
+# is the training's pace; BESIDE="" runs none); DAEMON=0 leaves out the daemon's own paths,
+# DAEMON_ROWS="nvjpeg cpu auto" picks among them; THREADS: the daemon's --threads (4).
 default_beside="nvjpeg_rgbi_interp:--format rgbi --flags 32 --step-ms STEP;nvjpeg_rgbi:--format rgbi --step-ms STEP;\
 nvjpeg_yuv:--format yuv --step-ms STEP;nvjpeg_y:--format y --step-ms STEP;\
 nvjpeg_unchanged:--format unchanged --step-ms STEP;nvjpeg_rgbi_interp_full:--format rgbi --flags 32"
@@ -86,20 +86,27 @@ daemon_beside() {  # daemon_beside TAG DECODE: train beside gpufeedctl consume a
   local cpid=$!
   sleep 6
   train "$tag"
+  log "$tag: $("$ctl" --socket "$sock" -o json stats --interval 2s --count 1 2>&1 | grep -o '"sessions":.*' | cut -c1-300)"
   kill -INT "$cpid" && log "$tag: consume still running at the end, as it should"
   wait "$cpid" 2>/dev/null
 }
 if want train; then
   train alone
-  IFS=';' read -ra variants <<<"${BESIDE:-$default_beside}"
+  variants=()  # BESIDE="" runs none
+  [ -n "${BESIDE-$default_beside}" ] && IFS=';' read -ra variants <<<"${BESIDE-$default_beside}"
   for v in "${variants[@]}"; do
     # shellcheck disable=SC2086  # the flags split on purpose
     beside "${v%%:*}" ${v#*:}
   done
   tags=$(for v in "${variants[@]}"; do printf '%s ' "${v%%:*}"; done)
-  if [ "${DAEMON:-1}" = 1 ] && start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((4 << 30)) --device_bytes=$((8 << 30)); then
-    daemon_beside daemon_nvjpeg nvjpeg
-    daemon_beside daemon_cpu_decode_gpu_kernel cpu
+  if [ "${DAEMON:-1}" = 1 ] && start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((4 << 30)) --device_bytes=$((8 << 30)) --threads="${THREADS:-4}"; then
+    for d in ${DAEMON_ROWS:-nvjpeg cpu auto}; do
+      case $d in
+        nvjpeg) daemon_beside daemon_nvjpeg nvjpeg ;;
+        cpu) daemon_beside daemon_cpu_decode_gpu_kernel cpu ;;
+        auto) daemon_beside daemon_auto auto ;;
+      esac
+    done
     stop_daemon
   fi
   python3 - "$out" "$step_ms" "$tags" <<'EOF' | tee -a "$out/summary.log"
@@ -121,7 +128,8 @@ def label(tag):  # what image_bench ran beside, from its own JSON line
     return f"image_bench nvjpeg: {b['backend']} {b['format']}{flags}, {pace}"
 rows = ([("training alone", "alone")] + [(label(t), t) for t in tags] +
         [(f"gpufeedd nvJPEG + kernel, consume --step-ms {step}", "daemon_nvjpeg"),
-         (f"gpufeedd CPU decode + kernel, consume --step-ms {step}", "daemon_cpu_decode_gpu_kernel")])
+         (f"gpufeedd CPU decode + kernel, consume --step-ms {step}", "daemon_cpu_decode_gpu_kernel"),
+         (f"gpufeedd decode auto (adaptive CPU share), consume --step-ms {step}", "daemon_auto")])
 print("\n| beside synthetic ResNet-50 training, 1 GPU, no MPS | training images/s | vs alone | decode images/s |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "interference"}
@@ -143,7 +151,16 @@ print(json.dumps(summary))
 EOF
 fi
 
+if want vary; then  # what re-initialising the batched decoder before every batch costs
+  for n in 0 4; do
+    "$bench" nvjpeg --data "$data" --batch 256 --seconds 10 --flags 32 --vary "$n" \
+        2>>"$out/vary.err" | tee -a "$out/vary.jsonl"
+  done
+  log "vary: $(tr '\n' ' ' <"$out/vary.jsonl")"
+fi
+
 if want cpu; then
+  "$bundle/bin/cpu_augment_bench" --data "$data" --files 200 2>>"$out/cpu.err" | tee "$out/cpu_augment.md"
   "$bench" decode --data "$data" --files 2000 2>>"$out/cpu.err" | tee "$out/cpu.jsonl"
   if start_daemon "$sock" "$out/gpufeedd-cpu.log" --threads=16 --staging_bytes=$((4 << 30)); then
     "$bench" feed --socket "$sock" --data "$data" --pipeline "$pipeline" --decode cpu --augment cpu \

@@ -233,6 +233,50 @@ TEST_F(NvjpegSessionsTest, SequentialAndConcurrentSessionsMatchTheCpuPathRowByRo
   EXPECT_THAT(daemon_->process().Stderr(), ::testing::Not(HasSubstr("decoding those on the CPU")));
 }
 
+// decode auto without MPS (session/decode_share.h): the consumer here is slower than nvJPEG
+// (it copies each batch back and compares it), so the ring keeps filling and the CPU's share
+// of the rows grows: batches mix the two decoders, and every row of every epoch still equals
+// the CPU path's. Under MPS the share stays 0, which the test checks instead.
+TEST_F(NvjpegSessionsTest, DecodeAutoMixesTheDecodersAndEveryRowMatchesTheCpuPath) {
+  constexpr int kEpochs = 8;
+  client::AttachOptions o = Options("auto", 300);
+  o.decode = "auto";
+  o.stop_epoch = kEpochs;
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_EQ((*session)->info().decode, "nvjpeg");
+  const bool mps = (*session)->info().daemon_mps == 1;
+  auto admin = client::AdminClient::Connect(daemon_->socket());
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  std::atomic<bool> done{false};
+  double most = 0;
+  std::thread poll([&] {
+    while (!done.load()) {
+      absl::StatusOr<std::vector<client::SessionSummary>> s = (*admin)->ListSessions();
+      for (const client::SessionSummary& x : s.ok() ? *s : std::vector<client::SessionSummary>{}) {
+        if (x.job == "auto") most = std::max(most, x.cpu_decode_share);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  const Check c = ConsumeAndCompare(**session, 300, "decode auto");
+  done = true;
+  poll.join();
+  std::printf("[ measure ] decode auto: largest CPU share seen %.3f (MPS %s)\n", most,
+              mps ? "on" : "off");
+  EXPECT_EQ(c.batches, kEpochs * ((kImages + 63) / 64));
+  EXPECT_EQ(c.rows, kEpochs * kImages);
+  EXPECT_EQ(c.bad_rows, 0) << "first bad rows:\n"
+                           << absl::StrJoin(c.bad.begin(),
+                                            c.bad.begin() + std::min<size_t>(c.bad.size(), 12),
+                                            "\n");
+  if (mps) {
+    EXPECT_EQ(most, 0.0);
+  } else {
+    EXPECT_GT(most, 0.1) << "the CPU never took a share: the batches were not mixed";
+  }
+}
+
 // Issue 10's hang, as users drive it: several sessions of B=256 through the ImageNet training
 // pipeline, ring of 2 slots (the automatic depth), consumed as fast as they go for 5 epochs,
 // with files nvJPEG refuses mixed in (their JPEG headers pass inspection; their entropy data

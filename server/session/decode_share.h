@@ -1,17 +1,20 @@
-// decode auto, without MPS: how much of each staged batch the CPU pool decodes, nvJPEG the
-// rest. Measured on an H200 (tests/gpu/interference_on_device.sh): nvJPEG's hardware engines
-// cost a training process on the same GPU about 8.5 ms of its time per batch of 256 images,
-// in every output format (RGBI launches one colour-conversion kernel per image, YUV none, and
-// both cost the same), so ~16 % at ResNet-50's pace; the CPU decode path with our kernel costs
-// it ~1 %. Under MPS the engines' work runs beside training, not time-sliced against it, so
-// there the daemon keeps nvJPEG for every row.
+// decode auto, without MPS, with --adaptive_decode: how much of each staged batch the CPU pool
+// decodes, nvJPEG the rest. Measured on an H200 (tests/gpu/interference_on_device.sh): nvJPEG's
+// hardware engines cost a training process on the same GPU about 8.5 ms of its time per batch
+// of 256 images in every output format (RGBI launches one colour-conversion kernel per image,
+// YUV none, and both cost the same), so ~16 % at ResNet-50's pace; the CPU decode path with
+// our kernel costs it ~1 %. Under MPS the engines' work runs beside training, not time-sliced
+// against it, so there nvJPEG keeps every row.
 //
-// The controller is additive-increase, larger-decrease, like a congestion window: each time
-// the ring fills up (the producer is ahead of the consumer) the CPU takes 1/64 more of the
-// batch; each time the consumer reports a wait of more than 1 ms for a batch, 1/8 less.
+// The signal is the batch's own fill time against the consumer's pace. A fill (the CPU side
+// of a batch: reads, the CPU's decodes, staging) that takes under half the time between the
+// consumer's releases leaves the pool room: the CPU takes 1/32 more of the next batches; one
+// over 0.8 of it: 1/8 less. So the pool decodes what it keeps up with, whatever the thread
+// count, the other sessions sharing the pool or the consumer's pace. (A first version grew
+// the share when the ring filled and shrank it when the consumer waited; at ResNet-50's pace
+// on the H200 the ring of 2 large batches was never full and the consumer waited a little on
+// every batch for other reasons, so the share stayed 0: measured, 2026-12-01.)
 // StageTarget::cpu_share carries the share to the rows (CpuDecodesRow, pipeline/dataset.h).
-// So the CPU pool decodes as much as it keeps up with, whatever the thread count, the other
-// sessions sharing the pool or the consumer's pace, and nvJPEG takes the rest.
 #pragma once
 
 #include <algorithm>
@@ -22,21 +25,47 @@ namespace gpufeed::server {
 
 class DecodeShare {
  public:
-  static constexpr double kUp = 1.0 / 64;
+  static constexpr double kUp = 1.0 / 32;
   static constexpr double kDown = 1.0 / 8;
-  static constexpr absl::Duration kBehind = absl::Milliseconds(1);
+  static constexpr double kRoom = 0.5;  // fill / period under this: the pool has room
+  static constexpr double kFull = 0.8;  // over this: the pool is near keeping the consumer waiting
 
   // The fraction of rows the CPU decodes, in [0, 1]; starts at 0 (nvJPEG for all).
   double share() const { return share_; }
-  // The ring just filled: the producer is ahead.
-  void Ahead() { share_ = std::min(1.0, share_ + kUp); }
-  // The consumer waited `waited` for a batch (as its release reports).
-  void Waited(absl::Duration waited) {
-    if (waited > kBehind) share_ = std::max(0.0, share_ - kDown);
+
+  // A batch's fill took `fill` while the consumer takes a batch every `period` (zero: not
+  // known yet, no change).
+  void Filled(absl::Duration fill, absl::Duration period) {
+    if (period <= absl::ZeroDuration()) return;
+    const double ratio = absl::FDivDuration(fill, period);
+    if (ratio < kRoom) {
+      share_ = std::min(1.0, share_ + kUp);
+    } else if (ratio > kFull) {
+      share_ = std::max(0.0, share_ - kDown);
+    }
   }
 
  private:
   double share_ = 0;
+};
+
+// The consumer's pace: a moving average (weight 1/5 for the newest) of the time between its
+// releases.
+class ReleasePace {
+ public:
+  void Released(absl::Time now) {
+    if (last_ != absl::InfinitePast()) {
+      const absl::Duration gap = now - last_;
+      period_ = period_ == absl::ZeroDuration() ? gap : (period_ * 4 + gap) / 5;
+    }
+    last_ = now;
+  }
+  // Zero until two releases.
+  absl::Duration period() const { return period_; }
+
+ private:
+  absl::Time last_ = absl::InfinitePast();
+  absl::Duration period_;
 };
 
 }  // namespace gpufeed::server

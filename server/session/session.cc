@@ -219,7 +219,6 @@ void Session::UpdateBlockedLocked() {
   const absl::Time now = params_.clock();
   if (full && blocked_since_ == absl::InfiniteFuture()) {
     blocked_since_ = now;
-    if (params_.adaptive_decode) decode_share_.Ahead();
   } else if (!full && blocked_since_ != absl::InfiniteFuture()) {
     blocked_ += now - blocked_since_;
     blocked_since_ = absl::InfiniteFuture();
@@ -248,7 +247,7 @@ absl::Status Session::Release(int32_t slot_index, uint64_t generation, absl::Dur
     slot.state = SlotState::kFree;
     all_leased_since_ = absl::InfiniteFuture();
     consumer_wait_ += waited;
-    if (params_.adaptive_decode) decode_share_.Waited(waited);
+    if (params_.adaptive_decode) release_pace_.Released(params_.clock());
     UpdateBlockedLocked();
     schedule = WantScheduleLocked();
   }
@@ -302,6 +301,7 @@ void Session::FillOne() {
     // The previous copy out of this host slot must be done before it is overwritten.
     if (absl::Status s = device_ring_->WaitCopied(slot->batch.slot); !s.ok()) valid = s;
   }
+  const absl::Time fill_start = params_.clock();
   if (valid.ok()) {
     std::byte* data = ring_data_ + static_cast<uint64_t>(slot->batch.slot) * stride_;
     auto parallel = [this](int n, const std::function<void(int)>& fn) {
@@ -314,11 +314,13 @@ void Session::FillOne() {
                                     data, std::span<int64_t>(slot->batch.ids), parallel);
   }
 
+  const absl::Duration fill = params_.clock() - fill_start;
   bool failed_here = false;
   bool copy = false;
   TakenRings rings;
   {
     absl::MutexLock lock(&mu_);
+    if (params_.adaptive_decode && valid.ok()) decode_share_.Filled(fill, release_pace_.period());
     if (valid.ok() && closed_.ok() && device_ != nullptr) {
       slot->batch.valid = *valid;
       slot->state = SlotState::kCopying;  // stays in flight until the copy is enqueued

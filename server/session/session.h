@@ -107,8 +107,8 @@ struct SessionParams {
   // Device delivery of image datasets: kNone finishes samples on the CPU; kCpuDecode and
   // kNvjpeg stage them for the GPU's kernel (augment/staged.h).
   StageMode stage = StageMode::kNone;
-  // kNvjpeg from decode auto on a GPU not under MPS: the CPU pool decodes the share of each
-  // batch it keeps up with (DecodeShare), nvJPEG the rest.
+  // kNvjpeg from decode auto on a GPU not under MPS, with --adaptive_decode: the CPU pool
+  // decodes the share of each batch it keeps up with (DecodeShare), nvJPEG the rest.
   bool adaptive_decode = false;
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
@@ -272,6 +272,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
   DecodeShare decode_share_ ABSL_GUARDED_BY(mu_);  // with params_.adaptive_decode
+  ReleasePace release_pace_ ABSL_GUARDED_BY(mu_);
   absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time all_leased_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };

@@ -98,8 +98,8 @@ struct SessionManagerOptions {
   uint64_t auto_ring_bytes = uint64_t{64} << 20;
   int32_t max_ring_slots = 64;
   // decode auto on a GPU not under MPS: the CPU pool decodes the share of each batch it keeps
-  // up with, nvJPEG the rest (session/decode_share.h); false: nvJPEG for every row it can.
-  bool adaptive_decode = true;
+  // up with, nvJPEG the rest (session/decode_share.h); off: nvJPEG for every row it can.
+  bool adaptive_decode = false;
   // A session whose stream is not open this long after Attach is ended.
   absl::Duration attach_timeout = absl::Seconds(10);
   // How often leases are checked.

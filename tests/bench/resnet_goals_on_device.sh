@@ -11,6 +11,7 @@
 # those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots);
 # THREADS="4 12" runs the gpufeed tag once per daemon thread count (tags gpufeed-tN past the
 # first; the first count is the plain gpufeed row). IMAGES=N: a dataset of N images.
+# DAEMON_FLAGS="--adaptive_decode": more gpufeedd flags.
 set -u
 steps=${1:-300}
 final=${OUT:-/tmp/gpufeed-out}
@@ -29,7 +30,7 @@ export GPUFEED_SOCKET=$sock
 # gpufeedd with 8 GiB of staging and 16 GiB of device memory (device_env.sh's start_daemon).
 start() {  # start [THREADS]
   start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((8 << 30)) \
-      --device_bytes=$((16 << 30)) --threads="${1:-4}"
+      --device_bytes=$((16 << 30)) --threads="${1:-4}" ${DAEMON_FLAGS:-}
 }
 train() {  # train TAG LOADER [flags]: one torchrun; the JSON line goes to $out/TAG.json
   local tag=$1 loader=$2; shift 2

@@ -87,7 +87,8 @@ daemon_beside() {  # daemon_beside TAG DECODE: train beside gpufeedctl consume a
   sleep 6
   train "$tag"
   log "$tag: $("$ctl" --socket "$sock" -o json stats --interval 2s --count 1 2>&1 | grep -o '"sessions":.*' | cut -c1-300)"
-  kill -INT "$cpid" && log "$tag: consume still running at the end, as it should"
+  # SIGTERM: a background job of a non-interactive shell ignores SIGINT.
+  kill -TERM "$cpid" && log "$tag: consume still running at the end, as it should"
   wait "$cpid" 2>/dev/null
 }
 if want train; then

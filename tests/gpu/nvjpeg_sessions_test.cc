@@ -101,7 +101,7 @@ class NvjpegSessionsTest : public ::testing::Test {
     }
     daemon_ = std::make_unique<Daemon>(
         dir_, std::vector<std::string>{"--threads=4", "--staging_bytes=2147483648",
-                                       "--device_bytes=17179869184"});
+                                       "--device_bytes=17179869184", "--adaptive_decode"});
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
     server::DatasetSpec spec;
     spec.kind = server::DatasetKind::kImageFolder;
@@ -233,9 +233,9 @@ TEST_F(NvjpegSessionsTest, SequentialAndConcurrentSessionsMatchTheCpuPathRowByRo
   EXPECT_THAT(daemon_->process().Stderr(), ::testing::Not(HasSubstr("decoding those on the CPU")));
 }
 
-// decode auto without MPS (session/decode_share.h): the consumer here is slower than nvJPEG
-// (it copies each batch back and compares it), so the ring keeps filling and the CPU's share
-// of the rows grows: batches mix the two decoders, and every row of every epoch still equals
+// decode auto without MPS, --adaptive_decode (session/decode_share.h): the consumer here is
+// slower than the fills (it copies each batch back and compares it), so the CPU's share of
+// the rows grows: batches mix the two decoders, and every row of every epoch still equals
 // the CPU path's. Under MPS the share stays 0, which the test checks instead.
 TEST_F(NvjpegSessionsTest, DecodeAutoMixesTheDecodersAndEveryRowMatchesTheCpuPath) {
   constexpr int kEpochs = 8;

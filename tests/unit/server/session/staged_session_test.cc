@@ -13,6 +13,7 @@
 #include "server/session/decode_share.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_device_backend.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/temp_dir.h"
@@ -54,6 +55,10 @@ class StagedSessionTest : public ::testing::Test {
     pool_ = std::move(*pool);
     SessionManagerOptions options;
     options.threads = 2;
+    // decode auto's adaptive CPU share (session/decode_share.h) on, paced by the test's clock:
+    // fills take no time on it, and the consumer's pace is what the tests advance it by.
+    options.adaptive_decode = true;
+    options.clock = clock_.AsClock();
     manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
   }
 
@@ -82,6 +87,14 @@ class StagedSessionTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(1));
     }
     return {};
+  }
+
+  // Waits (up to 10 s) until both slots of the session's ring hold batches.
+  static void WaitForFullRing(Session& s) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (s.Snapshot().slots_ready < 2 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
   }
 
   // Consumes the whole stream of `spec` and checks every row of every batch against the CPU
@@ -132,6 +145,7 @@ class StagedSessionTest : public ::testing::Test {
   // After the pool, before the manager: work still queued on its copy thread at teardown
   // returns rings to the pool.
   testing::FakeDeviceBackend devices_{uint64_t{1} << 30};
+  testing::FakeClock clock_;  // outlives the manager
   std::unique_ptr<SessionManager> manager_;
 };
 
@@ -181,10 +195,10 @@ TEST_F(StagedSessionTest, NvjpegPathStagesFilesItTakesAndDecodesTheRestOnTheCpu)
   EXPECT_EQ(devices_.last->redone.load(), 0);
 }
 
-// decode auto without MPS (session/decode_share.h): each time the ring fills, the CPU takes
-// 1/64 more of the rows; a consumer's wait of more than 1 ms takes 1/8 back. Rows keep
-// equal to the CPU path whichever decoder made them.
-TEST_F(StagedSessionTest, DecodeAutoShiftsRowsToTheCpuWhileTheRingStaysFull) {
+// decode auto without MPS (session/decode_share.h): a fill that takes under half the
+// consumer's pace (the time between its releases) gives the CPU 1/32 more of the rows. On the
+// test's clock fills take no time and the consumer releases every 100 ms.
+TEST_F(StagedSessionTest, DecodeAutoShiftsRowsToTheCpuWhileFillsKeepUpWithTheConsumer) {
   AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
   spec.stop_epoch = 0;  // no end
   absl::StatusOr<Attachment> a = manager_->Attach(spec);
@@ -193,36 +207,48 @@ TEST_F(StagedSessionTest, DecodeAutoShiftsRowsToTheCpuWhileTheRingStaysFull) {
   absl::StatusOr<std::shared_ptr<Session>> session = manager_->Find(a->session_id, a->token);
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE((*session)->BindStream([] {}).ok());
-  EXPECT_LE((*session)->Snapshot().cpu_decode_share, 1.0 / 64);  // 0, or the first fill-up
-  // Waits until both slots hold batches (the ring is full), then takes and releases one.
-  auto full_then_release = [&](absl::Duration waited) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Microseconds(200));
-    }
+  // Waits until both slots hold batches, then takes one and releases it `pace` later.
+  auto release_after = [&](absl::Duration pace) {
+    WaitForFullRing(**session);
     StreamEvent e = Next(**session);
     ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
-    ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation, waited).ok());
+    clock_.Advance(pace);
+    ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
   };
-  // Fill-ups 1..8: the ring became full 8 times (the first fill, then after each release).
-  for (int i = 0; i < 7; ++i) full_then_release(absl::ZeroDuration());
-  full_then_release(absl::Microseconds(900));  // a wait of at most 1 ms is not "behind"
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Microseconds(200));
-  }
-  EXPECT_DOUBLE_EQ((*session)->Snapshot().cpu_decode_share, 9.0 / 64);
-  full_then_release(absl::Milliseconds(5));  // behind: 1/8 back, then the refill adds 1/64
-  while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Microseconds(200));
-  }
-  EXPECT_DOUBLE_EQ((*session)->Snapshot().cpu_decode_share, 9.0 / 64 - 1.0 / 8 + 1.0 / 64);
+  // The pace is known from the second release on: the fills after releases 2..9 add 1/32 each.
+  for (int i = 0; i < 9; ++i) release_after(absl::Milliseconds(100));
+  WaitForFullRing(**session);
+  EXPECT_DOUBLE_EQ((*session)->Snapshot().cpu_decode_share, 8.0 / 32);
   ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+}
+
+TEST(DecodeShareTest, FillTimeAgainstThePaceMovesTheShareWithinItsBounds) {
+  DecodeShare share;
+  share.Filled(absl::Milliseconds(1), absl::ZeroDuration());  // the pace not known yet
+  EXPECT_EQ(share.share(), 0);
+  share.Filled(absl::Milliseconds(90), absl::Milliseconds(100));  // busy: never below 0
+  EXPECT_EQ(share.share(), 0);
+  for (int i = 0; i < 40; ++i) share.Filled(absl::Milliseconds(49), absl::Milliseconds(100));
+  EXPECT_EQ(share.share(), 1);                                    // never above 1
+  share.Filled(absl::Milliseconds(50), absl::Milliseconds(100));  // between 0.5 and 0.8: hold
+  share.Filled(absl::Milliseconds(80), absl::Milliseconds(100));
+  EXPECT_EQ(share.share(), 1);
+  share.Filled(absl::Milliseconds(81), absl::Milliseconds(100));
+  EXPECT_DOUBLE_EQ(share.share(), 7.0 / 8);
+  ReleasePace pace;
+  EXPECT_EQ(pace.period(), absl::ZeroDuration());
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  pace.Released(t);
+  EXPECT_EQ(pace.period(), absl::ZeroDuration());  // one release: no gap yet
+  pace.Released(t + absl::Milliseconds(100));
+  EXPECT_EQ(pace.period(), absl::Milliseconds(100));
+  pace.Released(t + absl::Milliseconds(150));  // a 50 ms gap weighs 1/5
+  EXPECT_EQ(pace.period(), absl::Milliseconds(90));
 }
 
 TEST_F(StagedSessionTest, AFullShareDecodesEveryRowOnTheCpuAndEqualsTheCpuPath) {
   AttachSpec spec = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
-  spec.stop_epoch = 60;  // 120 batches: the share reaches 1 after 64 fill-ups
+  spec.stop_epoch = 60;  // 120 batches: the share reaches 1 after 33 releases
   absl::StatusOr<Attachment> a = manager_->Attach(spec);
   ASSERT_TRUE(a.ok()) << a.status();
   auto session = manager_->Find(a->session_id, a->token);
@@ -230,23 +256,21 @@ TEST_F(StagedSessionTest, AFullShareDecodesEveryRowOnTheCpuAndEqualsTheCpuPath) 
   ASSERT_TRUE((*session)->BindStream([] {}).ok());
   int64_t jpegs_at_full = -1, raws_at_full = -1;
   for (int b = 0; b < 120; ++b) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline && b < 119) {
-      absl::SleepFor(absl::Microseconds(200));
-    }
+    if (b < 119) WaitForFullRing(**session);
     if (jpegs_at_full < 0 && (*session)->Snapshot().cpu_decode_share == 1.0) {
       jpegs_at_full = devices_.last->jpegs.load();
       raws_at_full = devices_.last->raws.load();
     }
     StreamEvent e = Next(**session);
     ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+    clock_.Advance(absl::Milliseconds(100));
     ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
   }
   ASSERT_GE(jpegs_at_full, 0) << "the share never reached 1";
-  // The two batches in the ring then (63 and 64) were staged, and counted, at lower shares;
-  // the 55 after them have no JPEG record: the CPU decoded all their rows.
+  // The two batches in the ring then (33 and 34) were staged, and counted, at lower shares;
+  // the 85 after them have no JPEG record: the CPU decoded all their rows.
   EXPECT_EQ(devices_.last->jpegs.load() - jpegs_at_full, 0);
-  EXPECT_EQ(devices_.last->raws.load() - raws_at_full, 55 * 3);
+  EXPECT_EQ(devices_.last->raws.load() - raws_at_full, 85 * 3);
   ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
   // Whichever decoder made a row, it equals the CPU path (a fresh job, shares from 0 up).
   AttachSpec check = Spec(TrainPipeline(DType::kFloat16, Layout::kNCHW));
@@ -268,12 +292,10 @@ TEST_F(StagedSessionTest, NoAdaptiveShareUnderMpsOrForAnExplicitNvjpeg) {
     auto session = manager_->Find(a->session_id, a->token);
     ASSERT_TRUE((*session)->BindStream([] {}).ok());
     for (int b = 0; b < 40; ++b) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while ((*session)->Snapshot().slots_ready < 2 && absl::Now() < deadline && b < 39) {
-        absl::SleepFor(absl::Microseconds(200));
-      }
+      if (b < 39) WaitForFullRing(**session);
       StreamEvent e = Next(**session);
       ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+      clock_.Advance(absl::Milliseconds(100));  // a pace the adaptive share would act on
       ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
     }
     EXPECT_EQ((*session)->Snapshot().cpu_decode_share, 0.0) << (mps ? "MPS" : "decode nvjpeg");
@@ -284,7 +306,7 @@ TEST_F(StagedSessionTest, NoAdaptiveShareUnderMpsOrForAnExplicitNvjpeg) {
   devices_.mps = false;
 }
 
-TEST(DecodeShareTest, RowsSpreadEvenlyAndTheControllerIsBounded) {
+TEST(DecodeShareTest, CpuRowsSpreadEvenlyOverTheBatch) {
   auto cpu_rows = [](double share, int batch) {
     std::vector<int> rows;
     for (int r = 0; r < batch; ++r) {
@@ -298,16 +320,6 @@ TEST(DecodeShareTest, RowsSpreadEvenlyAndTheControllerIsBounded) {
   EXPECT_EQ(cpu_rows(0.5, 6), (std::vector<int>{1, 3, 5}));
   EXPECT_EQ(cpu_rows(0.75, 4), (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(cpu_rows(0.3, 256).size(), 76u);  // floor(256 * 0.3)
-  DecodeShare share;
-  EXPECT_EQ(share.share(), 0);
-  share.Waited(absl::Seconds(1));
-  EXPECT_EQ(share.share(), 0);  // never below 0
-  for (int i = 0; i < 100; ++i) share.Ahead();
-  EXPECT_EQ(share.share(), 1);          // never above 1
-  share.Waited(absl::Milliseconds(1));  // 1 ms is not more than 1 ms
-  EXPECT_EQ(share.share(), 1);
-  share.Waited(absl::Milliseconds(2));
-  EXPECT_DOUBLE_EQ(share.share(), 7.0 / 8);
 }
 
 TEST_F(StagedSessionTest, ResizeThenCentreCropAndPaddedCentreCropOnTheGpuPath) {

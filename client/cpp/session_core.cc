@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -227,21 +228,39 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
 
-  const bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
+  // An image folder, or token shards: a directory, or a glob in the last component
+  // (`/data/train_*.bin`: its directory is what this process opens and passes).
+  bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
+  std::string to_open = given;
+  std::string pattern;
+  if (dataset->kind() == v1::DATASET_KIND_TOKENS) {
+    struct stat st {};
+    if (BaseOf(given).find_first_of("*?[") != std::string::npos) {
+      pattern = BaseOf(given);
+      to_open = DirOf(given).empty() ? "/" : DirOf(given);
+      folder = true;
+    } else if (::stat(given.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      folder = true;
+    }
+  }
   // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
-  UniqueFd fd(::open(given.c_str(), kDatasetOpenFlags | (folder ? O_DIRECTORY : 0)));
+  UniqueFd fd(::open(to_open.c_str(), kDatasetOpenFlags | (folder ? O_DIRECTORY : 0)));
   if (!fd.valid()) {
     const int error = errno;
-    return ErrnoToStatus(error, absl::StrCat("attach: dataset.path: this process (uid ",
-                                             ::geteuid(), ") cannot open ", given, " (errno ",
-                                             error, ")"));
+    return ErrnoToStatus(error,
+                         absl::StrCat("attach: dataset.path: this process (uid ", ::geteuid(),
+                                      ") cannot open ", to_open, " (errno ", error, ")"));
   }
   absl::Status kind =
-      CheckFileKind(fd.get(), folder ? FileKind::kDirectory : FileKind::kRegular, given).status();
+      CheckFileKind(fd.get(), folder ? FileKind::kDirectory : FileKind::kRegular, to_open).status();
   if (!kind.ok()) return Annotate(kind, "attach");
   // The daemon keys feeds by this name: ranks naming one file by different paths agree.
   char real[PATH_MAX];
-  if (::realpath(given.c_str(), real) != nullptr) dataset->set_path(real);
+  if (::realpath(to_open.c_str(), real) != nullptr) {
+    dataset->set_path(pattern.empty()
+                          ? std::string(real)
+                          : absl::StrCat(std::string_view(real) == "/" ? "" : real, "/", pattern));
+  }
 
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
   GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));

@@ -77,6 +77,10 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
                           absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
                                        st.st_mtim.tv_nsec));
   }
+  // Sharded datasets: which files, in which order, of which sizes.
+  if (std::string shards = dataset->ContentIdentity(); !shards.empty()) {
+    identity.emplace_back("shards", std::move(shards));
+  }
   // The descriptor was borrowed for the open; the handle is spent. Neither is the feed's.
   spec.dataset.fd = -1;
   spec.dataset.handle.clear();
@@ -390,8 +394,10 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
   if (!d.handle.empty()) {
     GPUFEED_ASSIGN_OR_RETURN(*fd, handles_.Take(d.handle, caller.uid()));
     d.fd = fd->get();
-    if (d.kind == DatasetKind::kImageFolder) d.reader = caller.cred;
     if (::fstat(d.fd, &st) != 0) return ErrnoToStatus(errno, "dataset.handle: stat");
+    // A folder's files (images, token shards) are opened by the daemon beneath it: with the
+    // caller's mode-bit rights.
+    if (d.kind == DatasetKind::kImageFolder || S_ISDIR(st.st_mode)) d.reader = caller.cred;
     if (!access_.dataset_roots.empty()) {
       GPUFEED_ASSIGN_OR_RETURN(resolved, ResolvedPathOf(d.fd));
     }

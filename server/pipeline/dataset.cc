@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, Fi
     GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<ImageDataset> images, OpenImageFolder(spec, fs));
     return std::unique_ptr<Dataset>(std::move(images));
   }
-  return OpenFileDataset(spec, fs);
+  return OpenFileDataset(spec, fs, spec.reader.has_value() ? &*spec.reader : nullptr);
 }
 
 }  // namespace gpufeed::server

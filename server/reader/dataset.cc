@@ -1,48 +1,99 @@
 #include "server/reader/dataset.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/os/fd.h"
 #include "common/status.h"
 #include "server/reader/npy.h"
 
 namespace gpufeed::server {
 namespace {
 
-// Sample i is the window of seq_len + 1 tokens starting at token i * seq_len, so that the
-// last token of one sample is the first of the next (inputs and shifted targets in one row).
+// One token file of a dataset: where its tokens start, how many, of which type, and its
+// format (for messages).
+struct TokenShard {
+  std::unique_ptr<RandomAccessFile> file;
+  std::string name;  // as messages name it
+  uint64_t data_offset = 0;
+  uint64_t tokens = 0;
+  DType dtype = DType::kUInt16;
+  const char* format = "raw";
+};
+
+// Sample i of a shard is the window of seq_len + 1 tokens starting at token i * seq_len, so
+// that the last token of one sample is the first of the next (inputs and shifted targets in
+// one row). Windows never cross shards; the dataset's samples are the shards' windows in
+// shard order (sorted by name), so one global permutation covers them all.
 class TokensDataset final : public Dataset {
  public:
-  TokensDataset(std::unique_ptr<RandomAccessFile> file, uint64_t data_offset, DType dtype,
-                int64_t seq_len, uint64_t num_samples)
-      : file_(std::move(file)),
-        data_offset_(data_offset),
-        token_bytes_(DTypeSize(dtype)),
-        seq_len_(static_cast<uint64_t>(seq_len)),
-        num_samples_(num_samples) {
+  TokensDataset(std::vector<TokenShard> shards, int64_t seq_len, bool sharded)
+      : sharded_(sharded),
+        shards_(std::move(shards)),
+        token_bytes_(DTypeSize(shards_.front().dtype)),
+        seq_len_(static_cast<uint64_t>(seq_len)) {
+    for (const TokenShard& s : shards_) {
+      first_.push_back(num_samples_);
+      num_samples_ += s.tokens > seq_len_ ? (s.tokens - 1) / seq_len_ : 0;
+    }
     const uint64_t width = seq_len_ + 1;
-    tensors_.push_back({"tokens", dtype, {static_cast<int64_t>(width)}, width * token_bytes_});
+    tensors_.push_back(
+        {"tokens", shards_.front().dtype, {static_cast<int64_t>(width)}, width * token_bytes_});
   }
 
   uint64_t num_samples() const override { return num_samples_; }
   const std::vector<SampleTensor>& tensors() const override { return tensors_; }
 
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
-    return file_->ReadAt(data_offset_ + id * seq_len_ * token_bytes_, rows[0]);
+    // The last shard whose first sample is <= id (a shard of no windows shares its first
+    // with the next, and upper_bound steps past it).
+    const size_t k =
+        static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) - first_.begin()) -
+        1;
+    const TokenShard& s = shards_[k];
+    return s.file->ReadAt(s.data_offset + (id - first_[k]) * seq_len_ * token_bytes_, rows[0]);
   }
-  absl::Status CheckNotShrunk() const override { return file_->CheckNotShrunk(); }
+  absl::Status CheckNotShrunk() const override {
+    for (const TokenShard& s : shards_) GPUFEED_RETURN_IF_ERROR(s.file->CheckNotShrunk());
+    return absl::OkStatus();
+  }
+  // "N files, FNV-1a 64 of (name, size) in order": a shard added, removed, renamed, reordered
+  // or resized changes it, so a saved position does not resume another set.
+  std::string ContentIdentity() const override {
+    if (!sharded_) return "";
+    uint64_t h = 14695981039346656037ull;
+    auto mix = [&h](absl::string_view bytes) {
+      for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+    };
+    for (const TokenShard& s : shards_) {
+      mix(s.name.substr(s.name.find_last_of('/') + 1));
+      mix(absl::string_view("\0", 1));
+      mix(absl::StrCat(s.file->size()));
+      mix(absl::string_view("\0", 1));
+    }
+    return absl::StrCat(shards_.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
+  }
 
  private:
-  const std::unique_ptr<RandomAccessFile> file_;
-  const uint64_t data_offset_;  // after a .npy header; 0 for a raw file
+  const bool sharded_;  // a directory or pattern, not one file
+  const std::vector<TokenShard> shards_;
+  std::vector<uint64_t> first_;  // per shard, its first sample's id
   const uint64_t token_bytes_;
   const uint64_t seq_len_;
-  const uint64_t num_samples_;
+  uint64_t num_samples_ = 0;
   std::vector<SampleTensor> tensors_;
 };
 
@@ -114,11 +165,7 @@ absl::Status CheckVocabulary(const FileDatasetSpec& spec, const RandomAccessFile
   return absl::OkStatus();
 }
 
-// A raw file of uint16/uint32 tokens (token_dtype given, uint16 when unset), or a .npy file
-// written by np.save, read through its header: its dtype is the token type, and a token_dtype
-// that contradicts it is refused.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const FileDatasetSpec& spec,
-                                                    std::unique_ptr<RandomAccessFile> file) {
+absl::Status CheckTokenSpec(const FileDatasetSpec& spec) {
   if (spec.token_dtype != DType::kUnspecified && !IsTokenDType(spec.token_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.token_dtype: tokens must be uint16 or uint32, got ",
@@ -133,62 +180,272 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokens(const FileDatasetSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.seq_len: must be >= 1, got ", spec.seq_len));
   }
-  if (file->size() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", spec.path, " is empty"));
+  return absl::OkStatus();
+}
+
+// A declared token_dtype must agree with what a shard's header says.
+absl::Status AgreeWithDeclared(const FileDatasetSpec& spec, const std::string& name, DType found,
+                               const char* format) {
+  if (spec.token_dtype == DType::kUnspecified || spec.token_dtype == found) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dataset.token_dtype: ", DTypeName(spec.token_dtype), ", but ", name, " is ", format, " of ",
+      DTypeName(found), " (its header says so); leave token_dtype unset or set it to ",
+      DTypeName(found)));
+}
+
+uint32_t ReadLe32(const std::string& b, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + at, 4);
+  return v;
+}
+
+constexpr uint32_t kLlmcMagic = 20240520;  // llm.c's token shards: 256 int32 of header
+constexpr uint64_t kLlmcHeaderBytes = 256 * 4;
+constexpr char kMegatronMagic[] = "MMIDIDX\0\0";  // a Megatron-LM indexed dataset's .idx
+
+// Megatron-LM's .idx beside a .bin: magic, version 1 (uint64), the dtype code (uint8),
+// the sequence count and the document count (uint64 each), then the sequences' sizes (int32,
+// in tokens), their byte offsets (int64) and the document index. Returns the token type and
+// the token count, which the .bin must hold exactly.
+absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const RandomAccessFile& idx,
+                                                             const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, ": ", why));
+  };
+  constexpr uint64_t kFixed = 9 + 8 + 1 + 8 + 8;
+  if (idx.size() < kFixed) return bad("a Megatron .idx shorter than its header");
+  std::string head(kFixed, '\0');
+  GPUFEED_RETURN_IF_ERROR(
+      idx.ReadAt(0, std::span<std::byte>(reinterpret_cast<std::byte*>(head.data()), kFixed)));
+  if (head.compare(0, 9, std::string(kMegatronMagic, 9)) != 0)
+    return bad("not a Megatron .idx (magic)");
+  uint64_t version, sequences, documents;
+  std::memcpy(&version, head.data() + 9, 8);
+  const uint8_t code = static_cast<uint8_t>(head[17]);
+  std::memcpy(&sequences, head.data() + 18, 8);
+  std::memcpy(&documents, head.data() + 26, 8);
+  if (version != 1)
+    return bad(absl::StrCat("Megatron .idx version ", version, "; version 1 is read"));
+  // Megatron's codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
+  DType dtype;
+  if (code == 8) {
+    dtype = DType::kUInt16;
+  } else if (code == 4) {
+    dtype = DType::kUInt32;  // int32 token ids, all >= 0: the same bytes as uint32
+  } else {
+    return bad(absl::StrCat("Megatron dtype code ", static_cast<int>(code),
+                            "; tokens must be uint16 (8) or int32 (4)"));
   }
+  const __uint128_t need = kFixed + static_cast<__uint128_t>(sequences) * (4 + 8) +
+                           static_cast<__uint128_t>(documents) * 8;
+  if (need > idx.size()) {
+    return bad(absl::StrCat("the .idx promises ", sequences, " sequences and ", documents,
+                            " documents but holds ", idx.size(), " bytes"));
+  }
+  uint64_t tokens = 0;
+  std::vector<std::byte> sizes(std::min<uint64_t>(sequences, 1 << 16) * 4);
+  for (uint64_t done = 0; done < sequences;) {
+    const uint64_t n = std::min<uint64_t>(sequences - done, sizes.size() / 4);
+    GPUFEED_RETURN_IF_ERROR(
+        idx.ReadAt(kFixed + done * 4, std::span<std::byte>(sizes.data(), n * 4)));
+    for (uint64_t i = 0; i < n; ++i) {
+      int32_t v;
+      std::memcpy(&v, sizes.data() + i * 4, 4);
+      if (v < 0) return bad(absl::StrCat("sequence ", done + i, " has a negative size"));
+      tokens += static_cast<uint64_t>(v);
+    }
+    done += n;
+  }
+  return std::make_pair(dtype, tokens);
+}
+
+// One shard's format, checked: llm.c (magic 20240520, version 1 uint16 / 2 uint32, the token
+// count in its header, which the file size must agree with), .npy (the dtype from its
+// header), Megatron (`idx`: its .idx, read above), else raw tokens of token_dtype (uint16 when
+// unset).
+absl::StatusOr<TokenShard> ProbeShard(const FileDatasetSpec& spec,
+                                      std::unique_ptr<RandomAccessFile> file, std::string name,
+                                      const RandomAccessFile* idx) {
+  if (file->size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is empty"));
+  }
+  TokenShard shard;
+  shard.name = name;
   std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
   GPUFEED_RETURN_IF_ERROR(file->ReadAt(
       0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
-  DType dtype = spec.token_dtype == DType::kUnspecified ? DType::kUInt16 : spec.token_dtype;
-  uint64_t offset = 0, tokens = 0;
-  if (absl::StartsWith(prefix, kNpyMagic)) {
+  shard.dtype = spec.token_dtype == DType::kUnspecified ? DType::kUInt16 : spec.token_dtype;
+  if (idx != nullptr) {
+    GPUFEED_ASSIGN_OR_RETURN(const auto index, ReadMegatronIndex(*idx, name));
+    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, index.first, "a Megatron dataset"));
+    shard.dtype = index.first;
+    shard.format = "megatron";
+    if (static_cast<__uint128_t>(index.second) * DTypeSize(shard.dtype) != file->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", name, " holds ", file->size(), " bytes, but its .idx counts ",
+          index.second, " ", DTypeName(shard.dtype), " tokens"));
+    }
+    shard.tokens = index.second;
+  } else if (absl::StartsWith(prefix, kNpyMagic)) {
     absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
     if (!header.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", spec.path, ": ", header.status().message()));
+          absl::StrCat("dataset.path: ", name, ": ", header.status().message()));
     }
     if (!IsTokenDType(header->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.path: ", spec.path, " is a .npy array of ", DTypeName(header->dtype),
-          "; tokens must be uint16 or uint32"));
+      return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is a .npy array of ",
+                                                     DTypeName(header->dtype),
+                                                     "; tokens must be uint16 or uint32"));
     }
-    if (spec.token_dtype != DType::kUnspecified && spec.token_dtype != header->dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.token_dtype: ", DTypeName(spec.token_dtype), ", but ", spec.path,
-          " is a .npy array of ", DTypeName(header->dtype),
-          " (its header says so); leave token_dtype unset or set it to ",
-          DTypeName(header->dtype)));
-    }
-    dtype = header->dtype;
+    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, header->dtype, "a .npy array"));
+    shard.dtype = header->dtype;
+    shard.format = "npy";
     __uint128_t count = 1;
     for (int64_t d : header->shape) count *= static_cast<uint64_t>(d);
-    const __uint128_t need = header->data_offset + count * DTypeSize(dtype);
+    const __uint128_t need = header->data_offset + count * DTypeSize(shard.dtype);
     if (need > file->size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.path: ", spec.path, " is truncated: its .npy header promises ",
-          static_cast<uint64_t>(count), " tokens, the file holds ",
-          (file->size() - header->data_offset) / DTypeSize(dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", name, " is truncated: its .npy header promises ",
+                       static_cast<uint64_t>(count), " tokens, the file holds ",
+                       (file->size() - header->data_offset) / DTypeSize(shard.dtype)));
     }
-    offset = header->data_offset;
-    tokens = static_cast<uint64_t>(count);
+    shard.data_offset = header->data_offset;
+    shard.tokens = static_cast<uint64_t>(count);
+  } else if (prefix.size() >= kLlmcHeaderBytes && ReadLe32(prefix, 0) == kLlmcMagic) {
+    const uint32_t version = ReadLe32(prefix, 4);
+    if (version != 1 && version != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", name, ": llm.c shard version ", version,
+                       "; version 1 (uint16 tokens) and 2 (uint32) are read"));
+    }
+    const DType found = version == 1 ? DType::kUInt16 : DType::kUInt32;
+    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, found, "an llm.c shard"));
+    shard.dtype = found;
+    shard.format = "llm.c";
+    shard.data_offset = kLlmcHeaderBytes;
+    shard.tokens = ReadLe32(prefix, 8);
+    const __uint128_t need =
+        kLlmcHeaderBytes + static_cast<__uint128_t>(shard.tokens) * DTypeSize(found);
+    if (need != file->size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", name, ": its llm.c header counts ", shard.tokens,
+                       " tokens (", static_cast<uint64_t>(need),
+                       " bytes with the header), the file holds ", file->size(), " bytes"));
+    }
   } else {
-    const uint64_t token_bytes = DTypeSize(dtype);
+    const uint64_t token_bytes = DTypeSize(shard.dtype);
     if (file->size() % token_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.path: ", spec.path, " holds ", file->size(), " bytes, not a whole number of ",
-          DTypeName(dtype), " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " holds ",
+                                                     file->size(), " bytes, not a whole number of ",
+                                                     DTypeName(shard.dtype), " tokens"));
     }
-    tokens = file->size() / token_bytes;
+    shard.tokens = file->size() / token_bytes;
   }
-  if (tokens < 2 || (tokens - 1) / static_cast<uint64_t>(spec.seq_len) == 0) {
+  shard.file = std::move(file);
+  return shard;
+}
+
+// The shards, probed: every one the same token type; at least one window in all; the
+// vocabulary checked on up to 8 of them, spread over the list.
+absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
+                                                    std::vector<TokenShard> shards, bool sharded) {
+  uint64_t windows = 0, tokens = 0;
+  for (const TokenShard& s : shards) {
+    if (s.dtype != shards.front().dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", shards.front().name, " holds ", DTypeName(shards.front().dtype),
+          " tokens (", shards.front().format, ") but ", s.name, " holds ", DTypeName(s.dtype), " (",
+          s.format, "): every shard must hold one token type"));
+    }
+    windows += s.tokens > static_cast<uint64_t>(spec.seq_len)
+                   ? (s.tokens - 1) / static_cast<uint64_t>(spec.seq_len)
+                   : 0;
+    tokens += s.tokens;
+  }
+  if (windows == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.seq_len: ", spec.seq_len, " needs at least ",
-        static_cast<uint64_t>(spec.seq_len) + 1, " tokens, but ", spec.path, " holds ", tokens));
+        static_cast<uint64_t>(spec.seq_len) + 1, " tokens", sharded ? " in one shard" : "",
+        ", but ", sharded ? spec.path : shards.front().name, " holds ", tokens,
+        sharded ? absl::StrCat(" in ", shards.size(), " shards") : ""));
   }
-  GPUFEED_RETURN_IF_ERROR(CheckVocabulary(spec, *file, offset, dtype, tokens));
-  const uint64_t num_samples = (tokens - 1) / static_cast<uint64_t>(spec.seq_len);
-  return std::make_unique<TokensDataset>(std::move(file), offset, dtype, spec.seq_len,
-                                         num_samples);
+  const size_t checks = std::min<size_t>(shards.size(), 8);
+  for (size_t i = 0; i < checks; ++i) {
+    const TokenShard& s = shards[checks == 1 ? 0 : i * (shards.size() - 1) / (checks - 1)];
+    if (s.tokens > 0) {
+      GPUFEED_RETURN_IF_ERROR(CheckVocabulary(spec, *s.file, s.data_offset, s.dtype, s.tokens));
+    }
+  }
+  return std::make_unique<TokensDataset>(std::move(shards), spec.seq_len, sharded);
+}
+
+bool HasGlob(absl::string_view name) {
+  return name.find_first_of("*?[") != absl::string_view::npos;
+}
+
+// The shards of a directory (every regular file in it, not below, whose name does not start
+// with '.'; `pattern`, when set, filters the names as a shell glob), sorted by name; a
+// Megatron `X.idx` goes with its `X.bin` and is not a shard itself. Opened beneath `dirfd`
+// where `reader`'s mode bits allow.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& spec,
+                                                         FileSystem* fs, int dirfd,
+                                                         const std::string& dir,
+                                                         const std::string& pattern,
+                                                         const PeerCred* reader) {
+  constexpr size_t kMaxShards = 1 << 20;
+  UniqueFd listing(::dup(dirfd));
+  if (!listing.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+  DIR* d = ::fdopendir(listing.get());
+  if (d == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+  ::rewinddir(d);  // a dup shares the offset: start at the beginning whatever came before
+  const int fd = listing.Release();  // the DIR owns it now
+  std::set<std::string> names;
+  absl::Status status;
+  while (true) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) status = ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+      break;
+    }
+    const std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    if (!pattern.empty() && ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) != 0) continue;
+    struct stat st {};
+    if (::fstatat(fd, e->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode)) continue;
+    names.insert(name);
+    if (names.size() > kMaxShards) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", dir, " holds more than ", kMaxShards, " files"));
+      break;
+    }
+  }
+  ::closedir(d);
+  GPUFEED_RETURN_IF_ERROR(status);
+  std::vector<TokenShard> shards;
+  for (const std::string& name : names) {
+    if (absl::EndsWith(name, ".idx")) continue;
+    const std::string display = absl::StrCat(dir, "/", name);
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                             fs->OpenForReadBeneath(dirfd, name, display, reader));
+    std::unique_ptr<RandomAccessFile> idx;
+    if (absl::EndsWith(name, ".bin")) {
+      const std::string idx_name = absl::StrCat(name.substr(0, name.size() - 4), ".idx");
+      if (names.count(idx_name) != 0) {
+        GPUFEED_ASSIGN_OR_RETURN(
+            idx, fs->OpenForReadBeneath(dirfd, idx_name, absl::StrCat(dir, "/", idx_name), reader));
+      }
+    }
+    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
+                             ProbeShard(spec, std::move(file), display, idx.get()));
+    shards.push_back(std::move(shard));
+  }
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: ", spec.path, ": no token files",
+                     pattern.empty() ? " in the directory" : " match the pattern"));
+  }
+  return MakeTokens(spec, std::move(shards), /*sharded=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const FileDatasetSpec& spec,
@@ -228,11 +485,55 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenRecords(const FileDatasetSpec& spec
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
-                                                         FileSystem* fs) {
+                                                         FileSystem* fs, const PeerCred* reader) {
+  if (spec.kind == DatasetKind::kTokens) {
+    GPUFEED_RETURN_IF_ERROR(CheckTokenSpec(spec));
+    // A directory of shards, or a glob in the last component (its directory's files that
+    // match; only where no file of that name exists): the descriptor the client passed is
+    // that directory. A passed directory is the pattern's when its own name is not the
+    // path's last component (the client opened the parent).
+    const size_t slash = spec.path.find_last_of('/');
+    const std::string base = spec.path.substr(slash + 1);
+    const std::string parent = spec.path.substr(0, std::max<size_t>(slash, 1));
+    UniqueFd own;
+    int dirfd = -1;
+    bool glob = false;
+    struct stat st {};
+    if (spec.fd >= 0) {
+      if (::fstat(spec.fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        dirfd = spec.fd;
+        char name[PATH_MAX];
+        const ssize_t n =
+            ::readlink(absl::StrCat("/proc/self/fd/", spec.fd).c_str(), name, sizeof(name) - 1);
+        const std::string opened = n > 0 ? std::string(name, static_cast<size_t>(n)) : "";
+        glob = HasGlob(base) && opened.substr(opened.find_last_of('/') + 1) != base;
+      }
+    } else if (::stat(spec.path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) {
+        own.Reset(::open(spec.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.path));
+        dirfd = own.get();
+      }
+    } else if (HasGlob(base)) {
+      own.Reset(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", parent));
+      dirfd = own.get();
+      glob = true;
+    }
+    if (dirfd >= 0) {
+      return OpenTokenShards(spec, fs, dirfd, glob ? parent : spec.path, glob ? base : "", reader);
+    }
+  }
   GPUFEED_ASSIGN_OR_RETURN(
       std::unique_ptr<RandomAccessFile> file,
       spec.fd >= 0 ? fs->OpenFromFd(spec.fd, spec.path) : fs->OpenForRead(spec.path));
-  if (spec.kind == DatasetKind::kTokens) return OpenTokens(spec, std::move(file));
+  if (spec.kind == DatasetKind::kTokens) {
+    std::vector<TokenShard> one;
+    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
+                             ProbeShard(spec, std::move(file), spec.path, nullptr));
+    one.push_back(std::move(shard));
+    return MakeTokens(spec, std::move(one), /*sharded=*/false);
+  }
   return OpenRecords(spec, std::move(file));
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/os/file.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
 
@@ -66,14 +67,22 @@ class Dataset {
   }
   // DATA_LOSS when the files read shrank since they were opened; called after each batch.
   virtual absl::Status CheckNotShrunk() const = 0;
+  // For the feed's fingerprint, what the path alone does not say (a sharded dataset: its
+  // files, order and sizes); "" when the path and its size do.
+  virtual std::string ContentIdentity() const { return ""; }
   // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
 };
 
 // Opens and validates a tokens or records file: NOT_FOUND / PERMISSION_DENIED naming the
 // path, and INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be
-// served. Every kind, images included: OpenDataset (pipeline/dataset.h).
+// served. Tokens may also be sharded: `path` a directory (its regular files, sorted by name)
+// or a glob in its last component (`/data/train_*.bin`), each shard raw, .npy, llm.c or a
+// Megatron .bin with its .idx; the shard files are opened beneath the directory where the
+// mode bits let `reader` read them (null: no such check). Every kind, images included:
+// OpenDataset (pipeline/dataset.h).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
-                                                         FileSystem* fs);
+                                                         FileSystem* fs,
+                                                         const PeerCred* reader = nullptr);
 
 }  // namespace gpufeed::server

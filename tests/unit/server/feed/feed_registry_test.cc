@@ -154,8 +154,11 @@ TEST_F(FeedRegistryTest, OnlyRegularFilesAndDirectoriesBecomeHandles) {
       registry.AddDatasetHandle(std::move(path_only), User(1000).cred);
   EXPECT_EQ(o_path.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(o_path.status().message(), HasSubstr("not open for reading (O_PATH or O_WRONLY)"));
-  // A directory passed for a tokens dataset is refused when it is opened.
+  // A directory passed for a records dataset is refused when it is opened (for tokens it is
+  // a directory of shards).
   FeedSpec spec = Spec(dir_.path());
+  spec.dataset.kind = DatasetKind::kRecords;
+  spec.dataset.seq_len = 0;
   spec.dataset.handle = Handle(registry, dir_.path(), 1000);
   absl::StatusOr<std::shared_ptr<Feed>> dir = registry.GetOrCreate(spec, User(1000));
   EXPECT_EQ(dir.status().code(), absl::StatusCode::kInvalidArgument);

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/pipeline_json.h"
 #include "common/status.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace gpufeed::client::internal {
 
@@ -99,13 +99,8 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   request.mutable_start()->set_fingerprint(o.start.fingerprint);
   request.set_stop_epoch(o.stop_epoch);
   if (!o.pipeline_json.empty()) {
-    v1::Pipeline pipeline;
-    const auto parsed = google::protobuf::util::JsonStringToMessage(o.pipeline_json, &pipeline);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline: not a pipeline in JSON: ", std::string(parsed.message())));
-    }
-    *request.mutable_pipeline() = pipeline.ops();
+    GPUFEED_ASSIGN_OR_RETURN(v1::Pipeline pipeline, ParsePipelineJson(o.pipeline_json));
+    *request.mutable_pipeline() = std::move(*pipeline.mutable_ops());
   }
   return plan;
 }

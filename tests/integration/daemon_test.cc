@@ -349,7 +349,7 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
       {"pipeline for tokens", with({"--dataset", tokens_path_, "--pipeline", eval_pipeline}),
        "INVALID_ARGUMENT", "pipeline: only image_folder datasets"},
       {"pipeline not JSON", with({"--dataset", tokens_path_, "--pipeline", tokens_path_}),
-       "INVALID_ARGUMENT", "pipeline: not a pipeline in JSON"},
+       "INVALID_ARGUMENT", "pipeline: not JSON"},
   };
   for (const BadInput& c : cases) {
     CtlResult r = RunCtl(daemon_->socket(), c.args, dir_.File("bad"));

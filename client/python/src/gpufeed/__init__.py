@@ -39,6 +39,7 @@ from gpufeed.errors import (
     Unimplemented,
     Unknown,
 )
+from gpufeed.pipeline import Pipeline
 
 __version__ = "0.1.0"
 """Version of this package."""
@@ -55,7 +56,8 @@ __all__ = [
     "Aborted", "AlreadyExists", "Batch", "Cancelled", "Client", "DEFAULT_SOCKET", "DataLoss",
     "DeadlineExceeded", "Error", "FailedPrecondition", "Internal", "InvalidArgument",
     "LibraryNotFound",
-    "NotFound", "OutOfRange", "PermissionDenied", "Position", "ResourceExhausted", "Session",
+    "NotFound", "OutOfRange", "PermissionDenied", "Pipeline", "Position", "ResourceExhausted",
+    "Session",
     "SessionInfo", "Tensor", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
     "default_socket", "library_api_version", "__version__",
 ]

@@ -68,6 +68,7 @@ from gpufeed.client import Batch as _CoreBatch
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
+from gpufeed.pipeline import pipeline_from_torchvision  # noqa: F401  (re-exported)
 
 __all__ = ["Batch", "Loader"]
 

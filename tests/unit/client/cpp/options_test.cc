@@ -89,6 +89,23 @@ TEST(AttachPlanFromOptionsTest, ImagesWithAPipeline) {
   EXPECT_EQ(r.pipeline(1).center_crop().size(), 224);
 }
 
+TEST(AttachPlanFromOptionsTest, APipelineInShortNames) {
+  AttachOptions o;
+  o.kind = "image_folder";
+  o.dataset = "/data/imagenet/train";
+  o.pipeline_json = R"({"ops": [{"random_resized_crop": {"size": 224, "scale": [0.25, 1]}},)"
+                    R"( {"cast": "bfloat16"}, {"layout": "nhwc"}]})";
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::AttachRequest& r = plan->request;
+  ASSERT_EQ(r.pipeline_size(), 3);
+  EXPECT_EQ(r.pipeline(0).random_resized_crop().size(), 224);
+  EXPECT_EQ(r.pipeline(0).random_resized_crop().scale_min(), 0.25f);
+  EXPECT_EQ(r.pipeline(0).random_resized_crop().scale_max(), 1.0f);
+  EXPECT_EQ(r.pipeline(1).cast().dtype(), v1::DTYPE_BFLOAT16);
+  EXPECT_EQ(r.pipeline(2).layout().layout(), v1::IMAGE_LAYOUT_NHWC);
+}
+
 TEST(AttachPlanFromOptionsTest, EachBadOptionIsRefusedByName) {
   struct Case {
     std::string field;

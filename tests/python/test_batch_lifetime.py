@@ -272,7 +272,7 @@ def test_close_keeps_a_referenced_batch_until_it_is_garbage(daemon, job, dataset
     assert _host(x).tobytes() == expected[ids].tobytes()
     _assert_exact(second, expected)
     with pytest.raises(gpufeed.AlreadyExists) as e:
-        _loader(daemon, datasets, job, device, ring_slots=2)
+        len(_loader(daemon, datasets, job, device, ring_slots=2))  # len() attaches
     assert str(e.value) == (
         f"attach: job '{job}' rank 0 is already attached: by a closed gpufeed.torch.Loader "
         "of this process, which stays attached while you reference its batches through "

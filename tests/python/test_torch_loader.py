@@ -162,6 +162,7 @@ def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_p
         state = json.loads(json.dumps(loader.state_dict()))
     assert ";seq_len=32;" in state["fingerprint"]
     with _loader(daemon, datasets.tokens_u16, seq_len=16, **opts) as other:
+        len(other)  # attached: it knows its feed's fingerprint, so loading checks at once
         with pytest.raises(gpufeed.FailedPrecondition) as e:
             other.load_state_dict(state)
         message = str(e.value)
@@ -169,6 +170,13 @@ def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_p
         assert "seq_len was 32, is 16" in message
         assert "tensors was tokens:uint16[33], is tokens:uint16[17]" in message
         assert other.position == (0, 1) or other.position == (0, 0)
+    with _loader(daemon, datasets.tokens_u16, seq_len=16, **opts) as fresh:
+        fresh.load_state_dict(state)  # not attached yet: the daemon checks at the attach
+        with pytest.raises(gpufeed.FailedPrecondition) as e:
+            next(iter(fresh))
+        assert "start.fingerprint: the position was saved from another feed: " in str(e.value)
+        assert "seq_len was 32, is 16" in str(e.value)
+        assert fresh.position == (0, 1)
     # The same feed resumes, at the step after the saved one.
     with _loader(daemon, datasets.tokens_u16, seq_len=32, **opts) as same:
         same.load_state_dict(state)
@@ -188,8 +196,9 @@ def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_p
         saved = loader.state_dict()
     path.write_bytes(np.arange(4002, dtype=np.uint16).tobytes())
     with _loader(daemon, path, seq_len=32, **opts) as loader:
+        loader.load_state_dict(saved)
         with pytest.raises(gpufeed.FailedPrecondition, match=r"bytes was 8000, is 8004"):
-            loader.load_state_dict(saved)
+            next(iter(loader))
 
 
 def test_npy_tokens_and_vocab_size(daemon, job, tmp_path):
@@ -204,14 +213,14 @@ def test_npy_tokens_and_vocab_size(daemon, job, tmp_path):
         want = np.stack([values[i * 10:i * 10 + 11] for i in range(4)]).astype(np.int64)
         assert np.array_equal(b["tokens"].numpy().astype(np.int64), want)
     with pytest.raises(gpufeed.InvalidArgument) as e:
-        _loader(daemon, npy, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
-                job=job + "-u32")
+        len(_loader(daemon, npy, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
+                    job=job + "-u32"))
     assert "is a .npy array of uint16" in str(e.value)
     raw = tmp_path / "tokens.bin"
     raw.write_bytes(values.tobytes())
     with pytest.raises(gpufeed.InvalidArgument) as e:
-        _loader(daemon, raw, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
-                vocab_size=50257, job=job + "-vocab")
+        len(_loader(daemon, raw, kind="tokens", seq_len=10, batch_size=4, token_dtype="uint32",
+                    vocab_size=50257, job=job + "-vocab"))
     assert "dataset.vocab_size: " in str(e.value) and "not below vocab_size 50257" in str(e.value)
 
 
@@ -370,17 +379,19 @@ def test_bad_image_is_skipped(daemon, job, datasets):
 
 
 def test_errors(daemon, job, datasets, tmp_path):
+    # The daemon's checks come at the first attach (here len()); making a loader contacts
+    # nothing.
     with pytest.raises(gpufeed.InvalidArgument) as e:
-        _loader(daemon, datasets.records, kind="records", batch_size=0, job=job)
+        len(_loader(daemon, datasets.records, kind="records", batch_size=0, job=job))
     assert type(e.value) is gpufeed.InvalidArgument
     assert str(e.value) == "attach: batch_size: must be >= 1, got 0"
     with pytest.raises(gpufeed.InvalidArgument) as e:
-        _loader(daemon, datasets.tokens_u16, kind="tokens", batch_size=1, seq_len=10 ** 9,
-                job=job)
+        next(iter(_loader(daemon, datasets.tokens_u16, kind="tokens", batch_size=1,
+                          seq_len=10 ** 9, job=job)))
     assert str(e.value).startswith("attach: dataset.seq_len: ")
     with pytest.raises(gpufeed.NotFound) as e:
-        _loader(daemon, tmp_path / "missing.bin", kind="tokens", seq_len=8, batch_size=1,
-                job=job)
+        len(_loader(daemon, tmp_path / "missing.bin", kind="tokens", seq_len=8, batch_size=1,
+                    job=job))
     missing = tmp_path / "missing.bin"
     assert str(e.value) == (f"attach: dataset.path: this process (uid {os.geteuid()}) cannot "
                             f"open {missing} (errno 2): No such file or directory")
@@ -388,8 +399,8 @@ def test_errors(daemon, job, datasets, tmp_path):
         _loader(daemon, datasets.records, kind="records", batch_size=1, device="meta")
     with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " +
                        re.escape(str(tmp_path / "none.sock"))):
-        gpufeed.torch.Loader(datasets.records, kind="records", batch_size=1, device="cpu",
-                             socket=tmp_path / "none.sock")
+        len(gpufeed.torch.Loader(datasets.records, kind="records", batch_size=1, device="cpu",
+                                 socket=tmp_path / "none.sock"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible")
@@ -426,7 +437,7 @@ def test_context_manager_detaches(daemon, job, datasets):
     with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job) as loader:
         next(iter(loader))
         with pytest.raises(gpufeed.AlreadyExists):
-            _loader(daemon, datasets.records, kind="records", batch_size=4, job=job)
+            len(_loader(daemon, datasets.records, kind="records", batch_size=4, job=job))
     with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job) as again:
         assert next(iter(again)).step == 0
 

@@ -41,7 +41,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="image_folder root (ROOT/CLASS/*.jpg)")
     p.add_argument("--loader", choices=["gpufeed", "torch", "synthetic"], default="gpufeed")
-    p.add_argument("--arch", default="resnet50", help="a torchvision.models name")
+    p.add_argument("--arch", default="resnet50",
+                   help="a torchvision.models name, or tiny (a small CNN defined here)")
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--steps", type=int, default=100, help="measured steps")
@@ -122,10 +123,25 @@ def synthetic_batches(args, device, info: Dict[str, int]) -> Iterator[Tuple]:
         yield images, labels
 
 
-def main() -> None:
-    args = parse()
+def make_model(arch: str, num_classes: int) -> torch.nn.Module:
+    """``tiny``: a small CNN defined here, for smoke tests; else ``torchvision.models.<arch>``.
+
+    torchvision is imported only for such a model or for ``--loader torch``: ``import
+    torchvision`` loads its transforms and datasets too, which ``--loader gpufeed`` never
+    uses (the daemon decodes and augments), so ``--loader gpufeed --arch tiny`` runs without
+    torchvision installed."""
+    if arch == "tiny":
+        nn = torch.nn
+        return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16),
+                             nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(16, num_classes))
     import torchvision
 
+    return getattr(torchvision.models, arch)(num_classes=num_classes)
+
+
+def main() -> None:
+    args = parse()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -137,7 +153,7 @@ def main() -> None:
                             world_size=world)
     torch.manual_seed(args.seed)
     num_classes = len([d for d in os.scandir(args.data) if d.is_dir()])
-    model = getattr(torchvision.models, args.arch)(num_classes=num_classes).to(device)
+    model = make_model(args.arch, num_classes).to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ddp = torch.nn.parallel.DistributedDataParallel(

@@ -39,6 +39,9 @@ DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
 
 _OK = 0
 _DEADLINE_EXCEEDED = 4
+# The process that first called gpufeed_attach (the first use of gRPC). A process forked from
+# it inherits gRPC's state but not its threads: an attach there would hang, so it is refused.
+_GRPC_PID: Optional[int] = None
 # gpufeed_next waits in slices this long, so that Ctrl-C (handled by Python between calls)
 # interrupts a consumer waiting for a batch.
 _WAIT_SLICE_MS = 200
@@ -518,6 +521,21 @@ def _int(key: str, value: Any) -> int:
         raise InvalidArgument(f"{key}: want an integer, got {value!r}") from None
 
 
+def _check_not_forked_from_grpc() -> None:
+    """Refuses to attach in a process forked from one that already used gRPC (it would hang:
+    gRPC's threads do not survive fork); notes this process as the one using gRPC."""
+    global _GRPC_PID
+    pid = os.getpid()
+    if _GRPC_PID is not None and _GRPC_PID != pid:
+        raise FailedPrecondition(
+            f"attach: this process ({pid}) was forked from process {_GRPC_PID}, which had "
+            "already connected to gpufeedd; gRPC cannot connect again in a forked child (it "
+            "would hang): fork before the first connection, or start the child with the spawn "
+            "method (multiprocessing.get_context('spawn'); a gpufeed.torch.Loader pickles as "
+            "its configuration)")
+    _GRPC_PID = pid
+
+
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
@@ -600,6 +618,7 @@ class Client:
         """
         if not isinstance(kind, str):
             raise InvalidArgument(f"kind: want tokens, records or image_folder, got {kind!r}")
+        _check_not_forked_from_grpc()
         strings: Dict[str, Optional[str]] = {
             "socket": self.socket,
             "kind": kind,

@@ -5,6 +5,7 @@ code, carrying the message unchanged (it names the field, path or socket at faul
 
     try:
         loader = gpufeed.torch.Loader("/data/train.bin", kind="tokens", seq_len=0, ...)
+        len(loader)                     # the first attach
     except gpufeed.InvalidArgument as e:
         print(e.code_name, e.message)   # INVALID_ARGUMENT  attach: seq_len: ...
 

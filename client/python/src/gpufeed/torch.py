@@ -68,6 +68,7 @@ from gpufeed.client import Batch as _CoreBatch
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
+from gpufeed.errors import NotFound, PermissionDenied
 from gpufeed.pipeline import pipeline_from_torchvision  # noqa: F401  (re-exported)
 
 __all__ = ["Batch", "Loader"]
@@ -336,9 +337,19 @@ class Loader:
         keepalive: seconds between pings that find a daemon which stopped answering
             (SIGSTOP, a frozen process; default 10, 0: none): it then counts as gone.
 
-    The loader attaches when made (so a bad option fails here, with the field named), and
-    iterating it yields the rest of the current epoch; the next ``iter()`` goes on with the
-    following epoch. ``len()`` is the number of batches in an epoch.
+    Making the loader checks the arguments it can check alone (``device``, ``RANK``...) and
+    contacts nothing. It attaches once, when first needed: the first ``iter()``, ``len()``,
+    :attr:`info` or :meth:`state_dict`, at the position then set (by :meth:`load_state_dict`
+    or :meth:`set_epoch`). So the daemon's checks of the options (the field named) fail
+    there; call ``len(loader)`` to have them at once. Iterating yields the rest of the
+    current epoch; the next ``iter()`` goes on with the following epoch. ``len()`` is the
+    number of batches in an epoch.
+
+    A loader pickles as its configuration and position (never its session): ``pickle``,
+    ``multiprocessing`` with the spawn context and ``torch.save`` hand it to another process,
+    where it attaches when first used. A forked child cannot use a loader its parent attached
+    (the session is the parent's: :class:`~gpufeed.FailedPrecondition` says so); one the
+    parent has not attached yet attaches in the child.
     """
 
     def __init__(
@@ -396,16 +407,76 @@ class Loader:
         self._loaded: Optional[Position] = None  # a loaded position, until iteration starts
         self._fingerprint: str = ""  # the feed's, from the daemon at each attach
         self._loaded_fingerprint: Optional[str] = None  # from load_state_dict, checked at attach
+        self._unattached()
+
+    def _unattached(self) -> None:
+        """The state of a loader that has not attached in this process: just made, or
+        unpickled."""
         self._session: Optional[Session] = None
+        self._info: Optional[SessionInfo] = None  # the last attach's answer
         self._held: Deque[_Held] = collections.deque()  # yielded in place, oldest first
         self._pid = os.getpid()  # the process that attached
         self._generation = 0
         self._widen_warned = False
         self._mps_warned = False
-        self.info: SessionInfo
+        self._classes: Optional[List[str]] = None
+
+    # ---- pickling ----
+
+    # What a pickle carries: the configuration and the position, never a session.
+    _PICKLED = ("device", "rank", "world_size", "job", "copy", "drop_last", "timeout",
+                "_client", "_options", "_dataset", "_position", "_loaded", "_fingerprint",
+                "_loaded_fingerprint")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {name: getattr(self, name) for name in self._PICKLED}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unattached()
+
+    @property
+    def info(self) -> SessionInfo:
         """What the daemon answered at the last attach (samples, steps per epoch, ring
-        slots)."""
-        self._attach(self._position)
+        slots); attaches at the current position if the loader has not attached yet."""
+        if self._info is None:
+            self._attach(self._position)
+        assert self._info is not None
+        return self._info
+
+    @property
+    def classes(self) -> List[str]:
+        """image_folder: the class folder names, sorted; ``batch["label"]`` is an index into
+        this list. The daemon does not send the names: they are read here from the dataset
+        path, by the daemon's rule, which is torchvision ``ImageFolder``'s (the folders
+        directly under the root, sorted by their bytes) except that a symbolic link to a
+        folder is no class. Other kinds raise :class:`AttributeError`."""
+        if self._options["kind"] != "image_folder":
+            raise AttributeError(f"classes: a {self._options['kind']} dataset has no classes "
+                                 "(image_folder only)")
+        if self._classes is None:
+            root = os.path.abspath(os.fspath(self._dataset))
+            try:
+                with os.scandir(root) as entries:
+                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            except OSError as e:
+                error = (NotFound if isinstance(e, (FileNotFoundError, NotADirectoryError))
+                         else PermissionDenied if isinstance(e, PermissionError)
+                         else FailedPrecondition)
+                raise error(f"classes: cannot list {root}: {e.strerror}") from None
+            self._classes = sorted(names, key=os.fsencode)
+        return list(self._classes)
+
+    @property
+    def class_to_idx(self) -> Dict[str, int]:
+        """image_folder: class folder name -> label, as torchvision ``ImageFolder``'s (see
+        :attr:`classes`)."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    def as_dataset(self) -> "IterableDataset":
+        """This loader as a ``torch.utils.data.IterableDataset`` (see
+        :class:`IterableDataset`)."""
+        return IterableDataset(self)
 
     # ---- position ----
 
@@ -435,10 +506,16 @@ class Loader:
 
     def state_dict(self) -> Dict[str, int]:
         """The resume state (torchdata ``StatefulDataLoader`` convention): the position after
-        the last batch yielded, and the feed's shape it is valid for."""
+        the last batch yielded, and the feed's shape it is valid for. The feed's
+        ``fingerprint`` comes from the daemon: a loader that never attached and loaded no
+        state attaches for it."""
+        fingerprint = self._fingerprint or self._loaded_fingerprint
+        if not fingerprint:
+            self._attach(self._position)
+            fingerprint = self._fingerprint
         return {"epoch": self._position.epoch, "step": self._position.step,
                 "world_size": self.world_size, "batch_size": int(self._options["batch_size"]),
-                "seed": int(self._options["seed"]), "fingerprint": self._fingerprint}
+                "seed": int(self._options["seed"]), "fingerprint": fingerprint}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at the position of :meth:`state_dict`: the next ``iter()`` yields exactly
@@ -446,8 +523,11 @@ class Loader:
         loader with the same world size, batch size and seed (:class:`~gpufeed.InvalidArgument`
         otherwise: a position means nothing for another feed), and its ``fingerprint`` (the
         dataset's identity and every other setting that shapes the batches: ``seq_len``,
-        dtype, shuffle, drop_last, the pipeline...) must be this feed's: the next ``iter()``
-        raises :class:`~gpufeed.FailedPrecondition` naming each field that differs."""
+        dtype, shuffle, drop_last, the pipeline...) must be this feed's, else
+        :class:`~gpufeed.FailedPrecondition` names each field that differs: raised here when
+        the loader attached before (it knows its feed's fingerprint), else by the attach of
+        the next ``iter()``. Before the first attach this only sets where that attach starts
+        (one attach, at the loaded position)."""
         for key in ("epoch", "step"):
             if key not in state:
                 raise InvalidArgument(f"state_dict: no '{key}' in {dict(state)!r}")
@@ -484,8 +564,18 @@ class Loader:
         while self._position.epoch == epoch and generation == self._generation:
             yield self._next(session)
 
+    def _check_process(self) -> None:
+        """Refuses the session of the process this one was forked from."""
+        if self._session is not None and self._pid != os.getpid():
+            raise FailedPrecondition(
+                f"gpufeed.torch.Loader: the session belongs to process {self._pid}, which "
+                f"attached it; this process ({os.getpid()}) is a fork of it and cannot use "
+                "it: make a new Loader in the child, or give the child one that has not "
+                "attached yet (or a pickled one: a pickle carries no session)")
+
     def _attach(self, position: Position) -> Session:
         """The session, attached anew when it is not at ``position``."""
+        self._check_process()
         if self._session is not None and not self._session.closed:
             if self._session.position() == position:
                 return self._session
@@ -522,7 +612,7 @@ class Loader:
                     ".clone()s") from None
             self._session = self._client.attach(self._dataset, start=start, **options)
         self._pid = os.getpid()
-        self.info = self._session.info
+        self._info = self._session.info
         self._fingerprint = self._session.fingerprint
         self._check_mps(self._session)
         return self._session
@@ -545,6 +635,7 @@ class Loader:
             "CUDA_MPS_PIPE_DIRECTORY) or neither (README, \"MPS\")", stacklevel=3)
 
     def _next(self, session: Session) -> Batch:
+        self._check_process()
         self._make_room(session.info.ring_slots)
         core = session.next(timeout=self.timeout)
         step = core.step + 1
@@ -687,6 +778,58 @@ class Loader:
             pass
 
     def __repr__(self) -> str:
+        info = self._info  # never attaches
+        shape = ("not attached" if info is None else
+                 f"steps_per_epoch={info.steps_per_epoch}, ring_slots={info.ring_slots}")
         return (f"gpufeed.torch.Loader(rank={self.rank}/{self.world_size}, "
-                f"device={self.device}, position={tuple(self._position)}, "
-                f"steps_per_epoch={self.info.steps_per_epoch}, ring_slots={self.info.ring_slots})")
+                f"device={self.device}, position={tuple(self._position)}, {shape})")
+
+
+class IterableDataset(torch.utils.data.IterableDataset):
+    """A :class:`Loader` as a ``torch.utils.data.IterableDataset``, for code that wants a
+    ``DataLoader``::
+
+        data = torch.utils.data.DataLoader(loader.as_dataset(), batch_size=None,
+                                           collate_fn=gpufeed.torch.IterableDataset.collate)
+
+    Iterating it iterates the loader itself (its position, epochs and ``set_epoch``): the same
+    batches, in place, released as the loader releases them. ``batch_size=None``: the items
+    are whole batches already. ``collate_fn=IterableDataset.collate`` hands each
+    :class:`Batch` through as it is; torch's default instead rebuilds each dict around the
+    same tensors (still in place; the slot goes back when they are garbage), which keeps
+    neither ``ids`` / ``epoch`` nor (on torch < 2.1) any attribute, nor ``release()``, and the
+    loader can no longer move a rebuilt batch you hold out of the ring to make room
+    (:class:`~gpufeed.ResourceExhausted` instead). ``num_workers`` must be 0
+    (:class:`~gpufeed.InvalidArgument` otherwise): gpufeedd already reads, decodes and
+    batches in its own threads, and each DataLoader worker would be one more consumer of this
+    rank's stream.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        if not isinstance(loader, Loader):
+            raise InvalidArgument(f"IterableDataset: want a gpufeed.torch.Loader, got "
+                                  f"{type(loader).__name__}")
+        self.loader = loader
+        """The loader it iterates."""
+
+    @staticmethod
+    def collate(batch: Batch) -> Batch:
+        """The ``collate_fn`` that yields each :class:`Batch` unchanged."""
+        return batch
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:
+            raise InvalidArgument(
+                f"gpufeed.torch.IterableDataset: iterated in DataLoader worker {worker.id} of "
+                f"{worker.num_workers}; pass num_workers=0: gpufeedd already reads, decodes "
+                "and batches in its own workers, and each DataLoader worker would be another "
+                "consumer of this rank's stream")
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        """Batches per epoch (``len(loader)``)."""
+        return len(self.loader)
+
+
+__all__.append("IterableDataset")

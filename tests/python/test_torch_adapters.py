@@ -341,6 +341,8 @@ def test_classes_need_an_image_folder(daemon, job, datasets, tmp_path):
 
 def test_classes_equal_torchvision_image_folder(daemon, job, datasets):
     torchvision = pytest.importorskip("torchvision")
+    if "tv_standin" in (getattr(torchvision, "__file__", "") or ""):
+        pytest.skip("torchvision is not installed (the pipeline tests' stand-in has no datasets)")
     loader = gpufeed.torch.Loader(datasets.images, kind="image_folder", batch_size=1,
                                   device="cpu", socket=daemon.socket, job=job)
     assert loader.class_to_idx == torchvision.datasets.ImageFolder(datasets.images).class_to_idx

@@ -115,6 +115,8 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.shuffle = value != 0;
   } else if (k == "drop_last") {
     o.drop_last = value != 0;
+  } else if (k == "even") {
+    o.even = value != 0;
   } else if (k == "ring_slots") {
     o.ring_slots = static_cast<int32_t>(value);
   } else if (k == "start_epoch") {

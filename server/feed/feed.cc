@@ -31,10 +31,10 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string FeedSpec::Canonical() const {
   std::string out = absl::StrCat(
-      "kind=", static_cast<int>(dataset.kind), ";path=", dataset.path, ";token_dtype=",
-      DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len, ";vocab_size=",
-      dataset.vocab_size, ";batch_size=", batch_size,
-      ";world_size=", world_size, ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last);
+      "kind=", static_cast<int>(dataset.kind), ";path=", dataset.path,
+      ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len,
+      ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
+      ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
   if (dataset.kind == DatasetKind::kImageFolder) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
@@ -85,8 +85,8 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.fd = -1;
   spec.dataset.handle.clear();
   spec.dataset.reader.reset();
-  SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
-                       spec.seed,              spec.shuffle,    spec.drop_last};
+  SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size, spec.seed,
+                       spec.shuffle,           spec.drop_last,  spec.even};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
   // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
   __uint128_t slot_bytes = 0;
@@ -175,6 +175,7 @@ std::string Feed::MakeFingerprint() const {
   f.emplace_back("seed", absl::StrCat(spec_.seed));
   f.emplace_back("shuffle", spec_.shuffle ? "true" : "false");
   f.emplace_back("drop_last", spec_.drop_last ? "true" : "false");
+  if (spec_.even) f.emplace_back("even", "true");
   // The sample-order algorithm: a position saved under another order (one without this item
   // was saved before feistel1) names other samples, so it must not resume this feed.
   f.emplace_back("sampler", kSamplerName);

@@ -40,6 +40,7 @@ struct FeedSpec {
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = true;
+  bool even = false;  // DistributedSampler's equal split per rank (sampler.h)
 
   // A canonical text of every field; equal specs give equal text.
   std::string Canonical() const;

@@ -83,6 +83,11 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerConfig& c)
   if (global > std::numeric_limits<int64_t>::max()) {
     return absl::InvalidArgumentError("batch_size * world_size overflows");
   }
+  if (c.even && c.drop_last) {
+    return absl::InvalidArgumentError(
+        "even: pads each rank's share to ceil(N / world_size) samples, as DistributedSampler "
+        "does; set drop_last=false with it");
+  }
   if (StepsPerEpoch(c) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch_size: a global batch of ", c.batch_size, " x ", c.world_size, " ranks = ",
@@ -108,6 +113,20 @@ int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids) con
   const uint64_t n = config_.num_samples;
   const uint64_t b = static_cast<uint64_t>(config_.batch_size);
   // step < steps_per_epoch, so first + b <= steps * W * B < n + W * B < 2^64: no wrap.
+  if (config_.even) {
+    // Row i is the rank's position k = step·B + i of ceil(N/W); epoch position k·W + rank.
+    // k·W + rank < steps·B·W <= N + W·B < 2^64 (Create bounds W·B).
+    const uint64_t w = static_cast<uint64_t>(config_.world_size);
+    const uint64_t per_rank = n / w + (n % w != 0 ? 1 : 0);
+    int64_t valid = 0;
+    for (uint64_t i = 0; i < b && i < ids.size(); ++i) {
+      const uint64_t k = static_cast<uint64_t>(p.step) * b + i;
+      const uint64_t index = k * w + static_cast<uint64_t>(rank);
+      ids[i] = static_cast<int64_t>(order.At(index % n));
+      if (k < per_rank) ++valid;
+    }
+    return valid;
+  }
   const uint64_t first = (static_cast<uint64_t>(p.step) * config_.world_size + rank) * b;
   int64_t valid = 0;
   for (uint64_t i = 0; i < b && i < ids.size(); ++i) {

@@ -3,7 +3,11 @@
 //   bijection of [0, N) (EpochOrder), never materialised;
 // - global batch g of epoch e is perm[g·W·B, (g+1)·W·B); rank r gets rows [r·B, (r+1)·B);
 // - drop_last drops the incomplete last global batch; otherwise it is padded by wrapping to
-//   the epoch's start (as torch's DistributedSampler does) and padded rows are not valid.
+//   the epoch's start (as torch's DistributedSampler does) and padded rows are not valid;
+// - even (without drop_last): torch DistributedSampler's split instead: the epoch is padded
+//   to ceil(N/W)·W positions by wrapping, rank r takes positions r, r + W, r + 2W, ... (within
+//   global batch g still perm[g·W·B, (g+1)·W·B)), and each rank's first ceil(N/W) rows are
+//   valid: every rank the same count of real samples, as DistributedSampler gives.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +72,7 @@ struct SamplerConfig {
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = true;
+  bool even = false;  // DistributedSampler's equal split (needs drop_last false)
 };
 
 // Immutable after Create: safe to use from any number of threads.

@@ -64,6 +64,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   spec.feed.seed = r.seed();
   spec.feed.shuffle = r.shuffle();
   spec.feed.drop_last = r.drop_last();
+  spec.feed.even = r.even();
   spec.ring_slots = r.ring_slots();
   spec.start = {r.start().epoch(), r.start().step()};
   spec.resume_gap = absl::Milliseconds(static_cast<int64_t>(
@@ -247,6 +248,7 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
   out->set_seed(f.spec.seed);
   out->set_shuffle(f.spec.shuffle);
   out->set_drop_last(f.spec.drop_last);
+  out->set_even(f.spec.even);
   out->set_sessions(f.sessions);
   out->set_batches_produced(f.batches_produced);
   out->set_bytes_produced(f.bytes_produced);

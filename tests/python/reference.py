@@ -81,9 +81,15 @@ def steps_per_epoch(n: int, batch: int, world: int, drop_last: bool) -> int:
 
 
 def rank_slice(n: int, seed: int, epoch: int, step: int, rank: int, world: int, batch: int,
-               shuffle: bool = True) -> Tuple[List[int], int]:
-    """(ids, valid_count) of rank `rank`'s batch at (epoch, step)."""
+               shuffle: bool = True, even: bool = False) -> Tuple[List[int], int]:
+    """(ids, valid_count) of rank `rank`'s batch at (epoch, step). `even`: torch
+    DistributedSampler's split (ceil(n / world) real samples a rank, at epoch positions
+    rank, rank + world, ...)."""
     order = EpochOrder(n, seed, epoch, shuffle)
+    if even:
+        per_rank = (n + world - 1) // world
+        ks = [step * batch + i for i in range(batch)]
+        return ([order[(k * world + rank) % n] for k in ks], sum(1 for k in ks if k < per_rank))
     first = (step * world + rank) * batch
     ids = [order[(first + i) % n] for i in range(batch)]
     valid = sum(1 for i in range(batch) if first + i < n)

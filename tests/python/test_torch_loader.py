@@ -490,3 +490,25 @@ def test_set_epoch_ends_a_running_iterator(daemon, job, datasets):
         assert loader.position == gpufeed.Position(3, 0)
         first = next(iter(loader))
         assert (first.epoch, first.step) == (3, 0)
+
+
+def test_even_gives_every_rank_the_same_real_count_as_distributed_sampler(daemon, job, datasets):
+    # Issue 15: N=157, W=2, B=10 without drop_last: plain padding gives ranks 80 and 77 real
+    # rows; even=True gives each ceil(157/2) = 79, as DistributedSampler does, every sample
+    # at least once and one wrapped duplicate.
+    counts, seen = [], []
+    for rank in range(2):
+        loader = gpufeed.torch.Loader(datasets.records, kind="records", batch_size=10,
+                                      drop_last=False, even=True, seed=4, rank=rank,
+                                      world_size=2, job=job, device="cpu",
+                                      socket=daemon.socket)
+        n = 0
+        for step, batch in enumerate(loader):
+            ids, valid = reference.rank_slice(157, 4, 0, step, rank, 2, 10, even=True)
+            assert batch.ids.tolist() == ids
+            assert int(batch["valid"].sum()) == valid == batch.valid_count
+            seen += ids[:valid]
+            n += valid
+        counts.append(n)
+    assert counts == [79, 79]
+    assert sorted(set(seen)) == list(range(157)) and len(seen) == 158

@@ -39,6 +39,7 @@ struct ConsumeFlags {
   std::string dump;
   bool no_shuffle = false;
   bool no_drop_last = false;
+  bool even = false;
   bool checksum = false;
   ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
       start_epoch, start_step, ring_slots, step_ms, timeout_ms, reconnect_timeout, keepalive;
@@ -65,6 +66,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   o->augment = flags.augment;
   o->shuffle = !flags.no_shuffle;
   o->drop_last = !flags.no_drop_last;
+  o->even = flags.even;
   int64_t rank = 0, world = 1, seed = 0, ring = 0;
   for (const auto& [flag, target] : std::vector<std::pair<const ValueFlag*, int64_t*>>{
            {&flags.rank, &rank},
@@ -251,6 +253,9 @@ Command AddConsume(CLI::App& app) {
   cli->add_flag("--no-shuffle", f.no_shuffle, "visit samples in order");
   cli->add_flag("--no-drop-last", f.no_drop_last,
                 "pad the last batch of each epoch instead of dropping it");
+  cli->add_flag("--even", f.even,
+                "with --no-drop-last: DistributedSampler's split, every rank the same count of "
+                "real samples per epoch");
   f.epochs.AddTo(*cli, "--epochs", "E",
                  "epochs to read from the start epoch (default 1; 0 = no end)");
   f.max_batches.AddTo(*cli, "--max-batches", "N", "stop after N batches (default: no limit)");

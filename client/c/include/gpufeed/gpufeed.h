@@ -104,7 +104,7 @@ const char* gpufeed_last_error(void);
  * augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
  * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
  * refused with FAILED_PRECONDITION naming the fields that differ) (strings);
- * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, ring_slots,
+ * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, even, ring_slots,
  * start_epoch, start_step, stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
  * re-attaches after the daemon went away, default 120000, 0 = never), keepalive_ms (pings that
  * find a daemon that stopped answering, default 10000, 0 = none, else >= 1000) (integers; see

@@ -63,6 +63,9 @@ struct AttachOptions {
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = true;
+  // With drop_last false: torch DistributedSampler's split, every rank the same count of
+  // real samples per epoch (ceil(N / world_size); valid_count marks them).
+  bool even = false;
   int32_t ring_slots = 0;        // 0: the daemon's default
   std::string delivery = "host";  // host | device
   // device delivery: "" (this process's current CUDA device), "cuda:N" or a "GPU-..." UUID.

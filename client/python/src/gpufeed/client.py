@@ -566,6 +566,7 @@ class Client:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
+        even: bool = False,
         rank: int = 0,
         world_size: int = 1,
         job: Optional[str] = None,
@@ -646,6 +647,7 @@ class Client:
             "seed": seed - (1 << 64) if seed >= 1 << 63 else seed,  # the C ABI's int64 bits
             "shuffle": int(bool(shuffle)),
             "drop_last": int(bool(drop_last)),
+            "even": int(bool(even)),
             "ring_slots": ring_slots,
             "start_epoch": None if start is None else start[0],
             "start_step": None if start is None else start[1],

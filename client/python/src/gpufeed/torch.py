@@ -307,6 +307,10 @@ class Loader:
         seed: the shuffle's and the augmentations' seed.
         drop_last: drop the incomplete last global batch; when False the batch is padded
             by wrapping around and ``valid`` marks the real rows.
+        even: with ``drop_last=False``, ``DistributedSampler``'s split: every rank gets the
+            same count of real samples per epoch, ``ceil(N / world_size)`` (the last ones
+            wrap to the epoch's start, as DistributedSampler pads), so evaluation loops that
+            count rows without reading ``valid`` agree across ranks.
         device: ``None`` (the current CUDA device if there is one, else host), ``"cpu"``
             (host delivery) or ``"cuda[:N]"``.
         rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
@@ -364,6 +368,7 @@ class Loader:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
+        even: bool = False,
         device: Union[None, str, int, "torch.device"] = None,
         vocab_size: Optional[int] = None,
         rank: Optional[int] = None,
@@ -396,7 +401,7 @@ class Loader:
         self._client = Client(socket)
         self._options: Dict[str, Any] = dict(
             kind=kind, batch_size=batch_size, seq_len=seq_len, token_dtype=token_dtype,
-            pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last, even=even,
             rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
             decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size,
             reconnect_timeout=reconnect_timeout, keepalive=keepalive)

@@ -172,6 +172,51 @@ TEST(SamplerTest, PaddingWrapsToTheEpochStart) {
   EXPECT_THAT(r1.ids, ElementsAre(id(2), id(3), id(4), id(5)));
 }
 
+// even: DistributedSampler's split. N=103, W=2, B=10: ceil(103/2) = 52 real samples a rank
+// (6 steps, the last with 2 valid rows), rank r at epoch positions r, r+2, ..., and one wrapped
+// duplicate (position 103 -> perm[0]) to make 104 = 52 x 2.
+TEST(SamplerTest, EvenGivesEveryRankTheSameRealCountAsDistributedSampler) {
+  SamplerConfig c;
+  c.num_samples = 103;
+  c.batch_size = 10;
+  c.world_size = 2;
+  c.seed = 9;
+  c.drop_last = false;
+  c.even = true;
+  absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ((*s)->steps_per_epoch(), 6);
+  const std::vector<uint64_t> p = EpochPermutation(103, 9, 0, true);
+  std::vector<int64_t> all;
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    int64_t valid = 0;
+    std::vector<int64_t> real;
+    for (int64_t step = 0; step < 6; ++step) {
+      Slice slice = SliceOf(**s, {0, step}, rank);
+      EXPECT_EQ(slice.valid, step < 5 ? 10 : 2) << "rank " << rank << " step " << step;
+      for (int64_t i = 0; i < 10; ++i) {
+        const uint64_t k = static_cast<uint64_t>(step * 10 + i);
+        EXPECT_EQ(slice.ids[static_cast<size_t>(i)],
+                  static_cast<int64_t>(p[(k * 2 + static_cast<uint64_t>(rank)) % 103]));
+      }
+      real.insert(real.end(), slice.ids.begin(), slice.ids.begin() + slice.valid);
+      valid += slice.valid;
+    }
+    EXPECT_EQ(valid, 52) << "rank " << rank;
+    all.insert(all.end(), real.begin(), real.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> want(103);
+  std::iota(want.begin(), want.end(), 0);
+  want.push_back(static_cast<int64_t>(p[0]));  // the one wrapped position, 103
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(all, want);
+  c.drop_last = true;
+  absl::StatusOr<std::unique_ptr<Sampler>> refused = Sampler::Create(c);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("even: pads each rank's share"));
+}
+
 TEST(SamplerTest, StepsPerEpochFloorsWithDropLastAndCeilsWithout) {
   EXPECT_EQ(MakeSampler(100, 3, 8, 0, true, true)->steps_per_epoch(), 4);   // 100/24
   EXPECT_EQ(MakeSampler(100, 3, 8, 0, true, false)->steps_per_epoch(), 5);  // ceil

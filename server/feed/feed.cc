@@ -337,7 +337,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
-  if (absl::Status s = dataset_->CheckNotShrunk(); !s.ok()) {
+  if (absl::Status s = dataset_->CheckReadNotShrunk(ids); !s.ok()) {
     return Annotate(s, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
   CountProduced(valid);

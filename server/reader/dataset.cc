@@ -58,16 +58,24 @@ class TokensDataset final : public Dataset {
   const std::vector<SampleTensor>& tensors() const override { return tensors_; }
 
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
-    // The last shard whose first sample is <= id (a shard of no windows shares its first
-    // with the next, and upper_bound steps past it).
-    const size_t k =
-        static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) - first_.begin()) -
-        1;
+    const size_t k = ShardOf(id);
     const TokenShard& s = shards_[k];
     return s.file->ReadAt(s.data_offset + (id - first_[k]) * seq_len_ * token_bytes_, rows[0]);
   }
   absl::Status CheckNotShrunk() const override {
     for (const TokenShard& s : shards_) GPUFEED_RETURN_IF_ERROR(s.file->CheckNotShrunk());
+    return absl::OkStatus();
+  }
+  // The shards the batch read, each once: at most the batch size of checks, whatever the
+  // shard count.
+  absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override {
+    if (shards_.size() == 1) return shards_.front().file->CheckNotShrunk();
+    std::vector<size_t> read;
+    read.reserve(ids.size());
+    for (int64_t id : ids) read.push_back(ShardOf(static_cast<uint64_t>(id)));
+    std::sort(read.begin(), read.end());
+    read.erase(std::unique(read.begin(), read.end()), read.end());
+    for (size_t k : read) GPUFEED_RETURN_IF_ERROR(shards_[k].file->CheckNotShrunk());
     return absl::OkStatus();
   }
   // "N files, FNV-1a 64 of (name, size) in order": a shard added, removed, renamed, reordered
@@ -88,6 +96,14 @@ class TokensDataset final : public Dataset {
   }
 
  private:
+  // The last shard whose first sample is <= id (a shard of no windows shares its first with
+  // the next, and upper_bound steps past it).
+  size_t ShardOf(uint64_t id) const {
+    return static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) -
+                               first_.begin()) -
+           1;
+  }
+
   const bool sharded_;  // a directory or pattern, not one file
   const std::vector<TokenShard> shards_;
   std::vector<uint64_t> first_;  // per shard, its first sample's id

@@ -67,6 +67,12 @@ class Dataset {
   }
   // DATA_LOSS when the files read shrank since they were opened; called after each batch.
   virtual absl::Status CheckNotShrunk() const = 0;
+  // As CheckNotShrunk, for a batch of the samples `ids` (every id < num_samples): a dataset
+  // of many files checks only those the batch read.
+  virtual absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const {
+    (void)ids;
+    return CheckNotShrunk();
+  }
   // For the feed's fingerprint, what the path alone does not say (a sharded dataset: its
   // files, order and sizes); "" when the path and its size do.
   virtual std::string ContentIdentity() const { return ""; }

@@ -10,19 +10,23 @@
 //  (b) bytes/s and batches/s delivered to 1 and to 2 consumer processes (gpufeedctl consume,
 //      ranks of one job) for tokens B=64, seq_len=2048 and B=256, seq_len=128, uint16, with
 //      each read mode of the daemon (mmap, pread);
-//  (c) time from Attach to the first batch on a warm file (median of 9).
+//  (c) time from Attach to the first batch on a warm file (median of 9);
+//  (d) the same tokens as 64 raw shards in a directory (issue 16: sharded datasets within
+//      10 % of one file): one consumer's rate per case and Attach -> first batch, mmap reads.
 // Not a timed test: CI does not gate on it.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +215,54 @@ int main(int argc, char** argv) {
   std::sort(first_ms.begin(), first_ms.end());
   const double median = first_ms.empty() ? -1 : first_ms[first_ms.size() / 2];
 
+  // (d) 64 shards of the same bytes (a shard boundary costs at most one window each).
+  const std::string shards = dir.File("shards");
+  std::filesystem::create_directories(shards);
+  {
+    std::ifstream in(dataset, std::ios::binary);
+    std::vector<char> part(tokens * 2 / 64);
+    for (int k = 0; k < 64; ++k) {
+      in.read(part.data(), static_cast<std::streamsize>(part.size()));
+      std::ofstream(absl::StrFormat("%s/train_%03d.bin", shards, k), std::ios::binary)
+          .write(part.data(), static_cast<std::streamsize>(part.size()));
+    }
+  }
+  std::vector<std::string> shard_rows;
+  std::string shards_json = ",\"shards\":[";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const int64_t n = quick ? 2000 : 20000;
+    std::fprintf(stderr, "%s: one file vs 64 shards...\n", c.name.c_str());
+    const Run file = Consume(daemon.socket(), dataset, c, 1, n, dir);
+    const Run sharded = Consume(daemon.socket(), shards, c, 1, n, dir);
+    all_ok = all_ok && file.ok && sharded.ok;
+    shard_rows.push_back(absl::StrFormat("| %-18s | %7.2f | %7.0f | %7.2f | %7.0f | %5.1f%% |",
+                                         c.name, file.bytes_per_s / 1e9, file.batches_per_s,
+                                         sharded.bytes_per_s / 1e9, sharded.batches_per_s,
+                                         100.0 * sharded.bytes_per_s / file.bytes_per_s));
+    absl::StrAppend(&shards_json, i == 0 ? "" : ",",
+                    absl::StrFormat("{\"case\":\"%s\",\"file_bytes_per_s\":%.0f,"
+                                    "\"shards_bytes_per_s\":%.0f}",
+                                    c.name, file.bytes_per_s, sharded.bytes_per_s));
+  }
+  std::vector<double> shard_first_ms;
+  for (int i = 0; i < 9; ++i) {
+    gt::CtlResult r =
+        gt::RunCtl(daemon.socket(),
+                   {"consume", "--job", absl::StrCat("sfirst", i), "--dataset", shards, "--seq-len",
+                    "2048", "--batch-size", "64", "--max-batches", "1", "-o", "json"},
+                   dir.File("sfirst"));
+    const size_t at = r.out.find("\"first_batch_ms\":");
+    if (r.exit_code == 0 && at != std::string::npos) {
+      shard_first_ms.push_back(std::stod(r.out.substr(at + 17)));
+    }
+  }
+  std::sort(shard_first_ms.begin(), shard_first_ms.end());
+  const double shard_median =
+      shard_first_ms.empty() ? -1 : shard_first_ms[shard_first_ms.size() / 2];
+  absl::StrAppend(&shards_json,
+                  "],\"shards_first_batch_ms_median\":", absl::StrFormat("%.3f", shard_median));
+
   std::printf("\ngpufeed feed_bench (host delivery, tokens uint16, %d cores)\n\n",
               static_cast<int>(std::thread::hardware_concurrency()));
   std::printf("(a) memcpy: one batch-sized contiguous copy; gather: the batch's rows copied from\n"
@@ -220,7 +272,16 @@ int main(int argc, char** argv) {
   for (const auto& row : rows) std::printf("%s\n", row.c_str());
   std::printf("\nAttach -> first batch (B=64 seq_len=2048, warm file, median of %zu): %.2f ms\n\n",
               first_ms.size(), median);
-  absl::StrAppend(&json, "],\"first_batch_ms_median\":", absl::StrFormat("%.3f", median), "}");
+  std::printf(
+      "(d) the same tokens in one file and as 64 raw shards (a directory), 1 consumer, mmap\n\n");
+  std::printf(
+      "| case               | file GB/s | batch/s | shards GB/s | batch/s | shards/file |\n");
+  std::printf("|--------------------|---------|---------|---------|---------|--------|\n");
+  for (const auto& row : shard_rows) std::printf("%s\n", row.c_str());
+  std::printf("\nAttach -> first batch, 64 shards (median of %zu): %.2f ms\n\n",
+              shard_first_ms.size(), shard_median);
+  absl::StrAppend(&json, "],\"first_batch_ms_median\":", absl::StrFormat("%.3f", median),
+                  shards_json, "}");
   std::printf("%s\n", json.c_str());
   return all_ok ? 0 : 1;
 }

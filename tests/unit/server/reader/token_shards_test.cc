@@ -237,6 +237,12 @@ TEST(TokenShardsTest, AShardThatShrinksIsDataLossNamingIt) {
   const absl::Status s = (*ds)->CheckNotShrunk();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr(b));
+  // A batch checks the shards it read: a's windows are samples 0..8, b's 9..17.
+  const std::vector<int64_t> from_a = {0, 3, 8}, from_both = {2, 15};
+  EXPECT_TRUE((*ds)->CheckReadNotShrunk(from_a).ok());
+  const absl::Status both = (*ds)->CheckReadNotShrunk(from_both);
+  EXPECT_EQ(both.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(both.message(), HasSubstr(b));
 }
 
 TEST(TokenShardsTest, TheContentIdentityChangesWithTheSetOrderAndSizes) {

@@ -295,14 +295,16 @@ class Loader:
     on lifetime).
 
     Args:
-        dataset: path of the dataset (a tokens file, a ``.npy``, an image folder's root).
+        dataset: path of the dataset (a tokens file, or a directory or glob of token shards;
+            a ``.npy``; an image folder's root).
         kind: ``"tokens"``, ``"records"`` or ``"image_folder"``.
         batch_size: rows per batch of this rank.
         seq_len: tokens: the window; each row holds ``seq_len + 1`` tokens (inputs and
             shifted targets).
         token_dtype: tokens: ``"uint16"`` (the default) or ``"uint32"``.
-        pipeline: image_folder: the ops, as the daemon takes them (a list of op dicts, a dict
-            with ``"ops"`` or a JSON file's path).
+        pipeline: image_folder: the ops: a ``gpufeed.pipeline.Pipeline`` (or
+            ``pipeline_from_torchvision(T.Compose([...]))``), a list of op dicts, a dict with
+            ``"ops"`` or a JSON file's path.
         shuffle: visit each epoch in the shuffled order of ``(seed, epoch)``.
         seed: the shuffle's and the augmentations' seed.
         drop_last: drop the incomplete last global batch; when False the batch is padded

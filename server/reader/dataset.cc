@@ -34,6 +34,11 @@ struct TokenShard {
   const char* format = "raw";
 };
 
+// The windows of seq_len + 1 tokens a shard of `tokens` holds (below).
+uint64_t WindowsOf(uint64_t tokens, uint64_t seq_len) {
+  return tokens > seq_len ? (tokens - 1) / seq_len : 0;
+}
+
 // Sample i of a shard is the window of seq_len + 1 tokens starting at token i * seq_len, so
 // that the last token of one sample is the first of the next (inputs and shifted targets in
 // one row). Windows never cross shards; the dataset's samples are the shards' windows in
@@ -47,7 +52,7 @@ class TokensDataset final : public Dataset {
         seq_len_(static_cast<uint64_t>(seq_len)) {
     for (const TokenShard& s : shards_) {
       first_.push_back(num_samples_);
-      num_samples_ += s.tokens > seq_len_ ? (s.tokens - 1) / seq_len_ : 0;
+      num_samples_ += WindowsOf(s.tokens, seq_len_);
     }
     const uint64_t width = seq_len_ + 1;
     tensors_.push_back(
@@ -373,9 +378,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
           " tokens (", shards.front().format, ") but ", s.name, " holds ", DTypeName(s.dtype), " (",
           s.format, "): every shard must hold one token type"));
     }
-    windows += s.tokens > static_cast<uint64_t>(spec.seq_len)
-                   ? (s.tokens - 1) / static_cast<uint64_t>(spec.seq_len)
-                   : 0;
+    windows += WindowsOf(s.tokens, static_cast<uint64_t>(spec.seq_len));
     tokens += s.tokens;
   }
   if (windows == 0) {

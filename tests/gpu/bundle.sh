@@ -25,5 +25,8 @@ mkdir -p "$root/.devbundle/wheels"
 cp "${GPUFEED_PYTEST_WHEELS:-/tmp/wheels}"/*.whl "$root/.devbundle/wheels/" 2>/dev/null ||
   pip download -q pytest -d "$root/.devbundle/wheels" --python-version 3.12 --only-binary=:all: ||
   echo "no pytest wheels: run_python_on_device.sh needs pytest on the GPU machine" >&2
+# The self-contained wheel (client/python/build_wheel.sh), for tests/gpu/wheel_on_device.sh.
+cp "$root"/dist/gpufeed-*.whl "$root/.devbundle/wheels/" 2>/dev/null ||
+  echo "no dist/gpufeed-*.whl: run client/python/build_wheel.sh for wheel_on_device.sh" >&2
 strip --strip-unneeded "$root"/.devbundle/bin/* "$root"/.devbundle/lib/* 2>/dev/null || true
 du -sh "$root/.devbundle"

@@ -28,7 +28,9 @@ _SRC = os.environ.get("GPUFEED_PYTHON_SRC", str(ROOT / "client" / "python" / "sr
 if _SRC:
     sys.path.insert(0, _SRC)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("GPUFEED_LIBRARY", str(ROOT / "build" / "client" / "c" / "libgpufeed_c.so"))
+if _SRC:  # an installed package finds its own library (the wheel's gpufeed/_lib)
+    os.environ.setdefault("GPUFEED_LIBRARY",
+                          str(ROOT / "build" / "client" / "c" / "libgpufeed_c.so"))
 GPUFEEDD = os.environ.get("GPUFEEDD") or str(ROOT / "build" / "server" / "gpufeedd")
 
 import reference  # noqa: E402  (tests/python/reference.py, after the path is set)

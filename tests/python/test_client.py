@@ -360,6 +360,9 @@ def test_library_lookup_order(monkeypatch, tmp_path):
     assert tried[1] == "/opt/x/libgpufeed_c.so"
     assert tried[-1] == "libgpufeed_c.so"
     monkeypatch.setenv("GPUFEED_LIBRARY", str(tmp_path / "missing.so"))
+    if os.path.exists(tried[0]):  # an installed wheel: its own library wins over the variable
+        assert _capi._open() is not None
+        return
     with pytest.raises(ImportError, match="cannot load GPUFEED_LIBRARY=" +
                        re.escape(str(tmp_path / "missing.so"))) as raised:
         _capi._open()

@@ -71,9 +71,10 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
   for (const v1::FeedInfo& f : response.feeds()) {
     FeedInfo info;
     info.key = f.key();
-    info.kind = f.dataset().kind() == v1::DATASET_KIND_TOKENS    ? "tokens"
-                : f.dataset().kind() == v1::DATASET_KIND_RECORDS ? "records"
-                                                                 : "image_folder";
+    info.kind = f.dataset().kind() == v1::DATASET_KIND_TOKENS       ? "tokens"
+                : f.dataset().kind() == v1::DATASET_KIND_RECORDS    ? "records"
+                : f.dataset().kind() == v1::DATASET_KIND_WEBDATASET ? "webdataset"
+                                                                    : "image_folder";
     info.dataset = f.dataset().path();
     info.num_samples = f.num_samples();
     info.batch_size = f.batch_size();

@@ -35,9 +35,12 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
     d->set_kind(v1::DATASET_KIND_RECORDS);
   } else if (o.kind == "image_folder") {
     d->set_kind(v1::DATASET_KIND_IMAGE_FOLDER);
+  } else if (o.kind == "webdataset") {
+    d->set_kind(v1::DATASET_KIND_WEBDATASET);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kind: unknown dataset kind '", o.kind, "' (want tokens, records or image_folder)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kind: unknown dataset kind '", o.kind,
+                     "' (want tokens, records, image_folder or webdataset)"));
   }
   if (o.bad_sample == "skip") {
     request.set_bad_sample(v1::BAD_SAMPLE_POLICY_SKIP);

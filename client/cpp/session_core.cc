@@ -228,14 +228,17 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
 
-  // An image folder, or token shards: a directory, or a glob in the last component
-  // (`/data/train_*.bin`: its directory is what this process opens and passes).
+  // An image folder, or token or WebDataset shards: a directory, or a glob (or, for
+  // WebDataset, a brace pattern) in the last component (`/data/train_*.bin`,
+  // `/data/train-{000..146}.tar`: its directory is what this process opens and passes).
   bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
   std::string to_open = given;
   std::string pattern;
-  if (dataset->kind() == v1::DATASET_KIND_TOKENS) {
+  if (dataset->kind() == v1::DATASET_KIND_TOKENS ||
+      dataset->kind() == v1::DATASET_KIND_WEBDATASET) {
+    const char* pattern_chars = dataset->kind() == v1::DATASET_KIND_WEBDATASET ? "*?[{" : "*?[";
     struct stat st {};
-    if (BaseOf(given).find_first_of("*?[") != std::string::npos) {
+    if (BaseOf(given).find_first_of(pattern_chars) != std::string::npos) {
       pattern = BaseOf(given);
       to_open = DirOf(given).empty() ? "/" : DirOf(given);
       folder = true;

@@ -35,7 +35,7 @@ std::string FeedSpec::Canonical() const {
       ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len,
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
-  if (dataset.kind == DatasetKind::kImageFolder) {
+  if (IsImageKind(dataset.kind)) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
   }
@@ -154,9 +154,11 @@ std::string EscapeValue(const std::string& v) {
 std::string Feed::MakeFingerprint() const {
   std::vector<std::pair<std::string, std::string>> f;
   const DatasetSpec& d = spec_.dataset;
-  const char* kinds[] = {"unspecified", "tokens", "records", "image_folder"};
+  const char* kinds[] = {"unspecified", "tokens", "records", "image_folder", "webdataset"};
   const int kind = static_cast<int>(d.kind);
-  f.emplace_back("kind", kind >= 0 && kind < 4 ? kinds[kind] : absl::StrCat(kind));
+  f.emplace_back("kind", kind >= 0 && kind < static_cast<int>(std::size(kinds))
+                             ? kinds[kind]
+                             : absl::StrCat(kind));
   f.emplace_back("path", d.path);
   f.insert(f.end(), identity_.begin(), identity_.end());
   f.emplace_back("samples", absl::StrCat(dataset_->num_samples()));
@@ -179,7 +181,7 @@ std::string Feed::MakeFingerprint() const {
   // The sample-order algorithm: a position saved under another order (one without this item
   // was saved before feistel1) names other samples, so it must not resume this feed.
   f.emplace_back("sampler", kSamplerName);
-  if (d.kind == DatasetKind::kImageFolder) {
+  if (IsImageKind(d.kind)) {
     f.emplace_back("pipeline", PipelineCanonical(d.pipeline));
     f.emplace_back("bad_sample", d.bad_sample == BadSamplePolicy::kFail ? "fail" : "skip");
     f.emplace_back("max_pixels", absl::StrCat(d.max_pixels));
@@ -396,8 +398,8 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
     GPUFEED_ASSIGN_OR_RETURN(*fd, handles_.Take(d.handle, caller.uid()));
     d.fd = fd->get();
     if (::fstat(d.fd, &st) != 0) return ErrnoToStatus(errno, "dataset.handle: stat");
-    // A folder's files (images, token shards) are opened by the daemon beneath it: with the
-    // caller's mode-bit rights.
+    // A folder's files (images, token shards, tar shards) are opened by the daemon beneath
+    // it: with the caller's mode-bit rights.
     if (d.kind == DatasetKind::kImageFolder || S_ISDIR(st.st_mode)) d.reader = caller.cred;
     if (!access_.dataset_roots.empty()) {
       GPUFEED_ASSIGN_OR_RETURN(resolved, ResolvedPathOf(d.fd));

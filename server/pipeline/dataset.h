@@ -25,15 +25,16 @@ namespace gpufeed::server {
 enum class BadSamplePolicy { kSkip = 1, kFail = 2 };
 
 struct DatasetSpec : FileDatasetSpec {
-  std::vector<PipelineStep> pipeline;                   // image_folder
-  BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;  // image_folder
-  uint64_t max_pixels = 64'000'000;                     // image_folder
-  // image_folder: a larger file is a bad sample (too_large), never read. The daemon's
+  // Image kinds (IsImageKind: image_folder, webdataset) only, as the fields below.
+  std::vector<PipelineStep> pipeline;
+  BadSamplePolicy bad_sample = BadSamplePolicy::kSkip;
+  uint64_t max_pixels = 64'000'000;
+  // A larger image file (or tar member) is a bad sample (too_large), never read. The daemon's
   // max_image_bytes (FeedLimits), not the request's; no part of the feed's key.
   uint64_t max_image_bytes = uint64_t{64} << 20;
-  // Set by the feed registry, never from a request (not part of the key): image_folder with
-  // a descriptor (fd >= 0) reads the files beneath it only where their mode bits let `reader`
-  // read them; the walk's bounds.
+  // Set by the feed registry, never from a request (not part of the key): a dataset with a
+  // directory descriptor (fd >= 0) reads the files beneath it only where their mode bits let
+  // `reader` read them; the walk's (and a tar index's) bounds.
   std::optional<PeerCred> reader;
   FolderWalkLimits walk;
 };
@@ -78,6 +79,10 @@ class ImageDataset : public Dataset {
 
 absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec& spec,
                                                               FileSystem* fs);
+// WebDataset tar shards (reader/webdataset.h): a directory, a glob or brace pattern, or one
+// tar file.
+absl::StatusOr<std::unique_ptr<ImageDataset>> OpenWebDataset(const DatasetSpec& spec,
+                                                             FileSystem* fs);
 
 // Opens and validates a dataset of any kind: NOT_FOUND / PERMISSION_DENIED naming the path,
 // and INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be served.

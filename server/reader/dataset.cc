@@ -1,6 +1,5 @@
 #include "server/reader/dataset.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/stat.h>
@@ -10,7 +9,6 @@
 #include <climits>
 #include <cstring>
 #include <limits>
-#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -19,6 +17,7 @@
 #include "common/os/fd.h"
 #include "common/status.h"
 #include "server/reader/npy.h"
+#include "server/reader/shards.h"
 
 namespace gpufeed::server {
 namespace {
@@ -83,21 +82,12 @@ class TokensDataset final : public Dataset {
     for (size_t k : read) GPUFEED_RETURN_IF_ERROR(shards_[k].file->CheckNotShrunk());
     return absl::OkStatus();
   }
-  // "N files, FNV-1a 64 of (name, size) in order": a shard added, removed, renamed, reordered
-  // or resized changes it, so a saved position does not resume another set.
+  // Which files, in which order, of which sizes (ShardsIdentity).
   std::string ContentIdentity() const override {
     if (!sharded_) return "";
-    uint64_t h = 14695981039346656037ull;
-    auto mix = [&h](absl::string_view bytes) {
-      for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-    };
-    for (const TokenShard& s : shards_) {
-      mix(s.name.substr(s.name.find_last_of('/') + 1));
-      mix(absl::string_view("\0", 1));
-      mix(absl::StrCat(s.file->size()));
-      mix(absl::string_view("\0", 1));
-    }
-    return absl::StrCat(shards_.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
+    std::vector<std::pair<std::string, uint64_t>> files;
+    for (const TokenShard& s : shards_) files.emplace_back(s.name, s.file->size());
+    return ShardsIdentity(files);
   }
 
  private:
@@ -398,10 +388,6 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
   return std::make_unique<TokensDataset>(std::move(shards), spec.seq_len, sharded);
 }
 
-bool HasGlob(absl::string_view name) {
-  return name.find_first_of("*?[") != absl::string_view::npos;
-}
-
 // The shards of a directory (every regular file in it, not below, whose name does not start
 // with '.'; `pattern`, when set, filters the names as a shell glob), sorted by name; a
 // Megatron `X.idx` goes with its `X.bin` and is not a shard itself. Opened beneath `dirfd`
@@ -411,36 +397,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
                                                          const std::string& dir,
                                                          const std::string& pattern,
                                                          const PeerCred* reader) {
-  constexpr size_t kMaxShards = 1 << 20;
-  UniqueFd listing(::dup(dirfd));
-  if (!listing.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
-  DIR* d = ::fdopendir(listing.get());
-  if (d == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
-  ::rewinddir(d);  // a dup shares the offset: start at the beginning whatever came before
-  const int fd = listing.Release();  // the DIR owns it now
-  std::set<std::string> names;
-  absl::Status status;
-  while (true) {
-    errno = 0;
-    const dirent* e = ::readdir(d);
-    if (e == nullptr) {
-      if (errno != 0) status = ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
-      break;
-    }
-    const std::string name = e->d_name;
-    if (name.empty() || name[0] == '.') continue;
-    if (!pattern.empty() && ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) != 0) continue;
-    struct stat st {};
-    if (::fstatat(fd, e->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode)) continue;
-    names.insert(name);
-    if (names.size() > kMaxShards) {
-      status = absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", dir, " holds more than ", kMaxShards, " files"));
-      break;
-    }
-  }
-  ::closedir(d);
-  GPUFEED_RETURN_IF_ERROR(status);
+  GPUFEED_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                           ListShardFiles(dirfd, dir, [&](const std::string& name) {
+                             return pattern.empty() ||
+                                    ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0;
+                           }));
   std::vector<TokenShard> shards;
   for (const std::string& name : names) {
     if (absl::EndsWith(name, ".idx")) continue;
@@ -450,7 +411,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
     std::unique_ptr<RandomAccessFile> idx;
     if (absl::EndsWith(name, ".bin")) {
       const std::string idx_name = absl::StrCat(name.substr(0, name.size() - 4), ".idx");
-      if (names.count(idx_name) != 0) {
+      if (std::binary_search(names.begin(), names.end(), idx_name)) {
         GPUFEED_ASSIGN_OR_RETURN(
             idx, fs->OpenForReadBeneath(dirfd, idx_name, absl::StrCat(dir, "/", idx_name), reader));
       }
@@ -511,36 +472,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
     // match; only where no file of that name exists): the descriptor the client passed is
     // that directory. A passed directory is the pattern's when its own name is not the
     // path's last component (the client opened the parent).
-    const size_t slash = spec.path.find_last_of('/');
-    const std::string base = spec.path.substr(slash + 1);
-    const std::string parent = spec.path.substr(0, std::max<size_t>(slash, 1));
-    UniqueFd own;
-    int dirfd = -1;
-    bool glob = false;
-    struct stat st {};
-    if (spec.fd >= 0) {
-      if (::fstat(spec.fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        dirfd = spec.fd;
-        char name[PATH_MAX];
-        const ssize_t n =
-            ::readlink(absl::StrCat("/proc/self/fd/", spec.fd).c_str(), name, sizeof(name) - 1);
-        const std::string opened = n > 0 ? std::string(name, static_cast<size_t>(n)) : "";
-        glob = HasGlob(base) && opened.substr(opened.find_last_of('/') + 1) != base;
-      }
-    } else if (::stat(spec.path.c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode)) {
-        own.Reset(::open(spec.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.path));
-        dirfd = own.get();
-      }
-    } else if (HasGlob(base)) {
-      own.Reset(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (!own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", parent));
-      dirfd = own.get();
-      glob = true;
-    }
-    if (dirfd >= 0) {
-      return OpenTokenShards(spec, fs, dirfd, glob ? parent : spec.path, glob ? base : "", reader);
+    GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindShardDir(spec, HasGlob));
+    if (dir.has_value()) {
+      return OpenTokenShards(spec, fs, dir->fd, dir->dir, dir->pattern, reader);
     }
   }
   GPUFEED_ASSIGN_OR_RETURN(

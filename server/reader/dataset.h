@@ -16,7 +16,18 @@
 
 namespace gpufeed::server {
 
-enum class DatasetKind { kUnspecified = 0, kTokens = 1, kRecords = 2, kImageFolder = 3 };
+enum class DatasetKind {
+  kUnspecified = 0,
+  kTokens = 1,
+  kRecords = 2,
+  kImageFolder = 3,
+  kWebDataset = 4,
+};
+
+// The kinds whose samples are images through a pipeline (`image` and `label` tensors).
+inline bool IsImageKind(DatasetKind kind) {
+  return kind == DatasetKind::kImageFolder || kind == DatasetKind::kWebDataset;
+}
 
 // What a reader needs to open a file dataset (tokens, records). The feed's full spec, with an
 // image dataset's pipeline, is DatasetSpec (pipeline/dataset.h), which extends this.

@@ -38,11 +38,7 @@ class Walker {
  public:
   Walker(int root_fd, const std::string& root, const FolderWalkLimits& limits,
          const PeerCred* reader)
-      : root_fd_(root_fd),
-        root_(root),
-        limits_(limits),
-        reader_(reader),
-        deadline_(absl::Now() + limits.timeout) {}
+      : root_fd_(root_fd), root_(root), reader_(reader), budget_(limits, root) {}
 
   // The entries of the directory at `relative` beneath the root ("" for the root itself),
   // unsorted; a directory seen before (by device and inode) gives none.
@@ -86,7 +82,7 @@ class Walker {
       }
       const std::string name = d->d_name;
       if (name == "." || name == "..") continue;
-      status = Count();
+      status = budget_.Count();
       if (!status.ok()) break;
       Entry e{name, d->d_type};
       if (e.type == DT_UNKNOWN) {  // some file systems leave it to a stat
@@ -105,27 +101,6 @@ class Walker {
   }
 
  private:
-  // One more entry seen: the limits, and the clock every 256 entries.
-  absl::Status Count() {
-    ++entries_;
-    if (entries_ > limits_.max_entries) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "dataset.path: ", root_, " holds more than ", limits_.max_entries,
-          " entries (gpufeedd's max_folder_entries)"));
-    }
-    if (entries_ % 256 == 1) {
-      if (limits_.cancel != nullptr && limits_.cancel->load(std::memory_order_relaxed)) {
-        return absl::CancelledError("gpufeedd is shutting down");
-      }
-      if (absl::Now() > deadline_) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "dataset.path: walking ", root_, " took longer than ",
-            absl::FormatDuration(limits_.timeout), " (gpufeedd's folder_walk_timeout)"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
   // Whether `who` has the permission `user_bit` (S_IRUSR or S_IXUSR) on `st` by its mode
   // bits, as ModeLetsRead decides for reading.
   static bool ModeLets(const struct stat& st, const PeerCred& who, unsigned user_bit) {
@@ -136,14 +111,32 @@ class Walker {
 
   const int root_fd_;
   const std::string root_;
-  const FolderWalkLimits limits_;
   const PeerCred* const reader_;
-  const absl::Time deadline_;
-  int64_t entries_ = 0;
+  WalkBudget budget_;
   absl::flat_hash_set<std::pair<dev_t, ino_t>> visited_;
 };
 
 }  // namespace
+
+absl::Status WalkBudget::Count() {
+  ++entries_;
+  if (entries_ > limits_.max_entries) {
+    return absl::ResourceExhaustedError(absl::StrCat("dataset.path: ", root_, " holds more than ",
+                                                     limits_.max_entries,
+                                                     " entries (gpufeedd's max_folder_entries)"));
+  }
+  if (entries_ % 256 == 1) {
+    if (limits_.cancel != nullptr && limits_.cancel->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("gpufeedd is shutting down");
+    }
+    if (absl::Now() > deadline_) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("dataset.path: ", verb_, " ", root_, " took longer than ",
+                       absl::FormatDuration(limits_.timeout), " (gpufeedd's folder_walk_timeout)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
                                                   const FolderWalkLimits& limits,

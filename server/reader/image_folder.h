@@ -11,8 +11,10 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/os/peer_cred.h"
@@ -35,6 +37,29 @@ struct FolderWalkLimits {
   absl::Duration timeout = absl::Seconds(120);  // folder_walk_timeout
   // Polled during the walk: true ends it with CANCELLED (the daemon is shutting down).
   const std::atomic<bool>* cancel = nullptr;
+};
+
+// What a walk (or a tar's indexing) has spent of its FolderWalkLimits.
+class WalkBudget {
+ public:
+  // `root` names the dataset in messages; `verb` what is spent ("walking", "indexing").
+  WalkBudget(const FolderWalkLimits& limits, std::string root, std::string verb = "walking")
+      : limits_(limits),
+        root_(std::move(root)),
+        verb_(std::move(verb)),
+        deadline_(absl::Now() + limits.timeout) {}
+
+  // One more entry seen (a directory entry, a tar member): RESOURCE_EXHAUSTED past
+  // max_entries; every 256 entries, CANCELLED on the cancel flag and DEADLINE_EXCEEDED past
+  // the timeout.
+  absl::Status Count();
+
+ private:
+  const FolderWalkLimits limits_;
+  const std::string root_;
+  const std::string verb_;
+  const absl::Time deadline_;
+  int64_t entries_ = 0;
 };
 
 // Walks the tree beneath the directory descriptor `root_fd` (borrowed); `root` is its

@@ -83,10 +83,13 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     case v1::DATASET_KIND_IMAGE_FOLDER:
       spec.feed.dataset.kind = DatasetKind::kImageFolder;
       break;
+    case v1::DATASET_KIND_WEBDATASET:
+      spec.feed.dataset.kind = DatasetKind::kWebDataset;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("dataset.kind: unknown kind ",
-                                                     static_cast<int>(d.kind()),
-                                                     " (want tokens, records or image_folder)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(d.kind()),
+                       " (want tokens, records, image_folder or webdataset)"));
   }
   switch (r.bad_sample()) {
     case v1::BAD_SAMPLE_POLICY_UNSPECIFIED:

@@ -99,19 +99,20 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
   }
   const DatasetSpec& dataset = spec.feed.dataset;
   if (dataset.kind != DatasetKind::kTokens && dataset.kind != DatasetKind::kRecords &&
-      dataset.kind != DatasetKind::kImageFolder) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.kind: unknown kind ", static_cast<int>(dataset.kind),
-        " (want tokens, records or image_folder)"));
+      !IsImageKind(dataset.kind)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(dataset.kind),
+                     " (want tokens, records, image_folder or webdataset)"));
   }
-  if (dataset.kind == DatasetKind::kImageFolder) {
+  if (IsImageKind(dataset.kind)) {
     // Validated here, before any file is touched: INVALID_ARGUMENT naming op and field.
     if (absl::StatusOr<PipelinePlan> plan = CompilePipeline(dataset.pipeline); !plan.ok()) {
       return plan.status();
     }
   } else if (!dataset.pipeline.empty()) {
     return absl::InvalidArgumentError(
-        "pipeline: only image_folder datasets take a pipeline; tokens and records are served "
+        "pipeline: only image_folder and webdataset datasets take a pipeline; tokens and records "
+        "are served "
         "as stored");
   }
   if (spec.feed.dataset.path.empty() || spec.feed.dataset.path[0] != '/') {

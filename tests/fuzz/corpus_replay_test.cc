@@ -29,7 +29,7 @@ void PrintTo(const Target& target, std::ostream* os) { *os << target.name; }
 constexpr Target kTargets[] = {
     {"attach_request", FuzzAttachRequest}, {"npy_header", FuzzNpyHeader},
     {"pipeline_json", FuzzPipelineJson},   {"mem_frame", FuzzMemFrame},
-    {"image_header", FuzzImageHeader},
+    {"image_header", FuzzImageHeader},     {"tar_index", FuzzTarIndex},
 };
 
 std::vector<fs::path> Files(const fs::path& dir) {

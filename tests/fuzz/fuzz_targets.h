@@ -29,6 +29,8 @@ int FuzzPipelineJson(const uint8_t* data, size_t size);
 int FuzzMemFrame(const uint8_t* data, size_t size);
 // bytes -> InspectJpeg, DecodeImage (pixel cap and DCT scaling).
 int FuzzImageHeader(const uint8_t* data, size_t size);
+// bytes as a WebDataset shard -> IndexTar.
+int FuzzTarIndex(const uint8_t* data, size_t size);
 
 }  // namespace gpufeed::fuzz
 

@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 root=../..
 c=corpus
 rm -rf "$c"
-mkdir -p $c/attach_request $c/npy_header $c/pipeline_json $c/mem_frame $c/image_header
+mkdir -p $c/attach_request $c/npy_header $c/pipeline_json $c/mem_frame $c/image_header $c/tar_index
 
 # --- attach_request: serialized v1::AttachRequest, written from text format.
 enc() {
@@ -166,6 +166,28 @@ i = j.find(b'\xff\xc0')
 j[i + 5:i + 9] = b'\xff\xff\xff\xff'
 open(f'{d}/huge_sof.jpg', 'wb').write(j)
 open(f'{d}/gif', 'wb').write(b'GIF89a\x01\x00\x01\x00')
+P
+# --- tar_index: WebDataset shards as Python's tarfile writes them (GNU with a long name, pax
+# with a long path, ustar), with a directory and a link to skip, and one cut short.
+python3 - $c/tar_index <<'P'
+import io, sys, tarfile
+d = sys.argv[1]
+def tar(fmt, members, others=True):
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=fmt) as t:
+        for name, data in members:
+            i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))
+        if others:  # a directory and a link, which the index skips
+            di = tarfile.TarInfo("dir"); di.type = tarfile.DIRTYPE; t.addfile(di)
+            li = tarfile.TarInfo("link"); li.type = tarfile.SYMTYPE; li.linkname = "x"; t.addfile(li)
+    v = b.getvalue().rstrip(b"\0")
+    return v + b"\0" * (-len(v) % 512 + 1024)  # no record padding: seeds stay small
+m = [("k1.cls", b"3\n"), ("k1.jpg", b"\xff\xd8" + b"j" * 300)]
+long = [("d" * 150 + "/k2.cls", b"1")]
+open(f"{d}/gnu", "wb").write(tar(tarfile.GNU_FORMAT, long, others=False))
+open(f"{d}/pax", "wb").write(tar(tarfile.PAX_FORMAT, long, others=False))
+open(f"{d}/ustar", "wb").write(tar(tarfile.USTAR_FORMAT, m))
+open(f"{d}/truncated", "wb").write(tar(tarfile.GNU_FORMAT, m)[:1536 + 100])
 P
 ls -l $c/*/ | awk '$5 > 4096 {print "large seed: " $0; bad=1} END {exit bad}'
 echo "seeds: $(find $c -type f | wc -l) files, $(du -sb $c | cut -f1) bytes"

@@ -239,8 +239,11 @@ Command AddConsume(CLI::App& app) {
   cli->add_option("--job", f.job, "job name (default \"default\")")->type_name("NAME");
   f.rank.AddTo(*cli, "--rank", "R", "this consumer's rank (default 0)");
   f.world_size.AddTo(*cli, "--world-size", "W", "ranks in the job (default 1)");
-  cli->add_option("--kind", f.kind, "tokens (default), records or image_folder")->type_name("KIND");
-  cli->add_option("--dataset", f.dataset, "dataset file, absolute path as the daemon sees it")
+  cli->add_option("--kind", f.kind, "tokens (default), records, image_folder or webdataset")
+      ->type_name("KIND");
+  cli->add_option("--dataset", f.dataset,
+                  "dataset path, absolute (a file, a folder, or shards: a directory or a glob, "
+                  "for webdataset also a brace pattern such as train-{000..146}.tar)")
       ->type_name("PATH");
   cli->add_option("--token-dtype", f.token_dtype,
                   "uint16 or uint32 (tokens; default: a .npy file's header, else uint16)")

@@ -48,10 +48,12 @@ struct AttachOptions {
   std::string job = "default";
   int32_t rank = 0;
   int32_t world_size = 1;
-  std::string kind = "tokens";  // tokens | records | image_folder
+  std::string kind = "tokens";  // tokens | records | image_folder | webdataset
   // Absolute path. Session::Attach opens it with this process's rights (a directory for
-  // image_folder) and passes the descriptor to gpufeedd, which reads through it only
-  // (docs/SECURITY.md section 2); the path names the dataset in feeds and positions.
+  // image_folder; for token or WebDataset shards the directory, or the directory of a glob
+  // or brace pattern in the last component, `/data/train-{000..146}.tar`) and passes the
+  // descriptor to gpufeedd, which reads through it only (docs/SECURITY.md section 2); the
+  // path names the dataset in feeds and positions.
   std::string dataset;
   // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
   std::string token_dtype;

@@ -589,8 +589,11 @@ class Client:
 
         ``dataset`` is the dataset's path (made absolute here; the daemon must see the same
         path). ``kind``: ``tokens`` (give ``seq_len`` and ``token_dtype`` ``uint16`` or
-        ``uint32``), ``records`` (a ``.npy``) or ``image_folder`` (give ``pipeline``, see
-        :data:`PipelineSpec`; ``bad_sample`` ``skip`` or ``fail``). ``batch_size`` is per
+        ``uint32``), ``records`` (a ``.npy``), ``image_folder`` (give ``pipeline``, see
+        :data:`PipelineSpec`; ``bad_sample`` ``skip`` or ``fail``) or ``webdataset`` (tar
+        shards: a directory of ``.tar`` files, a glob or brace pattern such as
+        ``train-{000000..000146}.tar``, or one ``.tar``; image from ``jpg``/``jpeg``/``png``,
+        label from ``cls``; as ``image_folder`` otherwise). ``batch_size`` is per
         rank. ``job`` names the training job (default ``"default"``): every rank of a job
         must ask for the same feed, and a job's rank attaches once. ``ring_slots``: the
         ring's depth (``None``: the daemon's default). ``delivery``: ``host`` or ``device``
@@ -618,7 +621,7 @@ class Client:
         the field, NotFound naming the path, Unavailable naming the socket, ...).
         """
         if not isinstance(kind, str):
-            raise InvalidArgument(f"kind: want tokens, records or image_folder, got {kind!r}")
+            raise InvalidArgument(f"kind: want tokens, records, image_folder or webdataset, got {kind!r}")
         _check_not_forked_from_grpc()
         strings: Dict[str, Optional[str]] = {
             "socket": self.socket,

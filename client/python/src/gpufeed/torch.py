@@ -297,7 +297,8 @@ class Loader:
     Args:
         dataset: path of the dataset (a tokens file, or a directory or glob of token shards;
             a ``.npy``; an image folder's root).
-        kind: ``"tokens"``, ``"records"`` or ``"image_folder"``.
+        kind: ``"tokens"``, ``"records"``, ``"image_folder"`` or ``"webdataset"`` (tar shards,
+            e.g. ``"/data/train-{000000..000146}.tar"``).
         batch_size: rows per batch of this rank.
         seq_len: tokens: the window; each row holds ``seq_len + 1`` tokens (inputs and
             shifted targets).

@@ -1,0 +1,200 @@
+#include "server/reader/shards.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/os/file.h"
+#include "common/status.h"
+
+namespace gpufeed::server {
+namespace {
+
+// The integers of a range body "A..B" (digits only), zero-padded to the wider bound when a
+// bound has a leading zero; nullopt when `body` is no range.
+absl::StatusOr<std::optional<std::vector<std::string>>> RangeOf(absl::string_view body,
+                                                                size_t max_names) {
+  const size_t dots = body.find("..");
+  if (dots == absl::string_view::npos) return std::nullopt;
+  const absl::string_view a = body.substr(0, dots), b = body.substr(dots + 2);
+  auto digits = [](absl::string_view s) {
+    return !s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
+  };
+  if (!digits(a) || !digits(b)) return std::nullopt;
+  uint64_t from = 0, to = 0;
+  for (char c : a) from = from * 10 + static_cast<uint64_t>(c - '0');
+  for (char c : b) to = to * 10 + static_cast<uint64_t>(c - '0');
+  const uint64_t count = (from <= to ? to - from : from - to) + 1;
+  if (count > max_names) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the range {", body, "} makes ", count, " names, more than ", max_names));
+  }
+  const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
+  const size_t width = padded ? std::max(a.size(), b.size()) : 0;
+  std::vector<std::string> out;
+  out.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    std::string v = absl::StrCat(from <= to ? from + i : from - i);
+    if (v.size() < width) v.insert(0, width - v.size(), '0');
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool HasGlob(absl::string_view name) {
+  return name.find_first_of("*?[") != absl::string_view::npos;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandBraces(absl::string_view pattern, size_t max_names) {
+  for (size_t open = pattern.find('{'); open != absl::string_view::npos;
+       open = pattern.find('{', open + 1)) {
+    // The matching brace, and the commas at this brace's own depth.
+    size_t depth = 0, close = absl::string_view::npos;
+    std::vector<size_t> commas;
+    for (size_t i = open; i < pattern.size() && close == absl::string_view::npos; ++i) {
+      if (pattern[i] == '{') {
+        ++depth;
+      } else if (pattern[i] == '}') {
+        if (--depth == 0) close = i;
+      } else if (pattern[i] == ',' && depth == 1) {
+        commas.push_back(i);
+      }
+    }
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", pattern, "': the '{' at ", open, " has no matching '}'"));
+    }
+    std::vector<std::string> alternatives;
+    if (!commas.empty()) {
+      size_t from = open + 1;
+      commas.push_back(close);
+      for (size_t comma : commas) {
+        alternatives.emplace_back(pattern.substr(from, comma - from));
+        from = comma + 1;
+      }
+    } else {
+      GPUFEED_ASSIGN_OR_RETURN(std::optional<std::vector<std::string>> range,
+                               RangeOf(pattern.substr(open + 1, close - open - 1), max_names));
+      if (!range.has_value()) continue;  // "{x}": no expansion, as the shell leaves it
+      alternatives = std::move(*range);
+    }
+    const absl::string_view prefix = pattern.substr(0, open);
+    GPUFEED_ASSIGN_OR_RETURN(std::vector<std::string> rest,
+                             ExpandBraces(pattern.substr(close + 1), max_names));
+    if (static_cast<__uint128_t>(alternatives.size()) * rest.size() > max_names) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", pattern, "' makes more than ", max_names, " names"));
+    }
+    std::vector<std::string> out;
+    for (const std::string& alternative : alternatives) {
+      GPUFEED_ASSIGN_OR_RETURN(std::vector<std::string> inner,
+                               ExpandBraces(alternative, max_names));
+      for (const std::string& i : inner) {
+        for (const std::string& r : rest) {
+          if (out.size() >= max_names) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("'", pattern, "' makes more than ", max_names, " names"));
+          }
+          out.push_back(absl::StrCat(prefix, i, r));
+        }
+      }
+    }
+    return out;
+  }
+  return std::vector<std::string>{std::string(pattern)};
+}
+
+absl::StatusOr<std::optional<ShardDir>> FindShardDir(
+    const FileDatasetSpec& spec, const std::function<bool(absl::string_view)>& is_pattern) {
+  const size_t slash = spec.path.find_last_of('/');
+  const std::string base = spec.path.substr(slash + 1);
+  const std::string parent = spec.path.substr(0, std::max<size_t>(slash, 1));
+  ShardDir out;
+  bool pattern = false;
+  struct stat st {};
+  if (spec.fd >= 0) {
+    if (::fstat(spec.fd, &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
+    out.fd = spec.fd;
+    char name[PATH_MAX];
+    const ssize_t n =
+        ::readlink(absl::StrCat("/proc/self/fd/", spec.fd).c_str(), name, sizeof(name) - 1);
+    const std::string opened = n > 0 ? std::string(name, static_cast<size_t>(n)) : "";
+    pattern = is_pattern(base) && opened.substr(opened.find_last_of('/') + 1) != base;
+  } else if (::stat(spec.path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return std::nullopt;
+    out.own.Reset(::open(spec.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!out.own.valid()) {
+      return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.path));
+    }
+    out.fd = out.own.get();
+  } else if (is_pattern(base)) {
+    out.own.Reset(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!out.own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", parent));
+    out.fd = out.own.get();
+    pattern = true;
+  } else {
+    return std::nullopt;  // no such file: the single-file open words the error
+  }
+  out.dir = pattern ? parent : spec.path;
+  if (pattern) out.pattern = base;
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ListShardFiles(
+    int dirfd, const std::string& dir, const std::function<bool(const std::string&)>& keep) {
+  UniqueFd listing(::dup(dirfd));
+  if (!listing.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+  DIR* d = ::fdopendir(listing.get());
+  if (d == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+  ::rewinddir(d);  // a dup shares the offset: start at the beginning whatever came before
+  const int fd = listing.Release();  // the DIR owns it now
+  std::vector<std::string> names;
+  absl::Status status;
+  while (true) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) status = ErrnoToStatus(errno, absl::StrCat("dataset.path: ", dir));
+      break;
+    }
+    const std::string name = e->d_name;
+    if (name.empty() || name[0] == '.' || !keep(name)) continue;
+    struct stat st {};
+    if (::fstatat(fd, e->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode)) continue;
+    names.push_back(name);
+    if (names.size() > kMaxShards) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", dir, " holds more than ", kMaxShards, " files"));
+      break;
+    }
+  }
+  ::closedir(d);
+  GPUFEED_RETURN_IF_ERROR(status);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> shards) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](absl::string_view bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  };
+  for (const auto& [name, size] : shards) {
+    mix(absl::string_view(name).substr(name.find_last_of('/') + 1));
+    mix(absl::string_view("\0", 1));
+    mix(absl::StrCat(size));
+    mix(absl::string_view("\0", 1));
+  }
+  return absl::StrCat(shards.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
+}
+
+}  // namespace gpufeed::server

@@ -1,0 +1,65 @@
+// Sharded datasets (token shards, WebDataset tars): how a dataset path names its shards (a
+// directory, a glob or a brace pattern in the last component), the directory they are opened
+// beneath, and the shard set's identity for the feed's fingerprint.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/os/fd.h"
+#include "server/reader/dataset.h"
+
+namespace gpufeed::server {
+
+// At most this many shards in one dataset (and names in one brace expansion).
+inline constexpr size_t kMaxShards = size_t{1} << 20;
+
+// Whether a name holds a shell glob (`*`, `?`, `[`).
+bool HasGlob(absl::string_view name);
+
+// Expands the braces of `pattern` as the shell (and WebDataset's braceexpand) do:
+// `{a,b,c}` gives each alternative, `{000..146}` each integer of the range (either way round),
+// zero-padded to the wider bound when a bound has a leading zero; braces nest and several
+// expand as their product, left to right. A brace with neither a comma nor a range stays as
+// written. INVALID_ARGUMENT for an unmatched brace or past `max_names` names (checked before
+// they are made: `{0..999999}{0..999999}` costs nothing).
+absl::StatusOr<std::vector<std::string>> ExpandBraces(absl::string_view pattern,
+                                                      size_t max_names = kMaxShards);
+
+// Where a sharded dataset's shards lie: the directory to open them beneath (a descriptor,
+// owned here or borrowed from the spec), its display path, and the last path component when
+// it is a pattern ("" when the path is the directory itself).
+struct ShardDir {
+  UniqueFd own;  // set when the daemon opened the directory itself (an admin's path)
+  int fd = -1;
+  std::string dir;
+  std::string pattern;
+};
+
+// The shard directory of `spec`, or nullopt when its path names one file. The client passes
+// the directory (docs/SECURITY.md section 2): the path's own, or, when the last component is
+// a pattern (`is_pattern`) and the directory passed is not named so, its parent's. Without a
+// descriptor (an admin's attach by path) the daemon opens it with its own rights.
+absl::StatusOr<std::optional<ShardDir>> FindShardDir(
+    const FileDatasetSpec& spec, const std::function<bool(absl::string_view)>& is_pattern);
+
+// The names of the regular files directly in `dirfd` (not starting with '.') that `keep`
+// accepts, sorted by name (byte order); INVALID_ARGUMENT past kMaxShards. `dir` names the
+// directory in messages.
+absl::StatusOr<std::vector<std::string>> ListShardFiles(
+    int dirfd, const std::string& dir, const std::function<bool(const std::string&)>& keep);
+
+// "N files, fnv1a64 H" of each shard's name (its last component) and size, in order: a shard
+// added, removed, renamed, reordered or resized changes it, so a saved position does not
+// resume another set.
+std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> shards);
+
+}  // namespace gpufeed::server

@@ -1,0 +1,176 @@
+#include "server/reader/webdataset.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "server/reader/shards.h"
+#include "server/reader/tar_index.h"
+
+namespace gpufeed::server {
+namespace {
+
+bool IsPattern(absl::string_view name) {
+  return HasGlob(name) || name.find('{') != absl::string_view::npos;
+}
+
+// The shard names of a pattern in the directory: its brace expansion, each name as written
+// (it must exist), or, where a name holds a glob, the directory's files that match one.
+absl::StatusOr<std::vector<std::string>> PatternNames(const ShardDir& dir) {
+  absl::StatusOr<std::vector<std::string>> expanded = ExpandBraces(dir.pattern);
+  if (!expanded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", expanded.status().message()));
+  }
+  std::vector<std::string> patterns = std::move(*expanded);
+  if (std::none_of(patterns.begin(), patterns.end(),
+                   [](const std::string& p) { return HasGlob(p); })) {
+    std::sort(patterns.begin(), patterns.end());
+    patterns.erase(std::unique(patterns.begin(), patterns.end()), patterns.end());
+    return patterns;
+  }
+  return ListShardFiles(dir.fd, dir.dir, [&](const std::string& name) {
+    return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
+      return ::fnmatch(p.c_str(), name.c_str(), FNM_PERIOD) == 0;
+    });
+  });
+}
+
+absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& spec, FileSystem* fs,
+                                                        const PeerCred* reader) {
+  GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindShardDir(spec, IsPattern));
+  std::vector<WebDatasetShard> out;
+  if (!dir.has_value()) {  // one tar file
+    GPUFEED_ASSIGN_OR_RETURN(
+        std::unique_ptr<RandomAccessFile> file,
+        spec.fd >= 0 ? fs->OpenFromFd(spec.fd, spec.path) : fs->OpenForRead(spec.path));
+    out.push_back({std::move(file), spec.path});
+    return out;
+  }
+  std::vector<std::string> names;
+  if (dir->pattern.empty()) {
+    GPUFEED_ASSIGN_OR_RETURN(names, ListShardFiles(dir->fd, dir->dir, [](const std::string& n) {
+                               return absl::EndsWith(n, ".tar");
+                             }));
+  } else {
+    GPUFEED_ASSIGN_OR_RETURN(names, PatternNames(*dir));
+  }
+  if (names.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", spec.path, ": no ",
+        dir->pattern.empty() ? ".tar file in the directory" : "file matches the pattern"));
+  }
+  if (names.size() > kMaxShards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: more than ", kMaxShards, " shards"));
+  }
+  for (const std::string& name : names) {
+    const std::string display = absl::StrCat(dir->dir == "/" ? "" : dir->dir, "/", name);
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                             fs->OpenForReadBeneath(dir->fd, name, display, reader));
+    out.push_back({std::move(file), display});
+  }
+  return out;
+}
+
+// The members of one key as they are grouped.
+struct Group {
+  std::string key;
+  const TarMember* image = nullptr;
+  const TarMember* label = nullptr;
+};
+
+}  // namespace
+
+std::string WebDatasetIndex::display(uint64_t id) const {
+  return absl::StrCat(shards[samples[id].shard].name, ":", member(id));
+}
+
+absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, FileSystem* fs,
+                                                const PeerCred* reader,
+                                                const FolderWalkLimits& walk, bool skip_imageless) {
+  WebDatasetIndex index;
+  GPUFEED_ASSIGN_OR_RETURN(index.shards, OpenShards(spec, fs, reader));
+  WalkBudget budget(walk, spec.path, "indexing");
+  for (size_t k = 0; k < index.shards.size(); ++k) {
+    const WebDatasetShard& shard = index.shards[k];
+    GPUFEED_ASSIGN_OR_RETURN(const std::vector<TarMember> members,
+                             IndexTar(*shard.file, shard.name, &budget));
+    const auto refuse = [&](const Group& g, const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", shard.name, ": key ", EscapeForLog(g.key), " ", why));
+    };
+    const auto finish = [&](const Group& g) -> absl::Status {
+      if (g.key.empty()) return absl::OkStatus();
+      if (g.image == nullptr) {
+        if (skip_imageless) {
+          ++index.without_image;
+          return absl::OkStatus();
+        }
+        return refuse(g, "has no image (.jpg, .jpeg or .png); bad_sample: fail refuses it");
+      }
+      if (g.label == nullptr) {
+        return refuse(g, absl::StrCat("(", EscapeForLog(g.image->path),
+                                      ") has no label: a .cls member with its class index"));
+      }
+      if (g.label->data.size() != g.label->size) {
+        return refuse(g, absl::StrCat("has a .cls of ", g.label->size,
+                                      " bytes; a label is an ASCII integer"));
+      }
+      int64_t label = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(g.label->data), &label)) {
+        return refuse(g, absl::StrCat("has a .cls of '", EscapeForLog(g.label->data, 64),
+                                      "', not an integer"));
+      }
+      WebDatasetSample s;
+      s.offset = g.image->offset;
+      s.size = g.image->size;
+      s.label = label;
+      s.name_at = index.names.size();
+      s.name_bytes = static_cast<uint32_t>(g.image->path.size());
+      s.shard = static_cast<uint32_t>(k);
+      index.names += g.image->path;
+      index.samples.push_back(s);
+      return absl::OkStatus();
+    };
+    Group group;
+    for (const TarMember& m : members) {
+      // WebDataset's split: the key up to the first '.' of the last component; a member
+      // without one (or a dot file) belongs to no sample.
+      const size_t base = m.path.find_last_of('/') + 1;
+      const size_t dot = m.path.find('.', base);
+      if (dot == std::string::npos || dot == base) continue;
+      const absl::string_view key = absl::string_view(m.path).substr(0, dot);
+      const std::string ext = absl::AsciiStrToLower(absl::string_view(m.path).substr(dot + 1));
+      if (key != group.key) {
+        GPUFEED_RETURN_IF_ERROR(finish(group));
+        group = Group{std::string(key)};
+      }
+      if (ext == "jpg" || ext == "jpeg" || ext == "png") {
+        if (group.image != nullptr) {
+          return refuse(group, absl::StrCat("has two images, ", EscapeForLog(group.image->path),
+                                            " and ", EscapeForLog(m.path)));
+        }
+        group.image = &m;
+      } else if (ext == "cls") {
+        if (group.label != nullptr) return refuse(group, "has two .cls members");
+        group.label = &m;
+      }
+    }
+    GPUFEED_RETURN_IF_ERROR(finish(group));
+  }
+  if (index.samples.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: ", spec.path, ": the ", index.shards.size(),
+                     " shards hold no sample (a key with a .jpg, .jpeg or .png and a .cls)"));
+  }
+  return index;
+}
+
+}  // namespace gpufeed::server

@@ -32,7 +32,9 @@ class BoundedQueue {
     absl::MutexLock lock(&mu_);
     if (items_.size() >= capacity_ && status_.ok()) {
       const absl::Time start = absl::Now();
+      ++waiters_;
       mu_.Await(absl::Condition(this, &BoundedQueue::CanPush));
+      --waiters_;
       push_wait_ += absl::Now() - start;
     }
     if (!status_.ok()) return status_;
@@ -58,7 +60,9 @@ class BoundedQueue {
     absl::MutexLock lock(&mu_);
     if (items_.empty() && status_.ok()) {
       const absl::Time start = absl::Now();
+      ++waiters_;
       mu_.AwaitWithDeadline(absl::Condition(this, &BoundedQueue::CanPop), deadline);
+      --waiters_;
       pop_wait_ += absl::Now() - start;
     }
     if (!items_.empty()) {
@@ -85,6 +89,11 @@ class BoundedQueue {
     absl::MutexLock lock(&mu_);
     return !status_.ok();
   }
+  // Threads blocked in Push or Pop now: what a test waits on to know a thread really blocked.
+  size_t waiters() const {
+    absl::MutexLock lock(&mu_);
+    return waiters_;
+  }
   // Total time producers were blocked on a full queue / consumers on an empty one.
   absl::Duration push_wait() const {
     absl::MutexLock lock(&mu_);
@@ -109,6 +118,7 @@ class BoundedQueue {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Duration push_wait_ ABSL_GUARDED_BY(mu_);
   absl::Duration pop_wait_ ABSL_GUARDED_BY(mu_);
+  size_t waiters_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gpufeed

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "tests/testing/half.h"
 #include "tests/testing/image_files.h"
 
 namespace gpufeed::testing {
@@ -57,10 +58,7 @@ inline double Element(const std::byte* p, DType dtype, size_t i) {
     case DType::kFloat16: {
       uint16_t h;
       std::memcpy(&h, p + 2 * i, 2);
-      // binary16 to double
-      const int e = (h >> 10) & 31, m = h & 1023;
-      const double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
-      return (h & 0x8000) ? -v : v;
+      return HalfToDouble(h);
     }
     case DType::kFloat32: {
       float f;

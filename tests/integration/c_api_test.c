@@ -1,5 +1,6 @@
-/* The C ABI used from C: attach, read three batches, check the payload against the file,
- * check error reporting, detach. Usage: c_api_test SOCKET TOKENS_FILE (uint16, seq_len 16). */
+/* The C ABI used from C: attach, read three batches, check their ids against the epoch order
+ * computed here and the payload against the file, check error reporting, detach.
+ * Usage: c_api_test SOCKET TOKENS_FILE (uint16, seq_len 16). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,44 @@
       return 1;                           \
     }                                     \
   } while (0)
+
+/* The epoch order of the README's contract ("feistel1"), written again here from that text
+ * (as tests/python/reference.py is): a 4-round Feistel bijection keyed by (seed, epoch) over
+ * the smallest even-bit power-of-two domain >= n, restricted to [0, n) by cycle walking. */
+static uint64_t fmix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t splitmix64(uint64_t* state) {
+  *state += 0x9E3779B97F4A7C15ULL;
+  return fmix64(*state);
+}
+
+/* Sample id at position i of the epoch; n >= 2, shuffled. */
+static uint64_t epoch_order_at(uint64_t n, uint64_t seed, int64_t epoch, uint64_t i) {
+  int bits = 1;
+  while (bits < 64 && (UINT64_C(1) << bits) < n) ++bits;
+  bits += bits & 1;
+  const int half = bits / 2;
+  const uint64_t mask = (UINT64_C(1) << half) - 1;
+  uint64_t state = seed;
+  state = splitmix64(&state) ^ (uint64_t)epoch;
+  uint64_t keys[4];
+  for (int k = 0; k < 4; ++k) keys[k] = splitmix64(&state);
+  uint64_t x = i;
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t next = left ^ (fmix64(right + keys[k]) & mask);
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= n);
+  return x;
+}
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -72,6 +111,12 @@ int main(int argc, char** argv) {
     CHECK(strcmp(t.name, "tokens") == 0 && t.dtype == GPUFEED_DTYPE_UINT16 && t.ndim == 2 &&
               t.shape[0] == 4 && t.shape[1] == 17 && t.device_type == GPUFEED_DEVICE_CPU,
           "layout");
+    /* One rank, seed 3: batch b is epoch positions 4b .. 4b + 3. */
+    for (int r = 0; r < 4; ++r) {
+      const int64_t want = (int64_t)epoch_order_at((uint64_t)info.num_samples, 3, 0, 4 * b + r);
+      CHECK(bi.ids[r] == want, "batch %d row %d: id %ld, the epoch order says %ld", b, r,
+            (long)bi.ids[r], (long)want);
+    }
     for (int r = 0; r < 4; ++r) {
       const uint16_t* row = (const uint16_t*)t.data + r * 17;
       CHECK(memcmp(row, tokens + bi.ids[r] * 16, 17 * 2) == 0, "row %d of batch %d differs", r, b);

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,22 +19,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "gmock/gmock.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
+#include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/half.h"
 #include "tests/testing/image_files.h"
 
 namespace gpufeed::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using ::gpufeed::testing::EncodeJpeg;
+using ::gpufeed::testing::HalfToDouble;
 using ::gpufeed::testing::Picture;
+using ::testing::HasSubstr;
 
 constexpr int64_t kSeqLen = 16;
 constexpr size_t kTokens = 20000;  // (20000 - 1) / 16 = 1249 samples
@@ -422,6 +426,68 @@ TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
     EXPECT_EQ(ids, all);  // 24 images, 2 ranks x 3 steps x 4: each exactly once
   }
   EXPECT_EQ(sums[0], sums[1]);
+
+  // The pixels themselves, against a reference computed here: JPEGs of one colour each (a
+  // different value per channel), which every crop, flip and antialiased resize leaves as it
+  // is, so each output value is (rgb / 255 - mean[c]) / std[c], NCHW, channels in RGB order,
+  // where rgb is the test's own decode of the file. Tolerance: 1 level of 255 over the
+  // smallest std (the resize's float sums) plus float16's rounding at |v| < 2.7 (2^-10).
+  const std::string flat = dir_.File("flat");
+  std::vector<std::array<uint8_t, 3>> colours;  // by sample id: class c, image i -> id 2c + i
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t rgb[3] = {static_cast<uint8_t>(30 + 80 * c + 20 * i),
+                              static_cast<uint8_t>(220 - 60 * c),
+                              static_cast<uint8_t>(100 + 50 * i)};
+      std::vector<uint8_t> pixels(static_cast<size_t>(40 + 9 * i) * 56 * 3);
+      for (size_t p = 0; p < pixels.size(); ++p) pixels[p] = rgb[p % 3];
+      const std::vector<uint8_t> jpeg =
+          EncodeJpeg(pixels, 40 + 9 * i, 56, TJPF_RGB, TJSAMP_420, 90);
+      testing::WriteFileBytes(absl::StrCat(flat, "/class", c, "/img", i, ".jpg"), jpeg);
+      int h = 0, w = 0;
+      const std::vector<uint8_t> decoded = testing::DecodeJpegRgb(jpeg, &h, &w);
+      for (size_t p = 0; p < decoded.size(); ++p) {
+        ASSERT_EQ(decoded[p], decoded[p % 3]) << "the decode of a flat JPEG is not flat";
+      }
+      colours.push_back({decoded[0], decoded[1], decoded[2]});
+    }
+  }
+  std::ifstream json_file(pipeline);
+  client::AttachOptions o = Options();
+  o.job = "img-pixels";
+  o.kind = "image_folder";
+  o.dataset = flat;
+  o.pipeline_json.assign(std::istreambuf_iterator<char>(json_file), {});
+  o.batch_size = 6;
+  o.seed = 3;
+  o.stop_epoch = 1;
+  auto session = client::Session::Attach(o);
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(30));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  const client::Tensor* image = batch->tensor("image");
+  const client::Tensor* label = batch->tensor("label");
+  ASSERT_NE(image, nullptr);
+  ASSERT_NE(label, nullptr);
+  ASSERT_EQ(image->dtype, DType::kFloat16);
+  ASSERT_EQ(image->shape, (std::vector<int64_t>{6, 3, 224, 224}));
+  const double mean[3] = {0.485, 0.456, 0.406}, stddev[3] = {0.229, 0.224, 0.225};
+  const double tolerance = 1.0 / 255 / 0.224 + 2.7 / 1024;
+  const auto* half = static_cast<const uint16_t*>(image->data);
+  constexpr size_t kPlane = 224 * 224;
+  for (size_t r = 0; r < 6; ++r) {
+    const int64_t id = batch->ids()[r];
+    ASSERT_TRUE(id >= 0 && id < 6) << id;
+    EXPECT_EQ(static_cast<const int64_t*>(label->data)[r], id / 2) << "sample " << id;
+    for (int c = 0; c < 3; ++c) {
+      const double want = (colours[static_cast<size_t>(id)][c] / 255.0 - mean[c]) / stddev[c];
+      double worst = 0;
+      for (size_t p = 0; p < kPlane; ++p) {
+        worst = std::max(worst, std::abs(HalfToDouble(half[(r * 3 + c) * kPlane + p]) - want));
+      }
+      EXPECT_LE(worst, tolerance) << "sample " << id << " channel " << c << ": want " << want;
+    }
+  }
 }
 
 // Bad images end to end: skipped ones are replaced and counted in `feeds`; with

@@ -139,6 +139,16 @@ CtlResult RunCtl(const std::string& socket, const std::vector<std::string>& args
   return {code, p.Stdout(), p.Stderr()};
 }
 
+bool JobHasDelivered(const std::string& socket, const std::string& job, int64_t batches) {
+  auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
+  if (!admin.ok()) return false;
+  auto sessions = (*admin)->ListSessions();
+  if (!sessions.ok()) return false;
+  return std::any_of(sessions->begin(), sessions->end(), [&](const client::SessionSummary& s) {
+    return (job.empty() || s.job == job) && s.batches_delivered >= batches;
+  });
+}
+
 std::vector<uint16_t> WriteTokens(const std::string& path, size_t count) {
   std::vector<uint16_t> tokens(count);
   for (size_t k = 0; k < count; ++k) tokens[k] = static_cast<uint16_t>((k * 7 + 3) % 65521);

@@ -74,6 +74,11 @@ CtlResult RunCtl(const std::string& socket, const std::vector<std::string>& args
                  const std::string& out_prefix);
 std::vector<std::string> CtlArgv(const std::string& socket, const std::vector<std::string>& args);
 
+// Whether the daemon on `socket` lists a session of `job` ("": any job) that has delivered at
+// least `batches` batches: what a test polls (tests/testing/eventually.h) before it relies on
+// a consumer having attached, instead of sleeping.
+bool JobHasDelivered(const std::string& socket, const std::string& job, int64_t batches = 1);
+
 // Writes `count` uint16 tokens, token k = (k * 7 + 3) % 65521, and returns them.
 std::vector<uint16_t> WriteTokens(const std::string& path, size_t count);
 

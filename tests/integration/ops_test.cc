@@ -21,10 +21,12 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
+#include "gpufeed/v1/feed.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/eventually.h"
 
 namespace gpufeed::testing {
 namespace {
@@ -45,6 +47,19 @@ HealthCheckResponse::ServingStatus Health(const std::string& target, const std::
   const grpc::Status s = stub->Check(&ctx, request, &response);
   if (code != nullptr) *code = s.error_code();
   return s.ok() ? response.status() : HealthCheckResponse::UNKNOWN;
+}
+
+// The status code of a unary call of the Feed or Admin service on `target`.
+template <typename Service, typename Request, typename Response, typename Stub>
+grpc::StatusCode Call(const std::string& target,
+                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                   Response*)) {
+  auto stub = Service::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  Request request;
+  Response response;
+  return ((*stub).*method)(&ctx, request, &response).error_code();
 }
 
 class OpsTest : public ::testing::Test {
@@ -87,11 +102,18 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
                                                     "4", "--epochs", "0", "--max-batches",
                                                     "100000", "--step-ms", "20"})),
                   dir_.File("slow"));
-  absl::SleepFor(absl::Seconds(1));
+  // Until its wall time is long enough for the ratios below to mean something.
+  const std::string labels = absl::StrCat("{job=\"slow\",rank=\"3\",uid=\"", ::getuid(), "\"}");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return Sample(HttpGet(port, "/metrics"), "gpufeed_consumer_wall_seconds_total" + labels) >
+               0.5;
+      },
+      absl::Seconds(20)))
+      << slow.Stderr();
   const std::string live = HttpGet(port, "/metrics");
   EXPECT_EQ(Sample(live, "gpufeed_sessions{delivery=\"host\"}"), 1);
   // Jobs are per uid: the owner's uid is a label too.
-  const std::string labels = absl::StrCat("{job=\"slow\",rank=\"3\",uid=\"", ::getuid(), "\"}");
   const double wall = Sample(live, "gpufeed_consumer_wall_seconds_total" + labels);
   const double blocked = Sample(live, "gpufeed_producer_blocked_seconds_total" + labels);
   const double wait = Sample(live, "gpufeed_consumer_wait_seconds_total" + labels);
@@ -125,17 +147,32 @@ TEST_F(OpsTest, HealthOnTheTcpPortFollowsDrain) {
   grpc::StatusCode code;
   Health(tcp, "other.Service", &code);
   EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
-  // The TCP port serves health alone: no Admin there.
-  {
-    auto admin = client::AdminClient::Connect(daemon.socket());
-    ASSERT_TRUE(admin.ok());
-  }
+  // The TCP port serves health alone: Feed and Admin are not there (no authentication on TCP),
+  // and both are on the Unix socket (an empty Attach is refused there, not unknown).
+  using v1::Admin;
+  using v1::Feed;
+  EXPECT_EQ((Call<Feed, v1::AttachRequest, v1::AttachResponse>(tcp, &Feed::Stub::Attach)),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ((Call<Feed, v1::DetachRequest, v1::DetachResponse>(tcp, &Feed::Stub::Detach)),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(
+      (Call<Admin, v1::GetStatusRequest, v1::GetStatusResponse>(tcp, &Admin::Stub::GetStatus)),
+      grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ((Call<Admin, v1::ListSessionsRequest, v1::ListSessionsResponse>(
+                tcp, &Admin::Stub::ListSessions)),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ((Call<Feed, v1::AttachRequest, v1::AttachResponse>(unix_target, &Feed::Stub::Attach)),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ((Call<Admin, v1::GetStatusRequest, v1::GetStatusResponse>(unix_target,
+                                                                      &Admin::Stub::GetStatus)),
+            grpc::StatusCode::OK);
   // One consumer keeps the daemon up through the drain.
   Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "d", "--epochs", "0",
                                                         "--max-batches", "100000", "--step-ms",
                                                         "5"})),
                       dir_.File("consumer"));
-  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "d"); }, absl::Seconds(20)))
+      << consumer.Stderr();
   auto admin = client::AdminClient::Connect(daemon.socket());
   ASSERT_TRUE(admin.ok());
   absl::StatusOr<int32_t> drained = (*admin)->Drain(absl::Seconds(30));
@@ -168,7 +205,8 @@ TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
                                                         "--max-batches", "40", "--step-ms", "10",
                                                         "-o", "json"})),
                       dir_.File("consumer"));
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "f"); }, absl::Seconds(20)))
+      << consumer.Stderr();
   CtlResult drain = RunCtl(daemon.socket(), {"drain", "--timeout", "30s"}, dir_.File("drain"));
   EXPECT_EQ(drain.exit_code, 0) << drain.err;
   EXPECT_THAT(drain.err, HasSubstr("1 sessions attached, new ones refused"));
@@ -187,7 +225,8 @@ TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
                                                "0", "--max-batches", "100000000", "--step-ms",
                                                "5", "--reconnect-timeout", "0"}),
                      dir2.File("forever"));
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(second.socket(), ""); }, absl::Seconds(20)))
+      << forever.Stderr();
   const absl::Time start = absl::Now();
   CtlResult timed = RunCtl(second.socket(), {"drain", "--timeout", "1s"}, dir2.File("drain"));
   EXPECT_EQ(timed.exit_code, 0) << timed.err;
@@ -298,7 +337,8 @@ TEST_F(OpsTest, StatsAndVersion) {
                                                         "--max-batches", "100000", "--step-ms",
                                                         "10"})),
                       dir_.File("consumer"));
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "s"); }, absl::Seconds(20)))
+      << consumer.Stderr();
   CtlResult stats = RunCtl(daemon.socket(), {"-o", "json", "stats", "--interval", "500ms"},
                            dir_.File("stats"));
   ASSERT_EQ(stats.exit_code, 0) << stats.err;

@@ -203,13 +203,6 @@ INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTER
                          });
 
 // The daemon at `socket` answers, and its first session has been sent a batch.
-bool FirstSessionDelivered(const std::string& socket) {
-  auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
-  if (!admin.ok()) return false;
-  auto sessions = (*admin)->ListSessions();
-  return sessions.ok() && !sessions->empty() && (*sessions)[0].batches_delivered > 0;
-}
-
 // Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.
 
 TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait) {
@@ -222,8 +215,7 @@ TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait
                                  "--batch-size", "4", "--epochs", "0", "--max-batches",
                                  "100000000", "--step-ms", "5", "--reconnect-timeout", "1s"}),
       dir.File("consumer"));
-  ASSERT_TRUE(
-      Eventually([&] { return FirstSessionDelivered(daemon->socket()); }, absl::Seconds(10)));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon->socket(), ""); }, absl::Seconds(10)));
   daemon->process().Kill(SIGKILL);
   ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
   const absl::Time killed = absl::Now();
@@ -279,8 +271,7 @@ TEST(ReattachBoundTest, AStoppedDaemonIsFoundByKeepaliveAndFailsWithinTheBound) 
                "--epochs", "0", "--max-batches", "100000000", "--step-ms", "5",
                "--reconnect-timeout", "3s", "--keepalive", "1s", "--timeout-ms", "600000"}),
       dir.File("consumer"));
-  ASSERT_TRUE(
-      Eventually([&] { return FirstSessionDelivered(daemon->socket()); }, absl::Seconds(10)));
+  ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon->socket(), ""); }, absl::Seconds(10)));
   daemon->process().Kill(SIGSTOP);
   const absl::Time stopped = absl::Now();
   const int exit_code = consumer.Wait(absl::Seconds(30));

@@ -52,6 +52,22 @@ inline std::vector<uint8_t> EncodeJpeg(const std::vector<uint8_t>& pixels, int h
   return bytes;
 }
 
+// The test's own decode of a JPEG to h x w x 3 RGB (TurboJPEG, accurate DCT): a reference
+// independent of the daemon's decoder.
+inline std::vector<uint8_t> DecodeJpegRgb(const std::vector<uint8_t>& jpeg, int* h, int* w) {
+  tjhandle t = tjInitDecompress();
+  int subsamp = 0, colorspace = 0;
+  EXPECT_EQ(tjDecompressHeader3(t, jpeg.data(), jpeg.size(), w, h, &subsamp, &colorspace), 0)
+      << tjGetErrorStr2(t);
+  std::vector<uint8_t> rgb(static_cast<size_t>(*h) * *w * 3);
+  EXPECT_EQ(tjDecompress2(t, jpeg.data(), jpeg.size(), rgb.data(), *w, 0, *h, TJPF_RGB,
+                          TJFLAG_ACCURATEDCT),
+            0)
+      << tjGetErrorStr2(t);
+  tjDestroy(t);
+  return rgb;
+}
+
 inline std::vector<uint8_t> EncodePng(const std::vector<uint8_t>& pixels, int h, int w,
                                       png_uint_32 format = PNG_FORMAT_RGB,
                                       const std::vector<uint8_t>& colormap = {}) {

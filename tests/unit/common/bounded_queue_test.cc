@@ -13,10 +13,12 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 
 namespace gpufeed {
 namespace {
 
+using ::gpufeed::testing::Eventually;
 using ::testing::HasSubstr;
 
 // How long a waiter gets to reach its blocking call before we check it has not returned.
@@ -220,20 +222,39 @@ TEST(BoundedQueueTest, DefaultCloseIsCancelled) {
   EXPECT_EQ(q.Push(1).code(), absl::StatusCode::kCancelled);
 }
 
+// Close wakes every thread blocked in Pop (an empty queue) and in Push (a full one), once
+// they are all known to be blocked, and at once (not at the pops' deadline).
 TEST(BoundedQueueTest, CloseWakesEveryWaiter) {
-  BoundedQueue<int> q(1);
   constexpr int kWaiters = 4;
-  std::atomic<int> woken{0};
+  BoundedQueue<int> empty(1);
+  BoundedQueue<int> full(1);
+  ASSERT_TRUE(full.Push(0).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::atomic<int> popped_aborted{0};
+  std::atomic<int> pushed_aborted{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&] {
-      if (q.Pop().status().code() == absl::StatusCode::kAborted) ++woken;
+      if (empty.PopWithDeadline(deadline).status().code() == absl::StatusCode::kAborted) {
+        ++popped_aborted;
+      }
+    });
+    threads.emplace_back([&] {
+      if (full.Push(1).code() == absl::StatusCode::kAborted) ++pushed_aborted;
     });
   }
-  absl::SleepFor(kSettle);
-  q.Close(absl::AbortedError("stop"));
+  ASSERT_TRUE(Eventually([&] { return empty.waiters() == kWaiters && full.waiters() == kWaiters; }))
+      << empty.waiters() << " pops and " << full.waiters() << " pushes blocked";
+  empty.Close(absl::AbortedError("stop"));
+  full.Close(absl::AbortedError("stop"));
+  const bool woken = Eventually([&] { return empty.waiters() == 0 && full.waiters() == 0; });
+  // Whatever Close did: taking the full queue's item unblocks its pushers and the pops end at
+  // their deadline, so the joins end and a waiter left blocked fails the test, not hangs it.
+  (void)full.Pop();
   for (std::thread& t : threads) t.join();
-  EXPECT_EQ(woken.load(), kWaiters);
+  EXPECT_TRUE(woken) << "Close left waiters blocked";
+  EXPECT_EQ(popped_aborted.load(), kWaiters);
+  EXPECT_EQ(pushed_aborted.load(), kWaiters);
 }
 
 TEST(BoundedQueueTest, MultiProducerMultiConsumerDeliversEachItemExactlyOnce) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/parse.h"
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
@@ -127,6 +129,16 @@ class InProcessDaemonTest : public ::testing::Test {
     EXPECT_EQ(std::memcmp(row, &tokens_[static_cast<size_t>(id * kSeqLen)], (kSeqLen + 1) * 2),
               0)
         << "row " << r << " (sample " << id << ") of step " << batch.step();
+  }
+
+  // Another daemon, reading through `fs` (which must outlive it); null, and a failure, when it
+  // did not start.
+  static std::unique_ptr<TestDaemon> StartReadingThrough(FileSystem* fs) {
+    TestDaemonOptions options;
+    options.fs = fs;
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(std::move(options));
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *std::move(d) : nullptr;
   }
 
   CountingFileSystem fs_;  // outlives the daemon
@@ -381,10 +393,8 @@ TEST_F(InProcessDaemonTest, AnInjectedDeviceBackendServesDeviceDelivery) {
 
 TEST_F(InProcessDaemonTest, AnInjectedFileSystemIsWhatTheDaemonReads) {
   FakeFileSystem fs;  // outlives the daemon
-  TestDaemonOptions options;
-  options.fs = &fs;
-  absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(std::move(options));
-  ASSERT_TRUE(d.ok()) << d.status();
+  std::unique_ptr<TestDaemon> d = StartReadingThrough(&fs);
+  ASSERT_NE(d, nullptr);
   // The client opens the real file (its rights); the daemon reads the fake's bytes for it.
   // Other tokens than on disk, so a row shows which one was read.
   std::vector<uint16_t> fake_tokens = tokens_;
@@ -394,7 +404,7 @@ TEST_F(InProcessDaemonTest, AnInjectedFileSystemIsWhatTheDaemonReads) {
   fs.AddFile(path_, bytes);
   client::AttachOptions o = Options();
   o.ring_slots = 2;
-  absl::StatusOr<std::unique_ptr<client::Session>> session = (*d)->Attach(o);
+  absl::StatusOr<std::unique_ptr<client::Session>> session = d->Attach(o);
   ASSERT_TRUE(session.ok()) << session.status();
   {
     absl::StatusOr<client::Batch> batch = (*session)->Next(absl::Seconds(10));
@@ -508,6 +518,138 @@ TEST_F(InProcessDaemonTest, ADrainRefusesNewSessionsServesRunningOnesAndEndsWith
   EXPECT_EQ(daemon_->stop_requests(),
             std::vector<Daemon::StopReason>{Daemon::StopReason::kDrained});
   daemon_->Stop();
+}
+
+// ---- races fixed in dbe29e1, in short loops ----
+
+// A stream cancelled while its session is filling the slot just released: the session's
+// notification (Kick) runs while the reactor finishes (OnDone). Every stream ends CANCELLED,
+// every session goes and every ring returns (under ASan: no use of a deleted reactor).
+TEST_F(InProcessDaemonTest, StreamsCancelledWhileTheirBatchesAreFilledEndCleanly) {
+  std::unique_ptr<v1::Feed::Stub> feed = v1::Feed::NewStub(daemon_->Channel());
+  for (int i = 0; i < 200; ++i) {
+    // A job of its own each time: the session before may still be ending (OnDone runs after
+    // the client saw CANCELLED).
+    v1::AttachResponse attached;
+    {
+      grpc::ClientContext ctx;
+      grpc::Status s = feed->Attach(&ctx, Request(absl::StrCat("cancel-", i)), &attached);
+      ASSERT_TRUE(s.ok()) << "iteration " << i << ": " << s.error_message();
+    }
+    grpc::ClientContext ctx;
+    auto stream = OpenStream(*feed, &ctx, attached);
+    v1::StreamResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "iteration " << i;
+    ASSERT_GE(response.batches_size(), 1);
+    // Release every batch delivered (the fill threads refill those slots and notify the
+    // stream) and cancel at once.
+    v1::StreamRequest release;
+    for (const v1::BatchReady& b : response.batches()) {
+      v1::Release* r = release.add_releases();
+      r->set_slot(b.slot());
+      r->set_generation(b.generation());
+    }
+    ASSERT_TRUE(stream->Write(release));
+    ctx.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED) << "iteration " << i;
+  }
+  EXPECT_TRUE(Eventually([&] { return Sessions().empty(); }, absl::Seconds(10)))
+      << Sessions().size() << " sessions left";
+  absl::StatusOr<std::unique_ptr<client::AdminClient>> admin = daemon_->Admin();
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<client::DaemonStatus> st = (*admin)->GetStatus();
+    return st.ok() && st->staging_free_bytes == st->staging_total_bytes;
+  }));
+}
+
+// Attach and detach in a loop, from two threads at once: each Attach is OK, each Detach OK,
+// and no session is left behind.
+TEST_F(InProcessDaemonTest, AttachDetachLoopsFromTwoThreadsLeaveNoSession) {
+  std::atomic<int> attached{0};
+  auto loop = [&](const std::string& job) {
+    for (int i = 0; i < 50; ++i) {
+      absl::StatusOr<std::unique_ptr<client::Session>> s = daemon_->Attach(Options(job));
+      ASSERT_TRUE(s.ok()) << job << " " << i << ": " << s.status();
+      if (i % 2 == 0) {  // every other one with a batch taken and released first
+        absl::StatusOr<client::Batch> batch = (*s)->Next(absl::Seconds(10));
+        ASSERT_TRUE(batch.ok()) << batch.status();
+      }
+      ASSERT_TRUE((*s)->Detach().ok()) << job << " " << i;
+      ++attached;
+    }
+  };
+  std::thread other([&] { loop("loop-a"); });
+  loop("loop-b");
+  other.join();
+  EXPECT_EQ(attached.load(), 100);
+  EXPECT_TRUE(Eventually([&] { return Sessions().empty(); }, absl::Seconds(10)))
+      << Sessions().size() << " sessions left";
+}
+
+// A drain asked for once the shutdown began starts nothing: it reports the sessions, its
+// callback never runs, and the daemon is destroyed cleanly (a watcher started after the
+// shutdown joined the last one was left running into ~Daemon: std::terminate).
+TEST_F(InProcessDaemonTest, ADrainAfterTheShutdownBeganStartsNoWatcher) {
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start();
+    ASSERT_TRUE(d.ok()) << d.status();
+    std::atomic<bool> ran{false};
+    Daemon* daemon = (*d)->daemon();
+    if (i == 0) {
+      daemon->Shutdown();  // strictly before
+      EXPECT_EQ(daemon->Drain(absl::ZeroDuration(), [&] { ran = true; }), 0);
+    } else {  // racing it
+      std::thread drain([&] { daemon->Drain(absl::ZeroDuration(), [&] { ran = true; }); });
+      daemon->Shutdown();
+      drain.join();
+    }
+    (*d)->Stop();  // destroys the daemon
+    if (i == 0) {
+      EXPECT_FALSE(ran.load());
+    }
+  }
+}
+
+// An Attach whose dataset open is under way when a drain begins is refused naming the drain,
+// not admitted after the drain counted no sessions (Attach checks the drain again once the
+// dataset is open).
+class GatedFileSystem final : public testing::WrappingFileSystem {
+ public:
+  GatedFileSystem() : WrappingFileSystem(PosixFileSystem()) {}
+  std::atomic<bool> armed{false};  // from then on, opens wait for `open`
+  absl::Notification entered, open;
+
+ private:
+  void OnOpen() override {
+    if (!armed.load()) return;
+    if (!entered.HasBeenNotified()) entered.Notify();
+    open.WaitForNotification();
+  }
+};
+
+TEST_F(InProcessDaemonTest, AnAttachOpeningItsDatasetWhenADrainBeginsIsRefused) {
+  GatedFileSystem fs;  // outlives the daemon
+  std::unique_ptr<TestDaemon> d = StartReadingThrough(&fs);
+  ASSERT_NE(d, nullptr);
+  absl::StatusOr<std::unique_ptr<client::Session>> late = absl::UnknownError("not attached");
+  fs.armed = true;
+  std::thread attach([&] { late = d->Attach(Options("late")); });
+  ASSERT_TRUE(fs.entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  auto admin = d->Admin();
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  absl::StatusOr<int32_t> drained = (*admin)->Drain(absl::ZeroDuration());
+  fs.open.Notify();
+  attach.join();
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(*drained, 0);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
+  EXPECT_THAT(late.status().message(), ::testing::HasSubstr("draining"));
+  absl::StatusOr<std::vector<client::SessionSummary>> left = (*admin)->ListSessions();
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_TRUE(left->empty());
+  d->Stop();
 }
 
 // ---- config ----

@@ -1,13 +1,15 @@
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
-#include "gmock/gmock.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pipeline/dataset.h"
 #include "tests/testing/image_files.h"
+#include "tests/testing/resample_reference.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wrapping_file_system.h"
 
@@ -44,9 +46,11 @@ class ImageFolderDatasetTest : public ::testing::Test {
   }
 
   // Reads sample `id` into fresh rows; returns the id used.
+  // `fill`: the bytes the image row holds before the read (0xff: float NaNs, so that a value
+  // the read never wrote shows).
   absl::StatusOr<uint64_t> Read(const Dataset& ds, uint64_t id, SampleContext ctx,
-                                std::vector<uint8_t>* image, int64_t* label) {
-    image->assign(ds.tensors()[0].byte_size, 0);
+                                std::vector<uint8_t>* image, int64_t* label, uint8_t fill = 0) {
+    image->assign(ds.tensors()[0].byte_size, fill);
     std::vector<std::span<std::byte>> rows = {
         std::as_writable_bytes(std::span<uint8_t>(*image)),
         std::span<std::byte>(reinterpret_cast<std::byte*>(label), 8)};
@@ -251,12 +255,36 @@ TEST_F(ImageFolderDatasetTest, ResizeThenCentreCropAndNormalisedFloatOutput) {
   EXPECT_EQ((*ds)->tensors()[0].dtype, DType::kFloat32);
   std::vector<uint8_t> image;
   int64_t label;
-  ASSERT_TRUE(Read(**ds, 1, {}, &image, &label).ok());  // the 40x30 JPEG -> 16x12 -> 10x10
+  ASSERT_EQ((*ds)->tensors()[0].shape, (std::vector<int64_t>{3, 10, 10}));
+  // Rows prefilled with NaNs: the 40x30 JPEG -> 16x12 -> 10x10, every value written.
+  ASSERT_TRUE(Read(**ds, 1, {}, &image, &label, 0xff).ok());
+  EXPECT_EQ(label, 0);
   std::vector<float> f(image.size() / 4);
+  ASSERT_EQ(f.size(), 3u * 10 * 10);
   std::memcpy(f.data(), image.data(), image.size());
-  for (float v : f) {
-    ASSERT_GE(v, (0 - 0.5f) / 0.25f);
-    ASSERT_LE(v, (1 - 0.5f) / 0.25f);
+  // The reference: the test's own decode of the file, the resize's double reference at the
+  // centre crop's pixels (top round(3) = 3, left round(1) = 1 of 16x12), then (v/255 - mean)/std,
+  // NCHW, channels in RGB order. Tolerance 1 level of 255 (room for the decoder's IDCT and the
+  // resize's fast path; both match to 1e-6 today) = 1/255/0.25 = 0.0157 after normalisation.
+  int h = 0, w = 0;
+  const std::vector<uint8_t> rgb =
+      testing::DecodeJpegRgb(EncodeJpeg(Picture(40, 30, 3, 2), 40, 30), &h, &w);
+  ASSERT_EQ(h, 40);
+  ASSERT_EQ(w, 30);
+  const server::Image decoded{h, w, rgb};
+  const double tolerance = 1.0 / 255 / 0.25;
+  for (int c = 0; c < 3; ++c) {
+    for (int y = 0; y < 10; ++y) {
+      for (int x = 0; x < 10; ++x) {
+        const double ref =
+            (testing::ResampleReference(decoded, {0, 0, 40, 30}, 16, 12, y + 3, x + 1, c) / 255 -
+             0.5) /
+            0.25;
+        const float got = f[(c * 10 + y) * 10 + x];
+        ASSERT_FALSE(std::isnan(got)) << "c " << c << " y " << y << " x " << x << " not written";
+        EXPECT_NEAR(got, ref, tolerance) << "c " << c << " y " << y << " x " << x;
+      }
+    }
   }
 }
 

@@ -104,6 +104,41 @@ TEST(NpyTest, ParsesKeysInAnyOrderAndDoubleQuotes) {
   EXPECT_THAT(h->shape, ElementsAre(2, 2));
 }
 
+// A 1.0 header of 300 bytes or more (numpy pads the dict to the data's 64-byte boundary; a
+// long shape or a writer's extra padding gets there): both bytes of its uint16 length count.
+TEST(NpyTest, ParsesVersion1WithAHeaderOverAByteLong) {
+  const std::string file =
+      NpyHeaderBytes(Dict("<i4", "False", "(7, 2)"), /*major=*/1, /*min_header_len=*/300);
+  const uint32_t len = static_cast<uint32_t>(static_cast<unsigned char>(file[8])) |
+                       static_cast<uint32_t>(static_cast<unsigned char>(file[9])) << 8;
+  ASSERT_GE(len, 300u);
+  ASSERT_EQ(file.size(), 10u + len);
+  absl::StatusOr<NpyHeader> h = Parse(file + std::string(56, '\0'));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->dtype, DType::kInt32);
+  EXPECT_THAT(h->shape, ElementsAre(7, 2));
+  EXPECT_EQ(h->data_offset, file.size());
+}
+
+// Byte order means nothing for a 1-byte dtype: numpy writes '|u1', and np.load reads '>u1'
+// and '<u1' as uint8 too; so do we. Wider big-endian dtypes stay refused (RejectsBigEndian).
+TEST(NpyTest, ParsesAnyByteOrderOfOneByteDtypes) {
+  const struct {
+    const char* descr;
+    DType dtype;
+  } cases[] = {
+      {">u1", DType::kUInt8},
+      {"=u1", DType::kUInt8},
+      {">i1", DType::kInt8},
+      {">b1", DType::kBool},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<NpyHeader> h = Parse(NpyHeaderBytes(Dict(c.descr, "False", "(3,)")));
+    ASSERT_TRUE(h.ok()) << c.descr << ": " << h.status();
+    EXPECT_EQ(h->dtype, c.dtype) << c.descr;
+  }
+}
+
 TEST(NpyTest, ParsesVersion2WithUint32Length) {
   const std::string file = NpyHeaderBytes(Dict("<f4", "False", "(5, 3, 2)"), /*major=*/2);
   ASSERT_EQ(file.substr(0, 8), std::string("\x93NUMPY\x02\x00", 8));
@@ -202,6 +237,7 @@ TEST(NpyTest, RejectsStructuredDtype) {
 TEST(NpyTest, RejectsBigEndian) {
   ExpectInvalid(NpyHeaderBytes(Dict(">f4", "False", "(3,)")), "big-endian");
   ExpectInvalid(NpyHeaderBytes(Dict(">i8", "False", "(3,)")), "big-endian");
+  ExpectInvalid(NpyHeaderBytes(Dict(">u2", "False", "(3,)")), "big-endian");
 }
 
 TEST(NpyTest, RejectsStringAndOtherDtypes) {

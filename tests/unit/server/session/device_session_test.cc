@@ -62,6 +62,18 @@ class DeviceSessionTest : public ::testing::Test {
     return {};
   }
 
+  // Whether the "device" slot holds the file's tokens of every row of `ids`, byte for byte:
+  // token k = k, and sample n is tokens [10 n, 10 n + 11).
+  static bool SlotHoldsTokensOf(const std::byte* slot, const TensorLayout& tokens,
+                                const std::vector<int64_t>& ids) {
+    std::vector<uint16_t> want;
+    for (int64_t id : ids) {
+      for (int j = 0; j < 11; ++j) want.push_back(static_cast<uint16_t>(id * 10 + j));
+    }
+    return want.size() * 2 == tokens.byte_size &&
+           std::memcmp(slot + tokens.byte_offset, want.data(), tokens.byte_size) == 0;
+  }
+
   testing::TempDir dir_;
   std::string path_;
   std::unique_ptr<StagingPool> pool_;
@@ -79,15 +91,18 @@ TEST_F(DeviceSessionTest, BatchesAreCopiedToTheDeviceRingAndReusedSlotsWaitForRe
   auto session = manager_->Find(a->session_id, a->token);
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE((*session)->BindStream([] {}, {std::string(64, 'r'), std::string(64, 'r')}).ok());
+  // One tensor: 4 rows of seq_len + 1 = 11 uint16 tokens.
+  ASSERT_EQ(a->layout.tensors.size(), 1u);
+  const TensorLayout& tokens = a->layout.tensors[0];
+  ASSERT_EQ(tokens.shape, (std::vector<int64_t>{4, 11}));
+  ASSERT_EQ(tokens.byte_size, 4u * 11 * 2);
   for (int step = 0; step < 4; ++step) {
     StreamEvent e = Next(**session);
     ASSERT_EQ(e.kind, StreamEvent::kBatch) << "step " << step;
     EXPECT_EQ(e.batch.position.step, step);
     EXPECT_EQ(e.batch.ids, (std::vector<int64_t>{step * 4, step * 4 + 1, step * 4 + 2, step * 4 + 3}));
-    // The "device" slot holds the file's tokens of the first row: token k = k.
-    uint16_t first;
-    std::memcpy(&first, devices_.last->slot_data(e.batch.slot), 2);
-    EXPECT_EQ(first, step * 4 * 10);
+    EXPECT_TRUE(SlotHoldsTokensOf(devices_.last->slot_data(e.batch.slot), tokens, e.batch.ids))
+        << "step " << step;
     ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
   }
   const std::vector<std::string> calls = devices_.log->Calls();
@@ -156,10 +171,9 @@ TEST_F(DeviceSessionTest, AHeldSlotWaitsForItsReleaseEventWithoutStallingOtherSe
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_GE(ring_a->PollsWhileHeld(), 3);
-  // Not rewritten while held: still batch 0's first token, and no batch 2 yet.
-  uint16_t token;
-  std::memcpy(&token, ring_a->slot_data(first.batch.slot), 2);
-  EXPECT_EQ(token, 0);
+  // Not rewritten while held: still batch 0's tokens, and no batch 2 yet.
+  const TensorLayout& tokens = a->layout.tensors.at(0);
+  EXPECT_TRUE(SlotHoldsTokensOf(ring_a->slot_data(first.batch.slot), tokens, first.batch.ids));
   EXPECT_EQ((*session_a)->NextEvent().kind, StreamEvent::kNothing);
 
   ring_a->Hold(first.batch.slot, false);
@@ -167,8 +181,8 @@ TEST_F(DeviceSessionTest, AHeldSlotWaitsForItsReleaseEventWithoutStallingOtherSe
   ASSERT_EQ(third.kind, StreamEvent::kBatch);
   EXPECT_EQ(third.batch.position.step, 2);
   EXPECT_EQ(third.batch.slot, first.batch.slot);
-  std::memcpy(&token, ring_a->slot_data(third.batch.slot), 2);
-  EXPECT_EQ(token, 2 * 4 * 10);
+  EXPECT_EQ(third.batch.ids, (std::vector<int64_t>{8, 9, 10, 11}));
+  EXPECT_TRUE(SlotHoldsTokensOf(ring_a->slot_data(third.batch.slot), tokens, third.batch.ids));
 }
 
 TEST_F(DeviceSessionTest, BudgetUnknownGpuAndReleaseEventCountAreChecked) {

@@ -213,20 +213,41 @@ TEST(StagingPoolTest, FragmentationThenCoalescing) {
   EXPECT_EQ(pool->free_bytes(), 0u);
 }
 
+// A 6-page slab cut into regions A, B, C of 2 pages each, in that order.
+std::vector<StagingRegion> ThreeRegions(StagingPool& pool) {
+  std::vector<StagingRegion> abc;
+  for (int i = 0; i < 3; ++i) abc.push_back(MustAllocate(pool, 2 * kPage));
+  return abc;
+}
+
 TEST(StagingPoolTest, CoalescesWithTheFollowingRangeToo) {
   std::unique_ptr<StagingPool> pool = MakePool(6 * kPage, 6 * kPage);
   ASSERT_NE(pool, nullptr);
-  StagingRegion a = MustAllocate(*pool, 2 * kPage);
-  StagingRegion b = MustAllocate(*pool, 2 * kPage);
-  StagingRegion c = MustAllocate(*pool, 2 * kPage);
-  b = StagingRegion();
-  c = StagingRegion();  // merges with B's range before it
+  std::vector<StagingRegion> abc = ThreeRegions(*pool);
+  abc[1] = StagingRegion();
+  abc[2] = StagingRegion();  // merges with B's range before it
   StagingRegion bc = MustAllocate(*pool, 4 * kPage);
   EXPECT_EQ(bc.offset(), 2 * kPage);
-  a = StagingRegion();
+  abc[0] = StagingRegion();
   bc = StagingRegion();  // A, B, C all back: one range of 6 pages
   StagingRegion all = MustAllocate(*pool, 6 * kPage);
   EXPECT_EQ(all.offset(), 0u);
+}
+
+// The range freed between two free ranges joins both of them (the merge with the following
+// range and the merge with the preceding one, in one Free): one range of the whole slab.
+TEST(StagingPoolTest, CoalescesWithBothNeighboursInOneFree) {
+  std::unique_ptr<StagingPool> pool = MakePool(6 * kPage, 6 * kPage);
+  ASSERT_NE(pool, nullptr);
+  std::vector<StagingRegion> abc = ThreeRegions(*pool);
+  abc[0] = StagingRegion();
+  abc[2] = StagingRegion();
+  abc[1] = StagingRegion();  // between A's free range and C's
+  EXPECT_EQ(pool->free_bytes(), 6 * kPage);
+  absl::StatusOr<StagingRegion> all = pool->Allocate(6 * kPage);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->offset(), 0u);
+  EXPECT_EQ(all->size(), 6 * kPage);
 }
 
 TEST(StagingPoolTest, RegionsAreWritableAndDoNotOverlap) {

@@ -19,9 +19,10 @@ uint64_t Fmix64(uint64_t z) {
 
 uint64_t SplitMix64(uint64_t& state) { return Fmix64(state += kGamma); }
 
+// Called once Create has checked batch_size >= 1, world_size >= 1 and that their product
+// fits: global >= 1.
 int64_t StepsPerEpoch(const SamplerConfig& c) {
   const uint64_t global = static_cast<uint64_t>(c.batch_size) * static_cast<uint64_t>(c.world_size);
-  if (global == 0) return 0;
   // Without drop_last: ceil(n / global), written so that n + global - 1 cannot wrap.
   return static_cast<int64_t>(c.drop_last ? c.num_samples / global
                                           : c.num_samples / global +

@@ -97,14 +97,14 @@ absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(uint64_t total_
 
 absl::StatusOr<uint64_t> StagingPool::RoundRequest(uint64_t bytes) const {
   // Rounded in 128 bits: a request near 2^64 must not wrap to a tiny region.
+  // A request of 0 bytes gets one page (every region has an address of its own).
   const __uint128_t page = PageSize();
-  const __uint128_t rounded = (std::max<__uint128_t>(bytes, 1) + page - 1) / page * page;
+  const __uint128_t pages = bytes == 0 ? 1 : (__uint128_t{bytes} + page - 1) / page;
+  const __uint128_t rounded = pages * page;
   if (rounded > total_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "staging pool: asked for ",
-        rounded > std::numeric_limits<uint64_t>::max() ? bytes : static_cast<uint64_t>(rounded),
-        " bytes, more than the whole pool (",
-        total_bytes_, " bytes free at most); start gpufeedd with a larger --staging_bytes"));
+        "staging pool: asked for ", bytes, " bytes, more than the whole pool (", total_bytes_,
+        " bytes free at most); start gpufeedd with a larger --staging_bytes"));
   }
   return static_cast<uint64_t>(rounded);
 }

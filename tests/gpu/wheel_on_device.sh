@@ -18,6 +18,10 @@ wheel=$(ls "$bundle"/wheels/gpufeed-*.whl 2>/dev/null | head -1)
 [ -n "$wheel" ] || { log "no gpufeed wheel in the bundle"; exit 1; }
 venv=$out/venv
 python3 -m venv --system-site-packages "$venv"
+# torch and numpy come from the interpreter that runs this (on the GPU machine a venv of its
+# own, /opt/torch/.venv, whose packages a venv made from it would not see): a .pth adds them.
+python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base.pth"
 "$venv/bin/pip" install -q --no-index --no-deps "$wheel" >"$out/pip.log" 2>&1 &&
   "$venv/bin/pip" install -q --no-index --find-links "$bundle/wheels" pytest >>"$out/pip.log" 2>&1
 log "installed $(basename "$wheel"): $(tail -2 "$out/pip.log" | tr '\n' ' ')"

@@ -217,6 +217,65 @@ TEST(SamplerTest, EvenGivesEveryRankTheSameRealCountAsDistributedSampler) {
   EXPECT_THAT(refused.status().message(), HasSubstr("even: pads each rank's share"));
 }
 
+// even, N a multiple of W: ceil(N/W) = N/W real samples a rank, no wrapped duplicate. N=12,
+// W=3, B=5: one step of 5 rows a rank, 4 of them real (mutation testing found per_rank off by
+// one here survived: the test above has N % W != 0).
+TEST(SamplerTest, EvenWithRanksDividingTheDatasetPadsNothingTwice) {
+  SamplerConfig c;
+  c.num_samples = 12;
+  c.batch_size = 5;
+  c.world_size = 3;
+  c.seed = 4;
+  c.drop_last = false;
+  c.even = true;
+  absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ((*s)->steps_per_epoch(), 1);
+  std::vector<int64_t> real;
+  for (int32_t rank = 0; rank < 3; ++rank) {
+    Slice slice = SliceOf(**s, {0, 0}, rank);
+    EXPECT_EQ(slice.valid, 4) << "rank " << rank;
+    real.insert(real.end(), slice.ids.begin(), slice.ids.begin() + slice.valid);
+  }
+  std::sort(real.begin(), real.end());
+  std::vector<int64_t> want(12);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(real, want);
+}
+
+// RankSlice writes ids[0, min(B, ids.size())) and nothing past them, in both splits.
+TEST(SamplerTest, RankSliceWritesOnlyTheSpanItIsGiven) {
+  for (const bool even : {false, true}) {
+    SamplerConfig c;
+    c.num_samples = 23;
+    c.batch_size = 4;
+    c.world_size = 2;
+    c.seed = 1;
+    c.drop_last = false;
+    c.even = even;
+    absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const Slice full = SliceOf(**s, {0, 1}, 1);
+    std::vector<int64_t> wide(7, -7);  // B + 3: rows past B stay untouched
+    EXPECT_EQ((*s)->RankSlice({0, 1}, 1, std::span<int64_t>(wide)), full.valid);
+    EXPECT_THAT(wide, ElementsAre(full.ids[0], full.ids[1], full.ids[2], full.ids[3], -7, -7, -7))
+        << "even " << even;
+    std::vector<int64_t> narrow(5, -7);  // a span of 2 inside it: rows 2.. stay untouched
+    (*s)->RankSlice({0, 1}, 1, std::span<int64_t>(narrow).first(2));
+    EXPECT_THAT(narrow, ElementsAre(full.ids[0], full.ids[1], -7, -7, -7)) << "even " << even;
+  }
+}
+
+// The smallest global batch, one sample by one rank: an epoch is N steps of one id each.
+TEST(SamplerTest, ABatchOfOneOnOneRankStepsThroughEverySample) {
+  const std::unique_ptr<Sampler> s = MakeSampler(5, 1, 1, 3, true, true);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->steps_per_epoch(), 5);
+  std::vector<int64_t> ids = IdsOfRun(*s, {0, 0}, 5);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_THAT(ids, ElementsAre(0, 1, 2, 3, 4));
+}
+
 TEST(SamplerTest, StepsPerEpochFloorsWithDropLastAndCeilsWithout) {
   EXPECT_EQ(MakeSampler(100, 3, 8, 0, true, true)->steps_per_epoch(), 4);   // 100/24
   EXPECT_EQ(MakeSampler(100, 3, 8, 0, true, false)->steps_per_epoch(), 5);  // ceil

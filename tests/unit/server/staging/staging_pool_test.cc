@@ -168,8 +168,24 @@ TEST(StagingPoolTest, RequestLargerThanThePoolIsRefused) {
   ASSERT_NE(pool, nullptr);
   absl::StatusOr<StagingRegion> r = pool->Allocate(4 * kPage + 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", 5 * kPage, " bytes")));
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", 4 * kPage + 1,
+                                                           " bytes, more than the whole "
+                                                           "pool (",
+                                                           4 * kPage, " bytes free at most)")));
   EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  // The whole pool, exactly, is not more than the pool.
+  EXPECT_TRUE(pool->Allocate(4 * kPage).ok());
+}
+
+TEST(StagingPoolTest, AFullPoolSaysItsLargestFreeBlockIsZero) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  StagingRegion all = MustAllocate(*pool, 4 * kPage);
+  absl::StatusOr<StagingRegion> r = pool->Allocate(1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("asked for ", kPage, " bytes, 0 of ", 4 * kPage,
+                                     " bytes free (largest free block 0 bytes)")));
 }
 
 TEST(StagingPoolTest, HugeRequestDoesNotWrapAround) {
@@ -518,8 +534,8 @@ TEST(StagingPoolTest, AnOwnMemfdLargerThanThePoolIsRefused) {
   ASSERT_NE(pool, nullptr);
   absl::StatusOr<StagingRegion> r = pool->AllocateOwnMemfd(4 * kPage + 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr(absl::StrCat("asked for ", 5 * kPage, " bytes, more than the whole pool")));
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("asked for ", 4 * kPage + 1,
+                                                           " bytes, more than the whole pool")));
   for (uint64_t bytes : {~uint64_t{0}, uint64_t{1} << 63}) {
     r = pool->AllocateOwnMemfd(bytes);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << bytes;

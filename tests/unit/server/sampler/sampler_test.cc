@@ -36,6 +36,18 @@ std::unique_ptr<Sampler> MakeSampler(uint64_t n, int64_t b, int32_t w, uint64_t 
   return s.ok() ? std::move(*s) : nullptr;
 }
 
+// A config without drop_last (as even needs), with or without the even split.
+SamplerConfig PaddedConfig(uint64_t n, int64_t b, int32_t w, uint64_t seed, bool even) {
+  SamplerConfig c;
+  c.num_samples = n;
+  c.batch_size = b;
+  c.world_size = w;
+  c.seed = seed;
+  c.drop_last = false;
+  c.even = even;
+  return c;
+}
+
 struct Slice {
   std::vector<int64_t> ids;
   int64_t valid = 0;
@@ -176,13 +188,7 @@ TEST(SamplerTest, PaddingWrapsToTheEpochStart) {
 // (6 steps, the last with 2 valid rows), rank r at epoch positions r, r+2, ..., and one wrapped
 // duplicate (position 103 -> perm[0]) to make 104 = 52 x 2.
 TEST(SamplerTest, EvenGivesEveryRankTheSameRealCountAsDistributedSampler) {
-  SamplerConfig c;
-  c.num_samples = 103;
-  c.batch_size = 10;
-  c.world_size = 2;
-  c.seed = 9;
-  c.drop_last = false;
-  c.even = true;
+  SamplerConfig c = PaddedConfig(103, 10, 2, 9, true);
   absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ((*s)->steps_per_epoch(), 6);
@@ -221,13 +227,7 @@ TEST(SamplerTest, EvenGivesEveryRankTheSameRealCountAsDistributedSampler) {
 // W=3, B=5: one step of 5 rows a rank, 4 of them real (mutation testing found per_rank off by
 // one here survived: the test above has N % W != 0).
 TEST(SamplerTest, EvenWithRanksDividingTheDatasetPadsNothingTwice) {
-  SamplerConfig c;
-  c.num_samples = 12;
-  c.batch_size = 5;
-  c.world_size = 3;
-  c.seed = 4;
-  c.drop_last = false;
-  c.even = true;
+  SamplerConfig c = PaddedConfig(12, 5, 3, 4, true);
   absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ((*s)->steps_per_epoch(), 1);
@@ -246,14 +246,7 @@ TEST(SamplerTest, EvenWithRanksDividingTheDatasetPadsNothingTwice) {
 // RankSlice writes ids[0, min(B, ids.size())) and nothing past them, in both splits.
 TEST(SamplerTest, RankSliceWritesOnlyTheSpanItIsGiven) {
   for (const bool even : {false, true}) {
-    SamplerConfig c;
-    c.num_samples = 23;
-    c.batch_size = 4;
-    c.world_size = 2;
-    c.seed = 1;
-    c.drop_last = false;
-    c.even = even;
-    absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
+    absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(PaddedConfig(23, 4, 2, 1, even));
     ASSERT_TRUE(s.ok()) << s.status();
     const Slice full = SliceOf(**s, {0, 1}, 1);
     std::vector<int64_t> wide(7, -7);  // B + 3: rows past B stay untouched

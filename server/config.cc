@@ -96,8 +96,7 @@ ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
 ABSL_FLAG(bool, adaptive_decode, DaemonConfig().adaptive_decode,
           "decode auto on a GPU not under MPS: the CPU pool decodes as much of each batch as it "
           "keeps up with, nvJPEG the rest (nvJPEG's engines slow a training process on the same "
-          "GPU without MPS); off (the default until it is measured on a GPU): nvJPEG for every "
-          "row it can decode");
+          "GPU without MPS); off: nvJPEG for every row it can decode");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");

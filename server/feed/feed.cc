@@ -29,19 +29,13 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-std::string ArraysCanonical(const std::vector<RecordArraySpec>& arrays) {
-  std::vector<std::string> parts;
-  for (const RecordArraySpec& a : arrays) parts.push_back(absl::StrCat(a.name, "=", a.file));
-  return absl::StrJoin(parts, ",");
-}
-
 std::string FeedSpec::Canonical() const {
   std::string out = absl::StrCat(
       "kind=", static_cast<int>(dataset.kind), ";path=", dataset.path,
       ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len,
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
-  if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", ArraysCanonical(dataset.arrays));
+  if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
   if (IsImageKind(dataset.kind)) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
@@ -79,10 +73,9 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   struct stat st;
   // Several record arrays: each file's own size and time (ContentIdentity) say what the feed
   // reads; their directory's time changes with any file added beside them, a checkpoint say.
-  if (!spec.dataset.arrays.empty()) {
-    identity.emplace_back("arrays", ArraysCanonical(spec.dataset.arrays));
-  } else if (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
-                                  : ::stat(spec.dataset.path.c_str(), &st) == 0) {
+  if (spec.dataset.arrays.empty() &&
+      (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
+                            : ::stat(spec.dataset.path.c_str(), &st) == 0)) {
     if (S_ISREG(st.st_mode)) identity.emplace_back("bytes", absl::StrCat(st.st_size));
     identity.emplace_back("mtime_ns",
                           absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +

@@ -46,9 +46,6 @@ struct FeedSpec {
   std::string Canonical() const;
 };
 
-// A records dataset's arrays as "name=file,..." in their order (feed key and fingerprint).
-std::string ArraysCanonical(const std::vector<RecordArraySpec>& arrays);
-
 // One tensor of a slot: the per-rank batch of a sample tensor.
 struct TensorLayout {
   std::string name;

@@ -150,8 +150,8 @@ class RecordsDataset final : public Dataset {
     std::vector<std::string> parts;
     for (size_t t = 0; t < arrays_.size(); ++t) {
       const RecordArray& a = arrays_[t];
-      parts.push_back(absl::StrCat(tensors_[t].name, ":", a.file_name, ":", a.file->size(),
-                                   " bytes:mtime_ns ", a.file->modified_ns()));
+      parts.push_back(absl::StrCat(RecordArraysText({{tensors_[t].name, a.file_name}}), ":",
+                                   a.file->size(), " bytes:mtime_ns ", a.file->modified_ns()));
     }
     return absl::StrJoin(parts, ",");
   }
@@ -546,6 +546,23 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenRecordArrays(const FileDatasetSpec&
 }
 
 }  // namespace
+
+std::string RecordArraysText(const std::vector<RecordArraySpec>& arrays) {
+  std::string out;
+  for (const RecordArraySpec& a : arrays) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", a.name, ":");
+    for (char c : a.file) {
+      if (c == '%') {
+        out += "%25";
+      } else if (c == ',') {
+        out += "%2C";
+      } else {
+        out += c;
+      }
+    }
+  }
+  return out;
+}
 
 absl::Status ValidateRecordArrays(const std::vector<RecordArraySpec>& arrays) {
   if (arrays.size() > kMaxRecordArrays) {

@@ -47,6 +47,10 @@ inline constexpr size_t kMaxArrayFileBytes = 255;  // NAME_MAX
 // "..").
 absl::Status ValidateRecordArrays(const std::vector<RecordArraySpec>& arrays);
 
+// "name:file,..." in order, a file's '%' and ',' %-escaped so that no two lists give one
+// text (the feed's key; the fingerprint's `files` item names arrays so too).
+std::string RecordArraysText(const std::vector<RecordArraySpec>& arrays);
+
 // What a reader needs to open a file dataset (tokens, records). The feed's full spec, with an
 // image dataset's pipeline, is DatasetSpec (pipeline/dataset.h), which extends this.
 struct FileDatasetSpec {

@@ -181,3 +181,39 @@ def test_the_single_file_form_is_unchanged(daemon, job, xy):
         assert "arrays" not in s.fingerprint
         batch = next(iter(s))
         assert batch.numpy()["data"].tobytes() == arrays["x"][:4].tobytes()
+
+
+def _gpufeedctl():
+    given = os.environ.get("GPUFEEDCTL")
+    if given:
+        return given
+    daemon_binary = os.environ.get("GPUFEEDD", "")
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(daemon_binary))),
+                          "client", "ctl", "gpufeedctl")
+    if not daemon_binary or not os.path.exists(beside):
+        pytest.skip("no gpufeedctl beside $GPUFEEDD (set $GPUFEEDCTL)")
+    return beside
+
+
+@pytest.mark.parametrize("form", ["names", "paths"])
+def test_gpufeedctl_consume_arrays_dumps_every_tensor(daemon, job, xy, tmp_path_factory, form):
+    import subprocess
+
+    root, arrays = xy
+    out = tmp_path_factory.mktemp("dump") / "b"
+    where = (["--dataset", str(root), "--arrays", "x=x.npy,y=y.npy"] if form == "names"
+             else ["--arrays", f"x={root}/x.npy,y={root}/y.npy"])
+    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+                          "--job", f"{job}-{form}", "--batch-size", "5", "--seed", "3",
+                          "--max-batches", "1", "--dump", str(out)] + where,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    ids = np.load(f"{out}.ids.npy")
+    assert ids.tolist() == reference.rank_slice(N, 3, 0, 0, 0, 1, 5)[0]
+    for name in "xy":
+        got = np.load(f"{out}.{name}.npy")
+        assert got.dtype == arrays[name].dtype and got.tobytes() == arrays[name][ids].tobytes()
+    bad = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+                          "--job", f"{job}-{form}-bad", "--batch-size", "5",
+                          "--arrays", "x=x.npy,y"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--arrays: 'y' is not NAME=FILE" in bad.stderr

@@ -94,6 +94,15 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
   return Ok();
 }
 
+gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* name,
+                                         const char* file) {
+  if (options == nullptr || name == nullptr || file == nullptr) {
+    return Invalid("options, name and file must not be NULL");
+  }
+  options->attach.arrays.emplace_back(name, file);
+  return Ok();
+}
+
 gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key,
                                        int64_t value) {
   if (options == nullptr || key == nullptr) return Invalid("options and key must not be NULL");

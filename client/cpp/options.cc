@@ -8,6 +8,41 @@
 #include "common/status.h"
 
 namespace gpufeed::client::internal {
+namespace {
+
+// The records arrays of `o` as DatasetSpec.arrays beneath one directory, which is returned:
+// `o.dataset` when set (files are names in it), else the one directory of the files' absolute
+// paths. The daemon checks names and files again (the socket is a trust boundary); this
+// words what the user wrote.
+absl::StatusOr<std::string> ArraysInto(const AttachOptions& o, v1::DatasetSpec* d) {
+  std::string dir = o.dataset;
+  for (size_t i = 0; i < o.arrays.size(); ++i) {
+    const auto& [name, file] = o.arrays[i];
+    std::string base = file;
+    if (o.dataset.empty()) {
+      const size_t slash = file.find_last_of('/');
+      if (file.empty() || file[0] != '/' || slash + 1 == file.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "arrays: '", name, "' is '", file,
+            "'; without dataset (the arrays' directory) each file must be an absolute path"));
+      }
+      const std::string parent = slash == 0 ? "/" : file.substr(0, slash);
+      if (i == 0) dir = parent;
+      if (parent != dir) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "arrays: '", o.arrays[0].first, "' (", o.arrays[0].second, ") and '", name, "' (", file,
+            ") lie in different directories; the arrays of one records dataset share one"));
+      }
+      base = file.substr(slash + 1);
+    }
+    v1::RecordArray* a = d->add_arrays();
+    a->set_name(name);
+    a->set_file(base);
+  }
+  return dir;
+}
+
+}  // namespace
 
 absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   AttachPlan plan;
@@ -72,7 +107,15 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("augment: want auto, cpu or gpu, got '", o.augment, "'"));
   }
-  d->set_path(o.dataset);
+  if (!o.arrays.empty() && o.kind != "records") {
+    return absl::InvalidArgumentError(absl::StrCat("arrays: only for kind records, not ", o.kind));
+  }
+  if (o.arrays.empty()) {
+    d->set_path(o.dataset);
+  } else {
+    GPUFEED_ASSIGN_OR_RETURN(std::string dir, ArraysInto(o, d));
+    d->set_path(std::move(dir));
+  }
   request.set_batch_size(o.batch_size);
   request.set_seed(o.seed);
   request.set_shuffle(o.shuffle);

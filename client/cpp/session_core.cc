@@ -228,10 +228,11 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
 
-  // An image folder, or token or WebDataset shards: a directory, or a glob (or, for
-  // WebDataset, a brace pattern) in the last component (`/data/train_*.bin`,
-  // `/data/train-{000..146}.tar`: its directory is what this process opens and passes).
-  bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER;
+  // An image folder, records of several arrays (their directory), or token or WebDataset
+  // shards: a directory, or a glob (or, for WebDataset, a brace pattern) in the last
+  // component (`/data/train_*.bin`, `/data/train-{000..146}.tar`: its directory is what this
+  // process opens and passes).
+  bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER || dataset->arrays_size() > 0;
   std::string to_open = given;
   std::string pattern;
   if (dataset->kind() == v1::DATASET_KIND_TOKENS ||

@@ -17,12 +17,20 @@
 namespace gpufeed {
 namespace {
 
+// fstat's st_mtim in ns; 0 when fstat fails.
+int64_t ModifiedNsOf(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 class PosixFile final : public RandomAccessFile {
  public:
   PosixFile(std::string path, UniqueFd fd, uint64_t size)
       : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
 
   uint64_t size() const override { return size_; }
+  int64_t modified_ns() const override { return ModifiedNsOf(fd_.get()); }
   const std::string& path() const override { return path_; }
 
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
@@ -66,6 +74,7 @@ class MappedFile final : public RandomAccessFile {
   }
 
   uint64_t size() const override { return size_; }
+  int64_t modified_ns() const override { return ModifiedNsOf(fd_.get()); }
   const std::string& path() const override { return path_; }
 
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {

@@ -35,6 +35,7 @@ std::string FeedSpec::Canonical() const {
       ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len,
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
+  if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
   if (IsImageKind(dataset.kind)) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
@@ -70,8 +71,11 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   // where the path is a real file or folder (a test's fake file system has no such thing).
   std::vector<std::pair<std::string, std::string>> identity;
   struct stat st;
-  if (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
-                           : ::stat(spec.dataset.path.c_str(), &st) == 0) {
+  // Several record arrays: each file's own size and time (ContentIdentity) say what the feed
+  // reads; their directory's time changes with any file added beside them, a checkpoint say.
+  if (spec.dataset.arrays.empty() &&
+      (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
+                            : ::stat(spec.dataset.path.c_str(), &st) == 0)) {
     if (S_ISREG(st.st_mode)) identity.emplace_back("bytes", absl::StrCat(st.st_size));
     identity.emplace_back("mtime_ns",
                           absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
@@ -79,7 +83,7 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   }
   // Sharded datasets: which files, in which order, of which sizes.
   if (std::string shards = dataset->ContentIdentity(); !shards.empty()) {
-    identity.emplace_back("shards", std::move(shards));
+    identity.emplace_back(spec.dataset.arrays.empty() ? "shards" : "files", std::move(shards));
   }
   // The descriptor was borrowed for the open; the handle is spent. Neither is the feed's.
   spec.dataset.fd = -1;

@@ -29,6 +29,28 @@ inline bool IsImageKind(DatasetKind kind) {
   return kind == DatasetKind::kImageFolder || kind == DatasetKind::kWebDataset;
 }
 
+// One array of a records dataset of several (DatasetSpec.arrays in the proto): the tensor's
+// name and its .npy file, a name directly in the dataset's directory.
+struct RecordArraySpec {
+  std::string name;
+  std::string file;
+};
+
+// Bounds on a request's arrays (the socket is a trust boundary).
+inline constexpr size_t kMaxRecordArrays = 32;
+inline constexpr size_t kMaxArrayNameBytes = 64;
+inline constexpr size_t kMaxArrayFileBytes = 255;  // NAME_MAX
+
+// INVALID_ARGUMENT naming the entry ("dataset.arrays[1].name: ...") unless there are at most
+// kMaxRecordArrays, every name is 1-64 characters of [A-Za-z0-9_] not starting with a digit
+// and unique, and every file is 1-255 bytes, one path component (no '/', no NUL, not "." or
+// "..").
+absl::Status ValidateRecordArrays(const std::vector<RecordArraySpec>& arrays);
+
+// "name:file,..." in order, a file's '%' and ',' %-escaped so that no two lists give one
+// text (the feed's key; the fingerprint's `files` item names arrays so too).
+std::string RecordArraysText(const std::vector<RecordArraySpec>& arrays);
+
 // What a reader needs to open a file dataset (tokens, records). The feed's full spec, with an
 // image dataset's pipeline, is DatasetSpec (pipeline/dataset.h), which extends this.
 struct FileDatasetSpec {
@@ -37,6 +59,9 @@ struct FileDatasetSpec {
   DType token_dtype = DType::kUnspecified;  // tokens: unset = the .npy header's, or uint16
   int64_t seq_len = 0;                      // tokens
   uint64_t vocab_size = 0;                  // tokens: checked on a sample at open; 0 = not
+  // records: several arrays in the directory `path`, in this order; empty: `path` is one
+  // .npy file (tensor `data`).
+  std::vector<RecordArraySpec> arrays;
   // The request's DatasetSpec.handle: a descriptor the caller opened, passed on the memory
   // socket (docs/SECURITY.md section 2). Not part of the feed's key or fingerprint.
   std::string handle;
@@ -91,7 +116,9 @@ class Dataset {
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
 };
 
-// Opens and validates a tokens or records file: NOT_FOUND / PERMISSION_DENIED naming the
+// Opens and validates a tokens or records file (records: or, with `arrays`, the arrays of
+// the directory `path`, opened beneath it where `reader`'s mode bits allow, every one of the
+// same row count): NOT_FOUND / PERMISSION_DENIED naming the
 // path, and INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be
 // served. Tokens may also be sharded: `path` a directory (its regular files, sorted by name)
 // or a glob in its last component (`/data/train_*.bin`), each shard raw, .npy, llm.c or a

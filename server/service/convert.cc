@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/status.h"
 
 namespace gpufeed::server {
 
@@ -130,6 +131,21 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     return absl::InvalidArgumentError(
         "dataset.token_dtype, dataset.seq_len, dataset.vocab_size: only for kind tokens");
   }
+  if (d.arrays_size() > 0) {
+    if (spec.feed.dataset.kind != DatasetKind::kRecords) {
+      return absl::InvalidArgumentError(
+          "dataset.arrays: only for kind records (several .npy arrays, one tensor each)");
+    }
+    // Counted before anything is copied: a request's size is the caller's to choose.
+    if (static_cast<size_t>(d.arrays_size()) > kMaxRecordArrays) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.arrays: ", d.arrays_size(), " arrays, at most ", kMaxRecordArrays));
+    }
+    for (const v1::RecordArray& a : d.arrays()) {
+      spec.feed.dataset.arrays.push_back({a.name(), a.file()});
+    }
+    GPUFEED_RETURN_IF_ERROR(ValidateRecordArrays(spec.feed.dataset.arrays));
+  }
 
   switch (r.delivery().kind()) {
     case v1::DELIVERY_KIND_UNSPECIFIED:
@@ -245,6 +261,11 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
   d->set_token_dtype(static_cast<v1::DType>(f.spec.dataset.token_dtype));
   d->set_seq_len(f.spec.dataset.seq_len);
   d->set_vocab_size(f.spec.dataset.vocab_size);
+  for (const RecordArraySpec& a : f.spec.dataset.arrays) {
+    v1::RecordArray* out_array = d->add_arrays();
+    out_array->set_name(a.name);
+    out_array->set_file(a.file);
+  }
   out->set_num_samples(static_cast<int64_t>(f.num_samples));
   out->set_batch_size(f.spec.batch_size);
   out->set_world_size(f.spec.world_size);

@@ -446,7 +446,7 @@ TEST_F(OpsTest, CtlCommandLine) {
   CtlResult help = RunCtl(daemon.socket(), {"--help"}, dir_.File("help"));
   EXPECT_EQ(help.exit_code, 0) << help.err;
   const std::vector<std::string> consume_flags = absl::StrSplit(
-      "--job --rank --world-size --kind --dataset --token-dtype --seq-len --vocab-size "
+      "--job --rank --world-size --kind --dataset --arrays --token-dtype --seq-len --vocab-size "
       "--batch-size --seed --no-shuffle --no-drop-last --epochs --max-batches --start-epoch "
       "--start-step --start-fingerprint --ring-slots --step-ms --timeout-ms --ids --checksum "
       "--device --ipc --pipeline --bad-sample --decode --augment --dump",

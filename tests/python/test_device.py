@@ -90,3 +90,27 @@ def test_loader_device_copy(daemon, job, datasets):
         held = [b for _, b in zip(range(10), loader)]
     for b in held:
         assert np.array_equal(b["data"].cpu().numpy(), expected[b.ids])
+
+
+def test_records_of_several_arrays_land_on_the_device_byte_exact(daemon, job, tmp_path):
+    """Issue 16: x float32 [N, 3, 4] and y int64 [N] in one feed, delivered to cuda:0; every
+    tensor of every batch equals the arrays' rows of its ids."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((37, 3, 4)).astype(np.float32)
+    y = rng.integers(-(1 << 40), 1 << 40, size=37, dtype=np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    with _loader(daemon, {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")},
+                 kind="records", batch_size=5, seed=2, ring_slots=3, job=job) as loader:
+        assert loader.device == torch.device("cuda", 0)
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            seen = []
+            for b in loader:
+                assert sorted(b) == ["x", "y"]
+                assert b["x"].device == torch.device("cuda", 0) and b["x"].shape == (5, 3, 4)
+                ids = b.ids.tolist()
+                assert torch.equal(b["x"].cpu(), torch.from_numpy(x[ids]))
+                assert torch.equal(b["y"].cpu(), torch.from_numpy(y[ids]))
+                seen += ids
+            assert len(set(seen)) == len(seen) == 35

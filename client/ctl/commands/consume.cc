@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ctl/commands/batch_io.h"
@@ -27,6 +28,7 @@ struct ConsumeFlags {
   std::string job = "default";
   std::string kind = "tokens";
   std::string dataset;
+  std::string arrays;
   std::string token_dtype;
   std::string start_fingerprint;
   std::string ids;
@@ -91,7 +93,18 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   absl::StatusOr<absl::Duration> keepalive = flags.keepalive.ReadDuration(absl::Seconds(10));
   if (!keepalive.ok()) return keepalive.status();
   o->keepalive = *keepalive;
-  if (o->dataset.empty()) return absl::InvalidArgumentError("--dataset: required");
+  // NAME=FILE,...: a tensor's name never holds '=' or ',' (the daemon checks it).
+  for (absl::string_view entry : absl::StrSplit(flags.arrays, ',', absl::SkipEmpty())) {
+    const size_t eq = entry.find('=');
+    if (eq == absl::string_view::npos || eq == 0 || eq + 1 == entry.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--arrays: '", entry, "' is not NAME=FILE (x=x.npy,y=y.npy)"));
+    }
+    o->arrays.emplace_back(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  if (o->dataset.empty() && o->arrays.empty()) {
+    return absl::InvalidArgumentError("--dataset: required (or --arrays for records)");
+  }
   if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
   o->rank = static_cast<int32_t>(rank);
   o->world_size = static_cast<int32_t>(world);
@@ -245,6 +258,11 @@ Command AddConsume(CLI::App& app) {
                   "dataset path, absolute (a file, a folder, or shards: a directory or a glob, "
                   "for webdataset also a brace pattern such as train-{000..146}.tar)")
       ->type_name("PATH");
+  cli->add_option("--arrays", f.arrays,
+                  "records of several .npy arrays of one row count, one tensor each:\n"
+                  "x=x.npy,y=y.npy (names in the --dataset directory) or, without\n"
+                  "--dataset, x=/data/x.npy,y=/data/y.npy (all in one directory)")
+      ->type_name("NAME=FILE,...");
   cli->add_option("--token-dtype", f.token_dtype,
                   "uint16 or uint32 (tokens; default: a .npy file's header, else uint16)")
       ->type_name("T");

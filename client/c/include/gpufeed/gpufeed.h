@@ -114,6 +114,11 @@ void gpufeed_options_destroy(gpufeed_options* options);
 gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* key,
                                           const char* value);
 gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key, int64_t value);
+/* kind "records": appends an array (a tensor `name` from the .npy `file`), in order; see the
+ * C++ AttachOptions::arrays: `file` is a name in the directory set as "dataset", or, with no
+ * dataset set, an absolute path, every array's in one directory. Checked at gpufeed_attach. */
+gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* name,
+                                         const char* file);
 
 gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** out_session);
 gpufeed_status gpufeed_session_get_info(const gpufeed_session* session,

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,6 +56,11 @@ struct AttachOptions {
   // descriptor to gpufeedd, which reads through it only (docs/SECURITY.md section 2); the
   // path names the dataset in feeds and positions.
   std::string dataset;
+  // records: several .npy arrays of one row count, one tensor each in this order, as
+  // {name, file}: a file is a name directly in the directory `dataset`, or, with `dataset`
+  // empty, an absolute path, every one in the same directory (which is then the dataset).
+  // Sample i is row i of every array. Empty: `dataset` is one .npy file (tensor "data").
+  std::vector<std::pair<std::string, std::string>> arrays;
   // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
   std::string token_dtype;
   // tokens: when > 0, Attach checks a sample of the file's tokens against it (a wrong

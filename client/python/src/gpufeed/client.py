@@ -536,6 +536,27 @@ def _check_not_forked_from_grpc() -> None:
     _GRPC_PID = pid
 
 
+def _record_arrays(dataset: Any, kind: str) -> Optional[List[Tuple[str, str]]]:
+    """A records dataset of several arrays as (name, absolute path) pairs in order, or None
+    for a dataset named by one path. The daemon checks names and files again."""
+    if not isinstance(dataset, Mapping):
+        return None
+    if kind != "records":
+        raise InvalidArgument(f"dataset: a mapping of names to .npy files is for kind records, "
+                              f"not {kind!r}")
+    if not dataset:
+        raise InvalidArgument("dataset: the mapping of names to .npy files is empty")
+    out = []
+    for name, path in dataset.items():
+        if not isinstance(name, str):
+            raise InvalidArgument(f"dataset: tensor names are strings, got {name!r}")
+        try:
+            out.append((name, os.path.abspath(os.fspath(path))))
+        except TypeError:
+            raise InvalidArgument(f"dataset[{name!r}]: want a path, got {path!r}") from None
+    return out
+
+
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
@@ -556,7 +577,7 @@ class Client:
 
     def attach(
         self,
-        dataset: Union[str, "os.PathLike[str]"],
+        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]]],
         *,
         kind: str,
         batch_size: int,
@@ -589,7 +610,10 @@ class Client:
 
         ``dataset`` is the dataset's path (made absolute here; the daemon must see the same
         path). ``kind``: ``tokens`` (give ``seq_len`` and ``token_dtype`` ``uint16`` or
-        ``uint32``), ``records`` (a ``.npy``), ``image_folder`` (give ``pipeline``, see
+        ``uint32``), ``records`` (a ``.npy``: tensor ``data``; or a mapping of tensor names to
+        ``.npy`` files of one directory and one row count, ``{"x": "x.npy", "y": "y.npy"}``:
+        one tensor each, in the mapping's order, sample i being row i of every array),
+        ``image_folder`` (give ``pipeline``, see
         :data:`PipelineSpec`; ``bad_sample`` ``skip`` or ``fail``) or ``webdataset`` (tar
         shards: a directory of ``.tar`` files, a glob or brace pattern such as
         ``train-{000000..000146}.tar``, or one ``.tar``; image from ``jpg``/``jpeg``/``png``,
@@ -623,10 +647,11 @@ class Client:
         if not isinstance(kind, str):
             raise InvalidArgument(f"kind: want tokens, records, image_folder or webdataset, got {kind!r}")
         _check_not_forked_from_grpc()
+        arrays = _record_arrays(dataset, kind)
         strings: Dict[str, Optional[str]] = {
             "socket": self.socket,
             "kind": kind,
-            "dataset": os.path.abspath(os.fspath(dataset)),
+            "dataset": None if arrays is not None else os.path.abspath(os.fspath(dataset)),
             "job": job,
             "token_dtype": _dtype_name(token_dtype),
             "delivery": delivery,
@@ -674,6 +699,9 @@ class Client:
                 if number is not None:
                     _check(lib, lib.gpufeed_options_set_int(options, key.encode(),
                                                             _int(key, number)))
+            for name, path in arrays or []:
+                _check(lib, lib.gpufeed_options_add_array(options, name.encode("utf-8"),
+                                                          path.encode("utf-8")))
             session = ctypes.c_void_p()
             _check(lib, lib.gpufeed_attach(options, ctypes.byref(session)))
         finally:

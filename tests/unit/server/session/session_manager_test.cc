@@ -713,6 +713,29 @@ TEST_F(SessionManagerTest, ResumesAtTheStartPosition) {
   EXPECT_EQ(expected, (Position{4, 1}));
 }
 
+// The consumer's waits, as its releases report them, add up in the snapshot (the source of
+// consumer_wait_pct); a refused release adds nothing (mutation testing: a wait subtracted or
+// dropped survived).
+TEST_F(SessionManagerTest, ReleasesAddUpTheWaitsTheConsumerReports) {
+  StartManager();
+  absl::StatusOr<Attachment> a = manager_->Attach(Spec());
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::shared_ptr<Session> session = MustFind(*a);
+  StreamProbe probe;
+  ASSERT_TRUE(session->BindStream(probe.Callback()).ok());
+  EXPECT_EQ(session->Snapshot().consumer_wait, absl::ZeroDuration());
+  StreamEvent first = probe.Next(*session);
+  ASSERT_EQ(first.kind, StreamEvent::kBatch);
+  ASSERT_TRUE(
+      session->Release(first.batch.slot, first.batch.generation, absl::Milliseconds(30)).ok());
+  EXPECT_FALSE(session->Release(99, 1, absl::Seconds(5)).ok());
+  StreamEvent second = probe.Next(*session);
+  ASSERT_EQ(second.kind, StreamEvent::kBatch);
+  ASSERT_TRUE(
+      session->Release(second.batch.slot, second.batch.generation, absl::Milliseconds(12)).ok());
+  EXPECT_EQ(session->Snapshot().consumer_wait, absl::Milliseconds(42));
+}
+
 TEST_F(SessionManagerTest, BadReleasesAreRefusedAndTheSessionGoesOn) {
   StartManager();
   absl::StatusOr<Attachment> a = manager_->Attach(Spec());

@@ -42,6 +42,7 @@ class Daemon:
     def __init__(self, directory: Path, *flags: str) -> None:
         if not os.access(GPUFEEDD, os.X_OK):
             pytest.fail(f"no gpufeedd binary at {GPUFEEDD} (build it, or set GPUFEEDD)")
+        self.directory, self.flags = directory, flags
         self.socket = str(directory / "gf.sock")
         self.log = directory / "gpufeedd.log"
         with open(self.log, "wb") as log:
@@ -71,6 +72,13 @@ class Daemon:
             return False
         finally:
             s.close()
+
+    def kill_and_restart(self) -> "Daemon":
+        """SIGKILL (a crash: no drain, no goodbye), then a new gpufeedd with the same flags on
+        the same socket (the stale socket file is replaced)."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        return Daemon(self.directory, *self.flags)
 
     def stop(self) -> int:
         """SIGTERM, then the exit code (SIGKILL after 10 s)."""

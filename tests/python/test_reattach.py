@@ -36,9 +36,7 @@ def test_loader_goes_on_across_a_daemon_restart(tmp_path, datasets):
             for b in loader:
                 got.append((b.epoch, b.step, b.ids.tolist(), b["tokens"].clone()))
                 if epoch == 0 and b.step == 20:
-                    daemon.process.send_signal(signal.SIGKILL)
-                    daemon.process.wait(10)
-                    daemon = Daemon(tmp_path)  # same socket; the stale file is replaced
+                    daemon = daemon.kill_and_restart()
     finally:
         loader.close()
         daemon.stop()

@@ -7,7 +7,6 @@ none twice and none lost."""
 from __future__ import annotations
 
 import io
-import signal
 import tarfile
 
 import numpy as np
@@ -73,9 +72,7 @@ def run(daemon_dir, dataset, settings, job, kill_at=None):
                 got.append((b.epoch, b.step, b.ids.tolist(),
                             {k: v.numpy().tobytes() for k, v in b.items()}))
                 if kill_at is not None and len(got) == kill_at:
-                    daemon.process.send_signal(signal.SIGKILL)
-                    daemon.process.wait(10)
-                    daemon = Daemon(daemon_dir)  # same socket; the stale file is replaced
+                    daemon = daemon.kill_and_restart()
     finally:
         loader.close()
         daemon.stop()

@@ -1,8 +1,8 @@
 #include "common/os/file.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/os/fd.h"
+#include "common/os/file_lease.h"
 #include "common/os/guarded_copy.h"
 #include "common/status.h"
 
@@ -61,9 +62,19 @@ class PosixFile final : public RandomAccessFile {
 class MappedFile final : public RandomAccessFile {
  public:
   MappedFile(std::string path, UniqueFd fd, Mapping mapping, uint64_t size)
-      : path_(std::move(path)), fd_(std::move(fd)), mapping_(std::move(mapping)), size_(size) {}
+      : path_(std::move(path)),
+        fd_(std::move(fd)),
+        mapping_(std::move(mapping)),
+        size_(size),
+        leased_(WatchByLease(fd_.get())) {}
+  ~MappedFile() override {
+    if (leased_) EndLease(fd_.get());
+  }
 
+  // While the read lease holds, nobody can have opened the file for writing or truncated it
+  // since it was opened (common/os/file_lease.h): no fstat.
   absl::Status CheckNotShrunk() const override {
+    if (leased_ && LeaseHolds(fd_.get())) return absl::OkStatus();
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path_));
     if (static_cast<uint64_t>(st.st_size) < size_) {
@@ -96,6 +107,10 @@ class MappedFile final : public RandomAccessFile {
   const UniqueFd fd_;
   const Mapping mapping_;
   const uint64_t size_;
+  const bool leased_;  // a read lease watches the file (file_lease.h)
+
+ public:
+  bool watched_by_lease() const override { return leased_ && LeaseHolds(fd_.get()); }
 };
 
 // A checked regular file: the fd and its size at open.

@@ -69,6 +69,9 @@ class RandomAccessFile {
   // before a successful check saw the file whole; readers call it after a batch of reads,
   // since a mapping reads the cut tail of its last page as zeros instead of faulting.
   virtual absl::Status CheckNotShrunk() const { return absl::OkStatus(); }
+  // Whether a read lease now makes CheckNotShrunk free (common/os/file_lease.h): mapped files
+  // on local file systems, for a daemon with the right to lease them.
+  virtual bool watched_by_lease() const { return false; }
   // The file's modification time now (st_mtim, in ns), for a feed's fingerprint; 0 where the
   // file system keeps none (a test's fake).
   virtual int64_t modified_ns() const { return 0; }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -140,6 +141,73 @@ TEST(ResolvedPathOfTest, NamesTheFileTheDescriptorIs) {
   absl::StatusOr<std::string> resolved = ResolvedPathOf(fd.get());
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ(*resolved, std::filesystem::canonical(path).string());
+}
+
+// The read lease of a mapped file (common/os/file_lease.h): the shrink check is free while it
+// holds, and every way to change the file ends it, so the check then finds what changed.
+class LeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.WriteFile("data.bin", std::string(3 * 4096, 'x'));
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f = MappedFileSystem()->OpenForRead(path_);
+    ASSERT_TRUE(f.ok()) << f.status();
+    file_ = std::move(*f);
+    if (!file_->watched_by_lease()) {
+      GTEST_SKIP() << "no read lease here (a file system leases are not trusted on, or no "
+                      "CAP_LEASE): the fstat check is the only one";
+    }
+  }
+  TempDir dir_;
+  std::string path_;
+  std::unique_ptr<RandomAccessFile> file_;
+};
+
+TEST_F(LeaseTest, ATruncateByPathEndsTheLeaseAndTheShrinkIsFound) {
+  EXPECT_TRUE(file_->CheckNotShrunk().ok());
+  ASSERT_EQ(::truncate(path_.c_str(), 100), 0);  // returns once the lease is released
+  EXPECT_FALSE(file_->watched_by_lease());
+  const absl::Status s = file_->CheckNotShrunk();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("file shrank from 12288 to 100 bytes"));
+}
+
+TEST_F(LeaseTest, AWriterIsNotHeldUpAndItsTruncateIsFound) {
+  const auto start = std::chrono::steady_clock::now();
+  UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(writer.valid()) << errno;
+  // The kernel would wait lease-break-time (45 s by default) for a holder that never lets go.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(file_->watched_by_lease());
+  EXPECT_TRUE(file_->CheckNotShrunk().ok());  // opened, not yet changed
+  ASSERT_EQ(::ftruncate(writer.get(), 4096), 0);
+  EXPECT_EQ(file_->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(LeaseTest, AFileAlreadyOpenForWritingGetsNoLeaseAndTheFstatStays) {
+  UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(writer.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> second = MappedFileSystem()->OpenForRead(path_);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE((*second)->watched_by_lease());
+  ASSERT_EQ(::ftruncate(writer.get(), 10), 0);
+  EXPECT_EQ((*second)->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(LeaseTest, ClosingTheFileReleasesItsLeaseForAClientThatKeepsTheDescription) {
+  // A client's descriptor shares the daemon's open file description (and so its lease): once
+  // the daemon's file is gone, a writer must not wait for a lease nobody watches.
+  UniqueFd client(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(client.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> shared =
+      MappedFileSystem()->OpenFromFd(client.get(), "shared");
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  ASSERT_TRUE((*shared)->watched_by_lease());
+  shared->reset();
+  file_.reset();
+  const auto start = std::chrono::steady_clock::now();
+  UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(writer.valid());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 }  // namespace

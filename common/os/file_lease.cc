@@ -84,6 +84,10 @@ bool WatchByLease(int fd) {
       !SignalDeliverable() || !HandlerInstalled()) {
     return false;
   }
+  // One open file description, one lease: a description that holds one already (a second
+  // file made from a dup of the same descriptor) is left to its first holder, whose EndLease
+  // would otherwise end this file's lease unseen. This one checks with fstat.
+  if (::fcntl(fd, F_GETLEASE) != F_UNLCK) return false;
   // Marked as holding before the lease is asked for: a break that comes at once then marks it
   // broken after, never before (a stale mark from an earlier file of this number only costs
   // an fstat).

@@ -193,6 +193,24 @@ TEST_F(LeaseTest, AFileAlreadyOpenForWritingGetsNoLeaseAndTheFstatStays) {
   EXPECT_EQ((*second)->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST_F(LeaseTest, TwoFilesOfOneDescriptionShareNoLeaseAndTheSecondStillFindsAShrink) {
+  // Leases belong to the open file description: two files made from dups of one descriptor
+  // cannot each hold one, and the first one's end must not leave the second trusting a lease
+  // that is gone.
+  UniqueFd client(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(client.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> first =
+      MappedFileSystem()->OpenFromFd(client.get(), "first");
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> second =
+      MappedFileSystem()->OpenFromFd(client.get(), "second");
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_TRUE((*first)->watched_by_lease());
+  EXPECT_FALSE((*second)->watched_by_lease());
+  first->reset();
+  ASSERT_EQ(::truncate(path_.c_str(), 10), 0);
+  EXPECT_EQ((*second)->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST_F(LeaseTest, ClosingTheFileReleasesItsLeaseForAClientThatKeepsTheDescription) {
   // A client's descriptor shares the daemon's open file description (and so its lease): once
   // the daemon's file is gone, a writer must not wait for a lease nobody watches.

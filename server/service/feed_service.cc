@@ -81,6 +81,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       later = link->kicks > 0;
       if (later) link->orphan = this;
     }
+    if (const StreamTestHooks& hooks = TestHooksOfStreams(); hooks.on_done) hooks.on_done();
     if (!later) delete this;
   }
 
@@ -145,6 +146,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       reactor = link.reactor;
       if (reactor == nullptr) return;
       ++link.kicks;  // OnDone leaves the reactor to us while we are in Step
+    }
+    if (const StreamTestHooks& hooks = TestHooksOfStreams(); hooks.kick_before_step) {
+      hooks.kick_before_step();
     }
     reactor->Step(absl::OkStatus());
     StreamReactor* orphan = nullptr;
@@ -244,6 +248,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 };
 
 }  // namespace
+
+StreamTestHooks& TestHooksOfStreams() {
+  static StreamTestHooks hooks;
+  return hooks;
+}
 
 FeedService::FeedService(SessionManager* sessions, const CallerResolver* callers,
                          std::string mem_socket, int attach_threads)

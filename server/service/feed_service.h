@@ -15,6 +15,17 @@
 
 namespace gpufeed::server {
 
+// Test seams of the stream reactor (tests/unit/server/daemon_test.cc), empty in the daemon.
+// Set them before a stream opens and clear them after it ended: they are read unlocked.
+struct StreamTestHooks {
+  // A session notification's Kick calls it holding its claim on the reactor, just before it
+  // steps it: a test that blocks here holds a Kick inside the race with OnDone.
+  std::function<void()> kick_before_step;
+  // OnDone calls it once it has decided who deletes the reactor.
+  std::function<void()> on_done;
+};
+StreamTestHooks& TestHooksOfStreams();
+
 class FeedService final : public v1::Feed::CallbackService {
  public:
   // Attach opens datasets (an ImageFolder index walks the whole tree) and allocates device

@@ -26,6 +26,7 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "server/config.h"
+#include "server/service/feed_service.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_device_backend.h"
@@ -561,6 +562,66 @@ TEST_F(InProcessDaemonTest, StreamsCancelledWhileTheirBatchesAreFilledEndCleanly
     absl::StatusOr<client::DaemonStatus> st = (*admin)->GetStatus();
     return st.ok() && st->staging_free_bytes == st->staging_total_bytes;
   }));
+}
+
+// The Kick/OnDone race of dbe29e1, made to happen every time (the loop above catches it only
+// now and then under ASan): a session notification's Kick is held inside its claim on the
+// reactor (StreamTestHooks) while the consumer cancels and the stream ends. OnDone must then
+// leave the reactor to that Kick, which steps it and deletes it after; with the fix undone,
+// the Kick steps a deleted reactor (a heap-use-after-free under ASan).
+TEST_F(InProcessDaemonTest, AKickHeldInsideTheReactorWhileTheStreamEndsStepsItBeforeItGoes) {
+  std::unique_ptr<v1::Feed::Stub> feed = v1::Feed::NewStub(daemon_->Channel());
+  v1::AttachResponse attached;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = feed->Attach(&ctx, Request("held-kick"), &attached);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  grpc::ClientContext ctx;
+  auto stream = OpenStream(*feed, &ctx, attached);
+  v1::StreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_GE(response.batches_size(), 1);
+
+  // Shared with the hooks, which stay installed (disarmed at the end): replacing a
+  // std::function that a daemon thread may be calling would race it.
+  struct Held {
+    absl::Notification inside, go, done;
+    std::atomic<bool> armed{true};
+    std::atomic<bool> stepped_after_done{false};
+  };
+  auto held = std::make_shared<Held>();
+  StreamTestHooks& hooks = TestHooksOfStreams();
+  hooks.kick_before_step = [held] {
+    if (!held->armed.exchange(false)) return;  // the first Kick only
+    held->inside.Notify();
+    held->go.WaitForNotificationWithTimeout(absl::Seconds(20));
+    held->stepped_after_done = held->done.HasBeenNotified();
+  };
+  hooks.on_done = [held] {
+    if (!held->done.HasBeenNotified()) held->done.Notify();
+  };
+  struct Release {  // a failed assertion below must not leave the Kick held
+    std::shared_ptr<Held> held;
+    ~Release() {
+      held->armed = false;
+      if (!held->go.HasBeenNotified()) held->go.Notify();
+    }
+  } release_on_exit{held};
+  // A release: the fill threads refill the slot and notify the stream, whose Kick is held.
+  v1::StreamRequest release;
+  release.add_releases()->set_slot(response.batches(0).slot());
+  release.mutable_releases(0)->set_generation(response.batches(0).generation());
+  ASSERT_TRUE(stream->Write(release));
+  ASSERT_TRUE(held->inside.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "no session notification reached the stream";
+  ctx.TryCancel();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(held->done.WaitForNotificationWithTimeout(absl::Seconds(10))) << "OnDone never ran";
+  held->go.Notify();  // the held Kick now steps the reactor OnDone has left to it
+  EXPECT_TRUE(Eventually([&] { return Sessions().empty(); }, absl::Seconds(10)))
+      << Sessions().size() << " sessions left";
+  EXPECT_TRUE(Eventually([&] { return held->stepped_after_done.load(); }, absl::Seconds(10)));
 }
 
 // Attach and detach in a loop, from two threads at once: each Attach is OK, each Detach OK,

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds="${GPUFEED_FUZZ_SECONDS:-60}"
 build=build-fuzz
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(attach_request npy_header pipeline_json mem_frame image_header)
+[ ${#targets[@]} -gt 0 ] || targets=(attach_request npy_header pipeline_json mem_frame image_header tar_index)
 
 start=$(date +%s)
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

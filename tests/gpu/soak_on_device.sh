@@ -13,18 +13,22 @@ set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-soak
 mkdir -p "$final"
-report() {
-  grep -E '^\||^\{|Error|Traceback' "$out/soak.log" | tail -20 | tee -a "$out/summary.log"
+# collect: summary.log and the logs (not the dataset) into $final.
+collect() {
   cp "$out/summary.log" "$final/"
   tar -czf "$final/logs.tgz" -C "$out" --exclude='data' . 2>/dev/null
+}
+report() {
+  grep -E '^\||^\{|Error|Traceback' "$out/soak.log" | tail -20 | tee -a "$out/summary.log"
+  collect
 }
 if [ -n "${WAIT:-}" ]; then
   source "$(dirname "$0")/device_env.sh"
   for _ in $(seq "${WAIT_S:-540}"); do [ -f "$out/soak.rc" ] && break; sleep 1; done
   [ -f "$out/soak.rc" ] || log "soak still running after ${WAIT_S:-540} s"
   tail -8 "$out/soak.log" | grep -v '^[|{]'
-  cp "$out/summary.log" "$final/"; cat "$out/summary.log"
-  tar -czf "$final/logs.tgz" -C "$out" --exclude='data' . 2>/dev/null
+  cat "$out/summary.log"
+  collect
   exit 0
 fi
 if [ -n "${START:-}" ]; then

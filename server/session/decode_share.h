@@ -7,13 +7,19 @@
 // against it, so there nvJPEG keeps every row.
 //
 // The signal is the batch's own fill time against the consumer's pace. A fill (the CPU side
-// of a batch: reads, the CPU's decodes, staging) that takes under half the time between the
-// consumer's releases leaves the pool room: the CPU takes 1/32 more of the next batches; one
-// over 0.8 of it: 1/8 less. So the pool decodes what it keeps up with, whatever the thread
-// count, the other sessions sharing the pool or the consumer's pace. (A first version grew
-// the share when the ring filled and shrank it when the consumer waited; at ResNet-50's pace
-// on the H200 the ring of 2 large batches was never full and the consumer waited a little on
-// every batch for other reasons, so the share stayed 0: measured, 2026-12-01.)
+// of a batch: reads, the CPU's decodes, staging) that takes under kRoom of the time between
+// the consumer's releases leaves the pool room: the CPU takes 1/32 more of the next batches;
+// one over kFull of it: 1/8 less. So the pool decodes what it keeps up with, whatever the
+// thread count, the other sessions sharing the pool or the consumer's pace. The bounds depend
+// on the ring's depth: with 2 slots a batch's fill and its GPU work (nvJPEG, the kernel, ~11
+// ms for 256 images on an H200) must both fit in one period, so the pool takes more only
+// under half of it and gives back over 0.8; with 3 slots or more the fills run that far ahead
+// of the consumer, the GPU work of one batch overlaps the next fill, and only the fill must
+// fit: 0.75 and 0.9. (The ring of 2 held the share to ~66 % with 12 threads on the H200 at
+// ResNet-50's pace, where the pool could decode every row: measured, 2026-12-01.) (A first
+// version grew the share when the ring filled and shrank it when the consumer waited; at
+// ResNet-50's pace on the H200 the ring of 2 large batches was never full and the consumer
+// waited a little on every batch for other reasons, so the share stayed 0: measured.)
 // StageTarget::cpu_share carries the share to the rows (CpuDecodesRow, pipeline/dataset.h).
 #pragma once
 
@@ -27,8 +33,15 @@ class DecodeShare {
  public:
   static constexpr double kUp = 1.0 / 32;
   static constexpr double kDown = 1.0 / 8;
-  static constexpr double kRoom = 0.5;  // fill / period under this: the pool has room
-  static constexpr double kFull = 0.8;  // over this: the pool is near keeping the consumer waiting
+
+  // The bounds for a ring of `ring_slots` slots (above).
+  explicit DecodeShare(int ring_slots)
+      : room_(ring_slots >= 3 ? 0.75 : 0.5), full_(ring_slots >= 3 ? 0.9 : 0.8) {}
+
+  // fill / period under this: the pool has room; over full(): it is near keeping the
+  // consumer waiting.
+  double room() const { return room_; }
+  double full() const { return full_; }
 
   // The fraction of rows the CPU decodes, in [0, 1]; starts at 0 (nvJPEG for all).
   double share() const { return share_; }
@@ -38,14 +51,15 @@ class DecodeShare {
   void Filled(absl::Duration fill, absl::Duration period) {
     if (period <= absl::ZeroDuration()) return;
     const double ratio = absl::FDivDuration(fill, period);
-    if (ratio < kRoom) {
+    if (ratio < room_) {
       share_ = std::min(1.0, share_ + kUp);
-    } else if (ratio > kFull) {
+    } else if (ratio > full_) {
       share_ = std::max(0.0, share_ - kDown);
     }
   }
 
  private:
+  double room_, full_;
   double share_ = 0;
 };
 

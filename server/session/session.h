@@ -271,7 +271,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Time blocked_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
-  DecodeShare decode_share_ ABSL_GUARDED_BY(mu_);  // with params_.adaptive_decode
+  DecodeShare decode_share_ ABSL_GUARDED_BY(mu_){params_.ring_slots};  // adaptive_decode
   ReleasePace release_pace_ ABSL_GUARDED_BY(mu_);
   absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time all_leased_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

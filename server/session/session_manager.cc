@@ -45,10 +45,21 @@ bool TokenEquals(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
-int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_bytes) {
+int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_bytes,
+                         const StagedRingRoom* staged) {
   if (options.default_ring_slots > 0) return options.default_ring_slots;
   const uint64_t fit = options.auto_ring_bytes / std::max<uint64_t>(stride_bytes, 1);
-  return static_cast<int32_t>(std::clamp<uint64_t>(fit, 2, 16));
+  const auto slots = static_cast<int32_t>(std::clamp<uint64_t>(fit, 2, 16));
+  if (staged == nullptr) return slots;
+  const uint64_t gpus = static_cast<uint64_t>(std::max(staged->gpus, 1));
+  for (const int32_t deep : {4, 3}) {
+    // stride < 2^45 (Feed bounds a batch), gpus a device count: the product cannot wrap.
+    if (deep > slots && deep * stride_bytes * gpus <= staged->budget_bytes / 2 &&
+        deep * stride_bytes <= staged->free_bytes) {
+      return deep;
+    }
+  }
+  return slots;
 }
 
 absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) {
@@ -236,30 +247,59 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   GPUFEED_ASSIGN_OR_RETURN(const StageMode stage, ResolveStage(spec, *feed));
   const uint64_t stride = stage == StageMode::kNone ? feed->layout().stride_bytes
                                                     : feed->staged_layout()->stride_bytes;
-  const int32_t slots = spec.ring_slots == 0 ? DefaultRingSlots(options_, stride) : spec.ring_slots;
+  StagedRingRoom room;
+  const bool staged_device = stage != StageMode::kNone && spec.delivery == DeliveryKind::kDevice;
+  if (staged_device) {
+    room.gpus = devices_ != nullptr ? static_cast<int>(devices_->gpu_uuids().size()) : 1;
+    room.budget_bytes = pool_->total_bytes();
+    room.free_bytes = pool_->free_bytes();
+    const uint64_t quota = options_.max_staging_bytes_per_uid;
+    if (!spec.caller.admin && quota > 0) {
+      absl::MutexLock lock(&mu_);
+      auto it = usage_.find(spec.caller.uid());
+      const uint64_t used = it == usage_.end() ? 0 : it->second.staging_bytes;
+      room.budget_bytes = std::min(quota, room.budget_bytes);
+      room.free_bytes = std::min(room.free_bytes, quota > used ? quota - used : 0);
+    }
+  }
+  const int32_t shallow = DefaultRingSlots(options_, stride);
+  int32_t slots = spec.ring_slots != 0
+                      ? spec.ring_slots
+                      : DefaultRingSlots(options_, stride, staged_device ? &room : nullptr);
+  // The host ring, then the device ring, of `n` slots.
+  absl::StatusOr<StagingRegion> ring = absl::UnknownError("not allocated");
+  std::unique_ptr<DeviceRing> device;
+  auto allocate = [&](int32_t n) -> absl::Status {
+    // stride < 2^45 (Feed bounds a batch) and n <= 64: the product cannot wrap. A host ring
+    // is a memfd of its own (its consumer maps it); device staging stays in the private slabs.
+    const uint64_t ring_bytes = stride * static_cast<uint64_t>(n);
+    ring = spec.delivery == DeliveryKind::kHost ? pool_->AllocateOwnMemfd(ring_bytes)
+                                                : pool_->Allocate(ring_bytes);
+    if (!ring.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("ring of ", n, " slots x ", stride, " bytes: ", ring.status().message()));
+    }
+    if (spec.delivery != DeliveryKind::kDevice) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
+        spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
+        stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
+    if (!allocated.ok()) {
+      ring = absl::UnknownError("freed");  // the host ring goes back to the pool
+      return Annotate(allocated.status(), "device ring");
+    }
+    device = std::move(*allocated);
+    return absl::OkStatus();
+  };
+  absl::Status allocated = allocate(slots);
+  if (absl::IsResourceExhausted(allocated) && spec.ring_slots == 0 && slots > shallow) {
+    // The deep auto ring of staged batches did not fit now (the slabs' free blocks, the GPU's
+    // budget): the shallow auto depth, as without it.
+    slots = shallow;
+    allocated = allocate(slots);
+  }
+  GPUFEED_RETURN_IF_ERROR(allocated);
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<const IdsBudget::Charge> ids_charge,
                            IdsBudget::Take(ids_budget_, spec.feed.batch_size, slots));
-  // stride < 2^45 (Feed bounds a batch) and slots <= 64: the product cannot wrap. A host ring
-  // is a memfd of its own (its consumer maps it); device staging stays in the private slabs.
-  const uint64_t ring_bytes = stride * static_cast<uint64_t>(slots);
-  absl::StatusOr<StagingRegion> ring = spec.delivery == DeliveryKind::kHost
-                                           ? pool_->AllocateOwnMemfd(ring_bytes)
-                                           : pool_->Allocate(ring_bytes);
-  if (!ring.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ring of ", slots, " slots x ", stride, " bytes: ", ring.status().message()));
-  }
-
-  std::unique_ptr<DeviceRing> device;
-  if (spec.delivery == DeliveryKind::kDevice) {
-    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated =
-        devices_->AllocateRing(spec.gpu_uuid, slots, feed->layout().stride_bytes, spec.ipc,
-                               stage == StageMode::kNone
-                                   ? 0
-                                   : feed->staged_layout()->device_scratch_bytes);
-    if (!allocated.ok()) return Annotate(allocated.status(), "device ring");
-    device = std::move(*allocated);
-  }
 
   SessionParams params;
   params.token = NewToken();
@@ -274,10 +314,10 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.stop_epoch = spec.stop_epoch;
   params.stage = stage;
   // decode auto: nvJPEG's engines cost a training process on the same GPU ~8.5 ms a batch
-  // unless under MPS (session/decode_share.h), so the CPU pool decodes what it keeps up with.
+  // without MPS and less, but more than the CPU decoder, under it (session/decode_share.h),
+  // so the CPU pool decodes what it keeps up with.
   params.adaptive_decode = options_.adaptive_decode && stage == StageMode::kNvjpeg &&
-                           spec.decode == DecodeChoice::kAuto && device != nullptr &&
-                           !device->exported().mps;
+                           spec.decode == DecodeChoice::kAuto && device != nullptr;
   params.ids_charge = std::move(ids_charge);
   params.lifeline = std::move(lifeline);
   const std::string canonical = feed->spec().Canonical();

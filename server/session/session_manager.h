@@ -54,8 +54,26 @@ struct AttachSpec {
   absl::Duration resume_gap = absl::ZeroDuration();
 };
 
-// The ring depth for a session with slots of `stride_bytes` when Attach gives none.
-int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes);
+// What a device ring of staged image batches (nvJPEG, or the CPU's decode, then the kernel)
+// may take of the staging: the GPUs of the node (one rank each, as DDP runs) and the bytes
+// the caller's rings may hold (its uid's cap, or the pool's size).
+struct StagedRingRoom {
+  int gpus = 1;
+  uint64_t budget_bytes = 0;
+  uint64_t free_bytes = UINT64_MAX;  // of the budget now: a deep ring must fit it as well
+};
+
+// The ring depth for a session with slots of `stride_bytes` when Attach gives none: as many
+// slots as fit in auto_ring_bytes, 2 to 16. A device ring of staged batches (`staged`) gets 4
+// slots, else 3, where that many for every GPU fit in half its budget (the other half left
+// for other sessions) and that many fit what is free of it now (Attach falls back to the
+// shallow depth when the deep ring then does not fit a slab or the GPU): its slots are large (~168
+// MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too few. The fills must then finish
+// within one consumer step, behind the batch's GPU work; ResNet-50 on an H200
+// (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01) trained at 89.8-91.2 % of its
+// synthetic rate with 2 slots and at 97.1 % with 4, its data wait 1.4-2.5 % and 1.2 %.
+int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes,
+                         const StagedRingRoom* staged = nullptr);
 
 // Checks what can be checked without opening the dataset; INVALID_ARGUMENT naming the field.
 // A job name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-].

@@ -9,8 +9,10 @@
 # under $OUT. Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry
 # [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS]. ONLY="gpufeed ..." runs
 # those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots);
-# THREADS="4 12" runs the gpufeed tag once per daemon thread count (tags gpufeed-tN past the
-# first; the first count is the plain gpufeed row). IMAGES=N: a dataset of N images.
+# THREADS="4 12:4" runs the gpufeed tag once per daemon thread count, T:R with a ring of R
+# slots (tags gpufeed-tT[-rR] past the first; the first is the plain gpufeed row);
+# MPS_FLAGS="--ring-slots 4": train_ddp.py flags for the MPS gpufeed rows; MPS_THREADS: the
+# daemon's --threads under MPS (4); MPS_DECODE_CPU=1 adds an MPS row with --decode cpu. IMAGES=N: a dataset of N images.
 # DAEMON_FLAGS="--adaptive_decode": more gpufeedd flags.
 set -u
 steps=${1:-300}
@@ -56,6 +58,7 @@ train_one() {
   grep '^{' "$out/$tag.log" | tail -1 >"$out/$tag.json"
   log "$tag: $(grep -E '^(gpufeed|torch|synthetic):' "$out/$tag.log" | tail -1)"
   if [ -n "$sampler" ]; then
+    log "$tag: ring $(grep -o '[0-9]* slots x [0-9]* bytes' "$out/gpufeedd.log" | tail -1)"
     wait "$sampler"
     log "$tag: stats mid-run: $(grep -o '"sessions":.*' "$out/$tag.stats.json" | cut -c1-400)"
   fi
@@ -64,17 +67,24 @@ train_one() {
 log "ResNet-50, $gpus GPU(s), $steps steps"
 train synthetic synthetic
 first=1
-for t in ${THREADS:-4}; do
-  tag=gpufeed; [ "$first" = 1 ] || tag=gpufeed-t$t
+for tr in ${THREADS:-4}; do  # T or T:R (R ring slots, the consumer's --ring-slots)
+  t=${tr%%:*} ring=; [[ $tr == *:* ]] && ring=${tr#*:}
+  tag=gpufeed; [ "$first" = 1 ] || tag=gpufeed-t$t${ring:+-r$ring}
   first=0
-  start "$t" && { train "$tag" gpufeed; stop_daemon; }
+  start "$t" && { train "$tag" gpufeed ${ring:+--ring-slots "$ring"}; stop_daemon; }
 done
 train dataloader torch --workers 15
 mps=/tmp/gpufeed-goals-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
 export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
 if nvidia-cuda-mps-control -d; then
   train mps_synthetic synthetic
-  start && { log "$(grep MPS "$out/gpufeedd.log" | tail -1)"; train mps_gpufeed gpufeed; stop_daemon; }
+  # shellcheck disable=SC2086  # MPS_FLAGS splits on purpose
+  start "${MPS_THREADS:-4}" && {
+    log "$(grep MPS "$out/gpufeedd.log" | tail -1)"
+    train mps_gpufeed gpufeed ${MPS_FLAGS:-}
+    [ "${MPS_DECODE_CPU:-0}" = 1 ] && train mps_gpufeed-cpu gpufeed --decode cpu ${MPS_FLAGS:-}
+    stop_daemon
+  }
   echo quit | nvidia-cuda-mps-control
 fi
 python3 - "$out" "$gpus" "$steps" <<'EOF' | tee -a "$out/summary.log"
@@ -92,8 +102,11 @@ rows = [("synthetic", "synthetic", "synthetic"), ("gpufeed", "gpufeed", "synthet
 print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | data wait |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
-for f in sorted([*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json")]):  # RINGS, THREADS
+for f in sorted([*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json"),  # RINGS, THREADS
+                 *out.glob("mps_gpufeed-*.json")]):  # MPS_DECODE_CPU
     tag = f.stem
+    if tag.endswith(".stats"):  # the mid-run gpufeedctl stats, not a training run
+        continue
     rows.append((tag, tag, "mps_synthetic" if tag.startswith("mps_") else "synthetic"))
 for name, tag, ref in rows:
     r, base = load(tag), load(ref)

@@ -53,6 +53,8 @@ def parse() -> argparse.Namespace:
                         "--image-size)")
     p.add_argument("--socket", default=None, help="gpufeedd socket")
     p.add_argument("--ring-slots", type=int, default=None)
+    p.add_argument("--decode", choices=["auto", "nvjpeg", "cpu"], default="auto",
+                   help="--loader gpufeed: who decodes the JPEGs (auto: the daemon picks)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lr", type=float, default=0.1)
@@ -77,6 +79,7 @@ def gpufeed_batches(args, device, info: Dict[str, int]) -> Iterator[Tuple]:
     loader = gpufeed.torch.Loader(args.data, kind="image_folder", batch_size=args.batch_size,
                                   pipeline=ops, seed=args.seed, device=device,
                                   socket=args.socket, ring_slots=args.ring_slots,
+                                  decode=args.decode,
                                   job=os.environ.get("TORCHELASTIC_RUN_ID", "train_ddp"))
     info["steps_per_epoch"] = len(loader)
     with loader:

@@ -566,6 +566,30 @@ TEST(DefaultRingSlotsTest, AutoDepthIsWhatFitsClampedTo2Through16) {
   EXPECT_EQ(DefaultRingSlots(options, 8 << 20), 5);  // configured: used as is
 }
 
+TEST(DefaultRingSlotsTest, AStagedDeviceRingTakes4Or3SlotsWhereThatManyPerGpuFitHalfItsBudget) {
+  SessionManagerOptions options;
+  options.default_ring_slots = 0;
+  options.auto_ring_bytes = uint64_t{64} << 20;
+  const uint64_t stride = uint64_t{168} << 20;  // 256 images at 640 KiB of arena each
+  auto slots = [&](int gpus, uint64_t budget) {
+    StagedRingRoom room{gpus, budget};
+    return DefaultRingSlots(options, stride, &room);
+  };
+  EXPECT_EQ(DefaultRingSlots(options, stride), 2);  // not staged: what fits 64 MiB, floored
+  EXPECT_EQ(slots(1, uint64_t{4} << 30), 4);        // --staging_bytes 8 GiB: a uid's 4 GiB
+  EXPECT_EQ(slots(2, uint64_t{4} << 30), 4);        // 2 x 4 x 168 MiB = 1,344 MiB <= 2 GiB
+  EXPECT_EQ(slots(4, uint64_t{4} << 30), 3);        // 4 x 4 x 168 > 2 GiB >= 4 x 3 x 168
+  EXPECT_EQ(slots(8, uint64_t{4} << 30), 2);        // 8 x 3 x 168 > 2 GiB: the 64 MiB rule
+  EXPECT_EQ(slots(1, uint64_t{512} << 20), 2);      // the default 1 GiB pool's 512 MiB cap
+  EXPECT_EQ(slots(1, 8 * stride), 4);               // exactly half: fits
+  EXPECT_EQ(slots(1, 8 * stride - 1), 3);
+  EXPECT_EQ(slots(0, 8 * stride), 4);  // no GPU counted: as one
+  StagedRingRoom small{1, uint64_t{1} << 40};
+  EXPECT_EQ(DefaultRingSlots(options, 8 << 20, &small), 8);  // more fit 64 MiB: kept
+  options.default_ring_slots = 5;
+  EXPECT_EQ(DefaultRingSlots(options, stride, &small), 5);  // configured: used as is
+}
+
 // ---- Find / Detach ----
 
 TEST_F(SessionManagerTest, FindChecksIdAndToken) {

@@ -44,7 +44,8 @@ ABSL_FLAG(int, attach_threads, DaemonConfig().attach_threads,
 ABSL_FLAG(int, max_sessions, DaemonConfig().max_sessions, "most sessions served at once");
 ABSL_FLAG(int, ring_slots, DaemonConfig().ring_slots,
           "ring depth (slots per session) when Attach gives none; 0 = auto: as many as fit "
-          "in 64 MiB, 2 to 16");
+          "in 64 MiB, 2 to 16 (a device ring of staged images: 4, else 3, where that many "
+          "for every GPU fit in half the uid's staging quota)");
 ABSL_FLAG(absl::Duration, attach_timeout, DaemonConfig().attach_timeout,
           "a session whose stream is not open this long after Attach is ended");
 ABSL_FLAG(std::string, read_mode, gpufeed::server::ReadModeName(DaemonConfig().read_mode),
@@ -94,9 +95,9 @@ ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
 ABSL_FLAG(bool, adaptive_decode, DaemonConfig().adaptive_decode,
-          "decode auto on a GPU not under MPS: the CPU pool decodes as much of each batch as it "
-          "keeps up with, nvJPEG the rest (nvJPEG's engines slow a training process on the same "
-          "GPU without MPS); off: nvJPEG for every row it can decode");
+          "decode auto: the CPU pool decodes as much of each batch as it keeps up with, nvJPEG "
+          "the rest (nvJPEG's engines slow a training process on the same GPU, most without "
+          "MPS); off: nvJPEG for every row it can decode");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");

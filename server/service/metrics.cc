@@ -157,7 +157,7 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
   auto& wall = b.Family("gpufeed_consumer_wall_seconds_total",
                         "Time since the consumer's stream opened", MetricType::Counter);
   auto& share = b.Family("gpufeed_cpu_decode_share",
-                         "decode auto on a GPU not under MPS: the share of each batch's rows "
+                         "decode auto with --adaptive_decode: the share of each batch's rows "
                          "the CPU pool decodes now, nvJPEG the rest",
                          MetricType::Gauge);
   for (const SessionSnapshot& s : sessions) {

@@ -107,8 +107,8 @@ struct SessionParams {
   // Device delivery of image datasets: kNone finishes samples on the CPU; kCpuDecode and
   // kNvjpeg stage them for the GPU's kernel (augment/staged.h).
   StageMode stage = StageMode::kNone;
-  // kNvjpeg from decode auto on a GPU not under MPS, with --adaptive_decode: the CPU pool
-  // decodes the share of each batch it keeps up with (DecodeShare), nvJPEG the rest.
+  // kNvjpeg from decode auto with --adaptive_decode: the CPU pool decodes the share of each
+  // batch it keeps up with (DecodeShare), nvJPEG the rest.
   bool adaptive_decode = false;
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.

@@ -115,8 +115,8 @@ struct SessionManagerOptions {
   int32_t default_ring_slots = 0;
   uint64_t auto_ring_bytes = uint64_t{64} << 20;
   int32_t max_ring_slots = 64;
-  // decode auto on a GPU not under MPS: the CPU pool decodes the share of each batch it keeps
-  // up with, nvJPEG the rest (session/decode_share.h); off: nvJPEG for every row it can.
+  // decode auto: the CPU pool decodes the share of each batch it keeps up with, nvJPEG the
+  // rest (session/decode_share.h); off: nvJPEG for every row it can.
   bool adaptive_decode = false;
   // A session whose stream is not open this long after Attach is ended.
   absl::Duration attach_timeout = absl::Seconds(10);

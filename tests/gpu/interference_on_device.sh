@@ -9,8 +9,9 @@
 #      (gpufeedctl consume --device cuda:0 --step-ms STEP_MS).
 #   3. nvJPEG's batched decode alone with the batch size fixed, then alternating (the decoder
 #      re-initialised before every batch, as when the rows nvJPEG takes vary).
-#   4. the CPU image path (decode cpu, augment cpu, 16 threads) and libjpeg-turbo's one-core
-#      rate, for part 4's goal.
+#   4. the CPU image path (decode cpu, augment cpu, 16 threads), libjpeg-turbo's one-core
+#      rate and torchvision's DataLoader (15 workers), for part 4's goal (CPU_AUGMENT_BENCH=0
+#      leaves out the one-core augment table).
 # Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
 # bash tests/gpu/interference_on_device.sh. SKIP="ncu train vary cpu" leaves parts out.
 set -u
@@ -161,7 +162,8 @@ if want vary; then  # what re-initialising the batched decoder before every batc
 fi
 
 if want cpu; then
-  "$bundle/bin/cpu_augment_bench" --data "$data" --files 200 2>>"$out/cpu.err" | tee "$out/cpu_augment.md"
+  [ "${CPU_AUGMENT_BENCH:-1}" = 1 ] &&
+    "$bundle/bin/cpu_augment_bench" --data "$data" --files 200 2>>"$out/cpu.err" | tee "$out/cpu_augment.md"
   "$bench" decode --data "$data" --files 2000 2>>"$out/cpu.err" | tee "$out/cpu.jsonl"
   if start_daemon "$sock" "$out/gpufeedd-cpu.log" --threads=16 --staging_bytes=$((4 << 30)); then
     "$bench" feed --socket "$sock" --data "$data" --pipeline "$pipeline" --decode cpu --augment cpu \
@@ -170,7 +172,13 @@ if want cpu; then
         --seconds 15 --label "CPU decode + GPU kernel (16 threads)" 2>>"$out/cpu.err" | tee -a "$out/cpu.jsonl"
     stop_daemon
   fi
+  # The goal's other baseline on the same cores, in the same call: torchvision's DataLoader
+  # (15 workers, decode, RandomResizedCrop, flip and normalise in the workers, float32 to
+  # the GPU).
+  python3 "$root/tests/bench/image/torchvision_bench.py" --data "$data" --batch 256 --workers 15 \
+      --seconds 15 --contenders float --json "$out/torchvision.json" >"$out/torchvision.log" 2>&1
   log "cpu: $(tr '\n' ' ' <"$out/cpu.jsonl")"
+  log "cpu: torchvision DataLoader: $(tr '\n' ' ' <"$out/torchvision.json" | cut -c1-400)"
 fi
 cp "$out/summary.log" "$final/"
 tar -czf "$final/logs.tgz" -C "$out" . 2>/dev/null

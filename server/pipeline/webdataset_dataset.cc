@@ -46,15 +46,10 @@ class TarSource final : public ImageSource {
 
   // The shards the batch read, each once (all of them for no ids).
   absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override {
-    std::vector<uint32_t> read;
-    if (ids.empty()) {
-      for (uint32_t k = 0; k < index_.shards.size(); ++k) read.push_back(k);
-    }
-    for (int64_t id : ids) read.push_back(index_.samples[static_cast<uint64_t>(id)].shard);
-    std::sort(read.begin(), read.end());
-    read.erase(std::unique(read.begin(), read.end()), read.end());
-    for (uint32_t k : read) GPUFEED_RETURN_IF_ERROR(index_.shards[k].file->CheckNotShrunk());
-    return absl::OkStatus();
+    return CheckShardsNotShrunk(
+        index_.shards.size(), ids,
+        [this](size_t k) -> const RandomAccessFile& { return *index_.shards[k].file; },
+        [this](int64_t id) -> size_t { return index_.samples[static_cast<uint64_t>(id)].shard; });
   }
 
   std::string ContentIdentity() const override {

@@ -76,21 +76,10 @@ class TokensDataset final : public Dataset {
   // shard count.
   absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override {
     if (shards_.size() == 1) return shards_.front().file->CheckNotShrunk();
-    // Read leases (common/os/file_lease.h) make the check one atomic load a shard: where the
-    // shards are not many more than the batch's rows, asking every shard is cheaper than
-    // finding, sorting and checking the ones the batch read.
-    if (shards_.size() <= 4 * ids.size() &&
-        std::all_of(shards_.begin(), shards_.end(),
-                    [](const TokenShard& s) { return s.file->watched_by_lease(); })) {
-      return absl::OkStatus();
-    }
-    std::vector<size_t> read;
-    read.reserve(ids.size());
-    for (int64_t id : ids) read.push_back(ShardOf(static_cast<uint64_t>(id)));
-    std::sort(read.begin(), read.end());
-    read.erase(std::unique(read.begin(), read.end()), read.end());
-    for (size_t k : read) GPUFEED_RETURN_IF_ERROR(shards_[k].file->CheckNotShrunk());
-    return absl::OkStatus();
+    return CheckShardsNotShrunk(
+        shards_.size(), ids,
+        [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; },
+        [this](int64_t id) { return ShardOf(static_cast<uint64_t>(id)); });
   }
   // Which files, in which order, of which sizes (ShardsIdentity).
   std::string ContentIdentity() const override {

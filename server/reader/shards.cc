@@ -197,4 +197,22 @@ std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> sha
   return absl::StrCat(shards.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
 }
 
+absl::Status CheckShardsNotShrunk(size_t count, std::span<const int64_t> ids,
+                                  absl::FunctionRef<const RandomAccessFile&(size_t)> file,
+                                  absl::FunctionRef<size_t(int64_t)> shard_of) {
+  bool every_leased = count <= 4 * std::max<size_t>(ids.size(), 1);
+  for (size_t k = 0; every_leased && k < count; ++k) every_leased = file(k).watched_by_lease();
+  if (every_leased) return absl::OkStatus();
+  std::vector<size_t> read;
+  if (ids.empty()) {
+    for (size_t k = 0; k < count; ++k) read.push_back(k);
+  }
+  read.reserve(read.size() + ids.size());
+  for (int64_t id : ids) read.push_back(shard_of(id));
+  std::sort(read.begin(), read.end());
+  read.erase(std::unique(read.begin(), read.end()), read.end());
+  for (size_t k : read) GPUFEED_RETURN_IF_ERROR(file(k).CheckNotShrunk());
+  return absl::OkStatus();
+}
+
 }  // namespace gpufeed::server

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/os/fd.h"
@@ -61,5 +62,14 @@ absl::StatusOr<std::vector<std::string>> ListShardFiles(
 // added, removed, renamed, reordered or resized changes it, so a saved position does not
 // resume another set.
 std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> shards);
+
+// Dataset::CheckReadNotShrunk for a dataset of `count` shards: each shard the rows `ids` read
+// (`shard_of(id)`) checked once, or every shard for no ids. Read leases (common/os/
+// file_lease.h) make a shard's check one atomic load: where every shard holds one and the
+// shards are not many more than the rows, asking every shard is cheaper than finding,
+// sorting and checking the ones read.
+absl::Status CheckShardsNotShrunk(size_t count, std::span<const int64_t> ids,
+                                  absl::FunctionRef<const RandomAccessFile&(size_t)> file,
+                                  absl::FunctionRef<size_t(int64_t)> shard_of);
 
 }  // namespace gpufeed::server

@@ -45,7 +45,7 @@ ABSL_FLAG(int, max_sessions, DaemonConfig().max_sessions, "most sessions served 
 ABSL_FLAG(int, ring_slots, DaemonConfig().ring_slots,
           "ring depth (slots per session) when Attach gives none; 0 = auto: as many as fit "
           "in 64 MiB, 2 to 16 (a device ring of staged images: 4, else 3, where that many "
-          "for every GPU fit in half the uid's staging quota)");
+          "for every GPU fit in half the uid's staging quota, the pool for admins)");
 ABSL_FLAG(absl::Duration, attach_timeout, DaemonConfig().attach_timeout,
           "a session whose stream is not open this long after Attach is ended");
 ABSL_FLAG(std::string, read_mode, gpufeed::server::ReadModeName(DaemonConfig().read_mode),

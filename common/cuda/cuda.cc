@@ -32,10 +32,12 @@ absl::Status Check(cudaError_t error, absl::string_view context) {
     default:
       break;
   }
-  const absl::StatusCode code =
-      (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver)
-          ? absl::StatusCode::kUnavailable
-          : absl::StatusCode::kInternal;
+  // Out of GPU memory is the caller's to act on (a smaller ring, later), as --device_bytes is.
+  const absl::StatusCode code = (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver)
+                                    ? absl::StatusCode::kUnavailable
+                                : error == cudaErrorMemoryAllocation
+                                    ? absl::StatusCode::kResourceExhausted
+                                    : absl::StatusCode::kInternal;
   return absl::Status(code, absl::StrCat(context, ": ", cudaGetErrorName(error), ": ",
                                          cudaGetErrorString(error)));
 }
@@ -45,8 +47,10 @@ absl::Status Check(CUresult result, absl::string_view context) {
   const char* name = nullptr;
   absl::StatusOr<const DriverApi*> api = Driver();
   if (api.ok() && (*api)->cuGetErrorName != nullptr) (*api)->cuGetErrorName(result, &name);
-  return absl::InternalError(absl::StrCat(context, ": ", name != nullptr ? name : "CUresult", " (",
-                                          static_cast<int>(result), ")"));
+  return absl::Status(result == CUDA_ERROR_OUT_OF_MEMORY ? absl::StatusCode::kResourceExhausted
+                                                         : absl::StatusCode::kInternal,
+                      absl::StrCat(context, ": ", name != nullptr ? name : "CUresult", " (",
+                                   static_cast<int>(result), ")"));
 }
 
 std::string UuidString(const cudaUUID_t& uuid) {

@@ -266,7 +266,8 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   int32_t slots = spec.ring_slots != 0
                       ? spec.ring_slots
                       : DefaultRingSlots(options_, stride, staged_device ? &room : nullptr);
-  // The host ring, then the device ring, of `n` slots.
+  // The host ring, then the device ring, of `n` slots, within the caller's quota now (checked
+  // again, authoritatively, where the session is inserted).
   absl::StatusOr<StagingRegion> ring = absl::UnknownError("not allocated");
   std::unique_ptr<DeviceRing> device;
   auto allocate = [&](int32_t n) -> absl::Status {
@@ -279,22 +280,35 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
       return absl::ResourceExhaustedError(
           absl::StrCat("ring of ", n, " slots x ", stride, " bytes: ", ring.status().message()));
     }
-    if (spec.delivery != DeliveryKind::kDevice) return absl::OkStatus();
-    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
-        spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
-        stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
-    if (!allocated.ok()) {
-      ring = absl::UnknownError("freed");  // the host ring goes back to the pool
-      return Annotate(allocated.status(), "device ring");
+    absl::Status quota;
+    {
+      absl::MutexLock lock(&mu_);
+      quota = CheckQuotaLocked(spec.caller,
+                               ring->size() + static_cast<uint64_t>(spec.feed.batch_size) *
+                                                  static_cast<uint64_t>(n) * sizeof(int64_t));
     }
-    device = std::move(*allocated);
-    return absl::OkStatus();
+    if (quota.ok() && spec.delivery == DeliveryKind::kDevice) {
+      absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
+          spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
+          stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
+      if (allocated.ok()) {
+        device = std::move(*allocated);
+      } else {
+        quota = Annotate(allocated.status(), "device ring");
+      }
+    }
+    if (!quota.ok()) ring = absl::UnknownError("freed");  // the host ring back to the pool
+    return quota;
   };
   absl::Status allocated = allocate(slots);
-  if (absl::IsResourceExhausted(allocated) && spec.ring_slots == 0 && slots > shallow) {
-    // The deep auto ring of staged batches did not fit now (the slabs' free blocks, the GPU's
-    // budget): the shallow auto depth, as without it.
-    slots = shallow;
+  // A deep auto ring of staged batches that does not fit now (a slab's free blocks, the uid's
+  // quota, the GPU's budget or memory): a shallower one, down to the byte rule's depth.
+  for (const int32_t fewer : {3, shallow}) {
+    if (!absl::IsResourceExhausted(allocated) || spec.ring_slots != 0 || fewer >= slots ||
+        fewer < shallow) {
+      continue;
+    }
+    slots = fewer;
     allocated = allocate(slots);
   }
   GPUFEED_RETURN_IF_ERROR(allocated);

@@ -64,14 +64,15 @@ struct StagedRingRoom {
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none: as many
-// slots as fit in auto_ring_bytes, 2 to 16. A device ring of staged batches (`staged`) gets 4
-// slots, else 3, where that many for every GPU fit in half its budget (the other half left
-// for other sessions) and that many fit what is free of it now (Attach falls back to the
-// shallow depth when the deep ring then does not fit a slab or the GPU): its slots are large (~168
-// MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too few. The fills must then finish
-// within one consumer step, behind the batch's GPU work; ResNet-50 on an H200
-// (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01) trained at 89.8-91.2 % of its
-// synthetic rate with 2 slots and at 97.1 % with 4, its data wait 1.4-2.5 % and 1.2 %.
+// slots as fit in auto_ring_bytes, 2 to 16. A device ring of staged batches (`staged`) gets
+// 4 slots, else 3, where that many for every GPU fit in half its budget (the other half left
+// for other sessions) and that many fit what is free of it now; Attach tries 3, then the
+// byte rule's depth, when the deep ring then does not fit a slab, the quota or the GPU. Its
+// slots are large (~168 MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too
+// few: each fill must then finish within one consumer step, behind the batch's GPU work.
+// ResNet-50 on an H200 (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01)
+// trained at 89.8-91.2 % of its synthetic rate with 2 slots and at 97.1 % with 4, its data
+// wait 1.4-2.5 % and 1.2 %.
 int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes,
                          const StagedRingRoom* staged = nullptr);
 

@@ -102,8 +102,8 @@ rows = [("synthetic", "synthetic", "synthetic"), ("gpufeed", "gpufeed", "synthet
 print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | data wait |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
-for f in sorted([*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json"),  # RINGS, THREADS
-                 *out.glob("mps_gpufeed-*.json")]):  # MPS_DECODE_CPU
+for f in sorted({*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json"),  # RINGS, THREADS
+                 *out.glob("mps_gpufeed-*.json")}):  # MPS_DECODE_CPU
     tag = f.stem
     if tag.endswith(".stats"):  # the mid-run gpufeedctl stats, not a training run
         continue

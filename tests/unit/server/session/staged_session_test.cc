@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -223,8 +224,17 @@ TEST_F(StagedSessionTest, DecodeAutoShiftsRowsToTheCpuWhileFillsKeepUpWithTheCon
 }
 
 TEST_F(StagedSessionTest, AnAutoDeviceRingOfStagedBatchesIs4DeepUnlessThatDoesNotFitNow) {
-  auto restart = [&](uint64_t slab_bytes) {
+  // A device budget of 31 final slots (the fake charges slots x the final row layout's
+  // stride, 8192 here).
+  testing::FakeDeviceBackend thirty_one_slots{31 * 8192};
+  DeviceBackend* in_use = &devices_;
+  auto restart = [&](uint64_t slab_bytes, DeviceBackend* devices) {
     manager_.reset();
+    // What the old sessions left queued on the copy thread runs before their pool goes.
+    absl::Notification drained;
+    in_use->Post("GPU-fake", [&drained] { drained.Notify(); });
+    drained.WaitForNotification();
+    in_use = devices;
     auto pool = StagingPool::Create(64 << 20, slab_bytes);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
@@ -232,9 +242,9 @@ TEST_F(StagedSessionTest, AnAutoDeviceRingOfStagedBatchesIs4DeepUnlessThatDoesNo
     options.threads = 2;
     options.auto_ring_bytes = 1;  // the byte rule alone gives its floor, 2
     options.clock = clock_.AsClock();
-    manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
+    manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), devices);
   };
-  restart(64 << 20);
+  restart(64 << 20, &devices_);
   AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
   spec.ring_slots = 0;
   absl::StatusOr<Attachment> deep = manager_->Attach(spec);
@@ -250,14 +260,34 @@ TEST_F(StagedSessionTest, AnAutoDeviceRingOfStagedBatchesIs4DeepUnlessThatDoesNo
   absl::StatusOr<Attachment> h = manager_->Attach(host);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->ring_slots, 2);
-  // Slabs of 6 MiB: 4 slots (~7.7 MiB) fit none, so the deep ring falls back to 2 slots...
-  restart(6 << 20);
-  ASSERT_GT(4 * stride, uint64_t{6} << 20);
-  ASSERT_LE(2 * stride, uint64_t{6} << 20);
+  ASSERT_EQ(h->layout.stride_bytes, 8192u);  // the final slot the fake's budget counts
+  // Another session holds 28 slots of the pool and of the GPU's 31: the 4-slot try gets its
+  // host ring but not its device ring, and 3 slots fit only once that host ring is back
+  // (4 + 3 slots are more than the pool has left).
+  restart(64 << 20, &thirty_one_slots);
+  AttachSpec occupy = spec;
+  occupy.job = "occupy";
+  occupy.ring_slots = 28;
+  absl::StatusOr<Attachment> occupied = manager_->Attach(occupy);
+  ASSERT_TRUE(occupied.ok()) << occupied.status();
+  const uint64_t left = pool_->free_bytes();
+  ASSERT_GE(left, 4 * stride);
+  ASSERT_LT(left, 7 * stride);
+  absl::StatusOr<Attachment> three = manager_->Attach(spec);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->ring_slots, 3);
+  EXPECT_EQ(pool_->free_bytes(), left - 3 * stride);
+  ASSERT_TRUE(manager_->Detach(three->session_id, three->token).ok());
+  ASSERT_TRUE(manager_->Detach(occupied->session_id, occupied->token).ok());
+  // Slabs of 5 MiB: 4 and 3 slots (~7.5 and ~5.6 MiB) fit none, so the deep ring falls back
+  // to the byte rule's 2...
+  restart(5 << 20, &devices_);
+  ASSERT_GT(3 * stride, uint64_t{5} << 20);
+  ASSERT_LE(2 * stride, uint64_t{5} << 20);
   absl::StatusOr<Attachment> shallow = manager_->Attach(spec);
   ASSERT_TRUE(shallow.ok()) << shallow.status();
   EXPECT_EQ(shallow->ring_slots, 2);
-  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - 2 * stride);  // the 4-slot try freed
+  EXPECT_EQ(pool_->free_bytes(), pool_->total_bytes() - 2 * stride);
   ASSERT_TRUE(manager_->Find(shallow->session_id, shallow->token).ok());
   // ...and the rows it stages still equal the CPU path.
   AttachSpec check = spec;

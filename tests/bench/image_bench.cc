@@ -8,16 +8,18 @@
 //   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
 //                      [--flags N]  (nvjpegCreateEx flags; 32: chroma upsampling by interpolation)
 //                      [--format rgbi|rgb|yuv|y|unchanged] [--step-ms MS] [--trace 1]
-//                      [--vary N]
+//                      [--vary N] [--chunk N]
 //       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
 //       nvJPEG path (no augmentation, no daemon). --format: nvJPEG's output format (planar
 //       ones get three planes of the image's full size). --step-ms: one batch every MS
 //       (a consumer's pace, to measure what the decode costs a training context beside
 //       it). --vary N: batches alternate between B and B - N images, so the decoder is
 //       re-initialised (nvjpegDecodeBatchedInitialize) before each, as when the number of
-//       rows nvJPEG takes changes from batch to batch. --trace: synchronises and prints "batch N"
-//       on stderr after each batch, so a profiler's per-kernel lines (ncu) can be counted per
-//       batch.
+//       rows nvJPEG takes changes from batch to batch. --chunk N: each batch in calls of at
+//       most N images (does the cost to a training context beside it follow the images or
+//       the call size?). A progress line goes to stderr every second. --trace: synchronises and
+//       prints "batch N" on stderr after each batch, so a profiler's per-kernel lines (ncu) can be
+//       counted per batch.
 //   image_bench crop   --image FILE --crop TOP,LEFT,H,W --size S --out OUT.npy [--decoded D.npy]
 //       the CPU path for a fixed crop (libjpeg-turbo decode, antialiased bilinear resize,
 //       uint8 HWC), for tests/bench/image/compare_torchvision.py; --decoded writes the
@@ -292,6 +294,8 @@ int Nvjpeg(const Flags& f) {
   const bool trace = GetInt(f, "--trace", 0) != 0;
   const int vary = static_cast<int>(GetInt(f, "--vary", 0));
   if (vary < 0 || vary >= batch) Die("--vary: want 0 <= N < --batch");
+  const int chunk = static_cast<int>(GetInt(f, "--chunk", 0));
+  if (chunk < 0 || chunk > batch) Die("--chunk: want 0 <= N <= --batch (0: one call a batch)");
   if (int rc = api->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
     Die(absl::StrCat("nvjpegCreateEx(", backend_name, "): ", server::nvjpeg::StatusName(rc)));
   }
@@ -311,14 +315,9 @@ int Nvjpeg(const Flags& f) {
   absl::Time start = absl::Now();
   double busy0 = BusyCoreSeconds();
   int initialized = batch;
+  absl::Time last_progress = absl::Now();
   for (int round = 0;; ++round) {
     const int n = batch - (round % 2) * vary;
-    if (n != initialized) {
-      if (api->DecodeBatchedInitialize(handle, state, n, 1, format) != 0) {
-        Die("nvjpegDecodeBatchedInitialize failed");
-      }
-      initialized = n;
-    }
     std::vector<const unsigned char*> d(static_cast<size_t>(n));
     std::vector<size_t> l(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i, next = (next + 1) % files) {
@@ -338,10 +337,29 @@ int Nvjpeg(const Flags& f) {
         images[i].pitch[0] = w * 3;
       }
     }
-    if (int rc = api->DecodeBatched(handle, state, d.data(), l.data(), images.data(), stream); rc != 0) {
-      Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
+    // One call a batch, or (--chunk) calls of at most `chunk` images, the decoder
+    // re-initialised whenever a call's size differs from the last one's.
+    for (int at = 0; at < n;) {
+      const int m = chunk > 0 ? std::min(chunk, n - at) : n;
+      if (m != initialized) {
+        if (api->DecodeBatchedInitialize(handle, state, m, 1, format) != 0) {
+          Die("nvjpegDecodeBatchedInitialize failed");
+        }
+        initialized = m;
+      }
+      if (int rc = api->DecodeBatched(handle, state, d.data() + at, l.data() + at,
+                                      images.data() + at, stream);
+          rc != 0) {
+        Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
+      }
+      ++calls;
+      at += m;
     }
-    ++calls;
+    if (absl::Now() - last_progress >= absl::Seconds(1)) {  // a stall shows as silence
+      last_progress = absl::Now();
+      std::fprintf(stderr, "nvjpeg: round %d, %ld images, %.1f s\n", round, decoded,
+                   absl::ToDoubleSeconds(last_progress - start));
+    }
     if (trace) {
       cudaStreamSynchronize(stream);
       std::fprintf(stderr, "batch %d\n", round);
@@ -365,13 +383,13 @@ int Nvjpeg(const Flags& f) {
   const double busy = (BusyCoreSeconds() - busy0) / wall;
   std::printf(
       "{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
-      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,"
+      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,\"chunk\":%d,\"calls\":%ld,"
       "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
       "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
       backend_name.c_str(),
       (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
-      backend_name.c_str(), format_name.c_str(), static_cast<long>(step_ms), vary, engines, batch,
-      files, decoded, wall, decoded / wall, busy);
+      backend_name.c_str(), format_name.c_str(), static_cast<long>(step_ms), vary, chunk,
+      static_cast<long>(calls), engines, batch, files, decoded, wall, decoded / wall, busy);
   return 0;
 }
 

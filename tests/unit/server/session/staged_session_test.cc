@@ -2,6 +2,8 @@
 // finished rows) and the fake backend runs the kernel's own per-pixel arithmetic on the CPU,
 // decoding JPEG records with libjpeg-turbo in nvJPEG's place. Every staged batch must equal
 // the CPU path's batch for the same (seed, epoch, id), byte for byte.
+#include <fcntl.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -303,6 +305,60 @@ TEST_F(StagedSessionTest, AnAutoDeviceRingOfStagedBatchesIs4DeepUnlessThatDoesNo
   absl::StatusOr<Attachment> refused = manager_->Attach(explicit_four);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("ring of 4 slots x"));
+}
+
+TEST_F(StagedSessionTest, AUidsQuotaBoundsTheDeepAutoRingAndADeepTryPastItFallsBack) {
+  // The staged slot's size, from an admin's ring of 2.
+  absl::StatusOr<Attachment> probe =
+      manager_->Attach(Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC)));
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  auto probed = manager_->Find(probe->session_id, probe->token);
+  ASSERT_TRUE(probed.ok());
+  const uint64_t stride = (*probed)->ring_bytes() / 2;
+  ASSERT_TRUE(manager_->Detach(probe->session_id, probe->token).ok());
+  manager_.reset();
+  absl::Notification drained;  // the probe's queued copy-thread work runs first
+  devices_.Post("GPU-fake", [&drained] { drained.Notify(); });
+  drained.WaitForNotification();
+  // uid 1000 holds a ring of 6 slots; its quota leaves room for 4 more slots' staging, 40
+  // bytes short of their sample ids (4 slots x 3 rows x 8 bytes = 96).
+  const uint64_t ids = 3 * sizeof(int64_t);
+  const uint64_t held = 6 * (stride + ids);
+  SessionManagerOptions options;
+  options.threads = 2;
+  options.auto_ring_bytes = 1;  // the byte rule alone: 2 slots
+  options.max_staging_bytes_per_uid = held + 4 * stride + 56;
+  options.clock = clock_.AsClock();
+  manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
+  auto as_user = [&](const std::string& job, int32_t slots) {
+    AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+    spec.job = job;
+    spec.ring_slots = slots;
+    spec.caller = Caller{};
+    spec.caller.cred.uid = spec.caller.cred.gid = 1000;
+    spec.caller.admin = false;
+    UniqueFd fd(::open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    absl::StatusOr<std::string> handle =
+        manager_->AddDatasetHandle(std::move(fd), spec.caller.cred);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    if (handle.ok()) spec.feed.dataset.handle = *handle;
+    return spec;
+  };
+  absl::StatusOr<Attachment> first = manager_->Attach(as_user("held", 6));
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto first_session = manager_->Find(first->session_id, first->token);
+  ASSERT_TRUE(first_session.ok());
+  ASSERT_EQ((*first_session)->quota_bytes(), held);
+  // 4 slots fit what the quota leaves of staging, so the room picks them; with their ids they
+  // pass it, so the try falls back to 3 (checked where the ring is allocated, not only where
+  // the session is inserted, which would refuse the Attach).
+  absl::StatusOr<Attachment> deep = manager_->Attach(as_user("deep", 0));
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_EQ(deep->ring_slots, 3);
+  // Now even the byte rule's 2 slots pass the quota: refused, naming it.
+  absl::StatusOr<Attachment> third = manager_->Attach(as_user("third", 0));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("max_staging_bytes_per_uid"));
 }
 
 TEST(DecodeShareTest, FillTimeAgainstThePaceMovesTheShareWithinItsBounds) {

@@ -10,11 +10,11 @@
 // resnet_goals_on_device.sh, 12 threads, 2026-12-01). So the share adapts under MPS too.
 //
 // The signal is the batch's own fill time against the consumer's pace. A fill (the CPU side
-// of a batch: reads, the CPU's decodes, staging) that takes under kRoom of the time between
-// the consumer's releases leaves the pool room: the CPU takes 1/32 more of the next batches;
-// one over kFull of it: 1/8 less. So the pool decodes what it keeps up with, whatever the
-// thread count, the other sessions sharing the pool or the consumer's pace. The bounds depend
-// on the ring's depth: with 2 slots a batch's fill and its GPU work (nvJPEG, the kernel, ~11
+// of a batch: reads, the CPU's decodes, staging) that takes under a "room" bound of the time
+// between the consumer's releases leaves the pool room: the CPU takes 1/32 more of the next
+// batches; one over a "full" bound of it: 1/8 less. So the pool decodes what it keeps up with,
+// whatever the thread count, the other sessions sharing the pool or the consumer's pace. The bounds
+// depend on the ring's depth: with 2 slots a batch's fill and its GPU work (nvJPEG, the kernel, ~11
 // ms for 256 images on an H200) must both fit in one period, so the pool takes more only
 // under half of it and gives back over 0.8; with 3 slots or more the fills run that far ahead
 // of the consumer, the GPU work of one batch overlaps the next fill, and only the fill must
@@ -41,11 +41,6 @@ class DecodeShare {
   explicit DecodeShare(int ring_slots)
       : room_(ring_slots >= 3 ? 0.75 : 0.5), full_(ring_slots >= 3 ? 0.9 : 0.8) {}
 
-  // fill / period under this: the pool has room; over full(): it is near keeping the
-  // consumer waiting.
-  double room() const { return room_; }
-  double full() const { return full_; }
-
   // The fraction of rows the CPU decodes, in [0, 1]; starts at 0 (nvJPEG for all).
   double share() const { return share_; }
 
@@ -62,7 +57,7 @@ class DecodeShare {
   }
 
  private:
-  double room_, full_;
+  double room_, full_;  // fill / period under room_: the pool has room; over full_: near waiting
   double share_ = 0;
 };
 

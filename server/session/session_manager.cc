@@ -54,10 +54,7 @@ int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_b
   const uint64_t gpus = static_cast<uint64_t>(std::max(staged->gpus, 1));
   for (const int32_t deep : {4, 3}) {
     // stride < 2^45 (Feed bounds a batch), gpus a device count: the product cannot wrap.
-    if (deep > slots && deep * stride_bytes * gpus <= staged->budget_bytes / 2 &&
-        deep * stride_bytes <= staged->free_bytes) {
-      return deep;
-    }
+    if (deep > slots && deep * stride_bytes * gpus <= staged->budget_bytes / 2) return deep;
   }
   return slots;
 }
@@ -251,54 +248,45 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   const bool staged_device = stage != StageMode::kNone && spec.delivery == DeliveryKind::kDevice;
   if (staged_device) {
     room.gpus = devices_ != nullptr ? static_cast<int>(devices_->gpu_uuids().size()) : 1;
-    room.budget_bytes = pool_->total_bytes();
-    room.free_bytes = pool_->free_bytes();
     const uint64_t quota = options_.max_staging_bytes_per_uid;
-    if (!spec.caller.admin && quota > 0) {
-      absl::MutexLock lock(&mu_);
-      auto it = usage_.find(spec.caller.uid());
-      const uint64_t used = it == usage_.end() ? 0 : it->second.staging_bytes;
-      room.budget_bytes = std::min(quota, room.budget_bytes);
-      room.free_bytes = std::min(room.free_bytes, quota > used ? quota - used : 0);
-    }
+    room.budget_bytes = spec.caller.admin || quota == 0 ? pool_->total_bytes()
+                                                        : std::min(quota, pool_->total_bytes());
   }
   const int32_t shallow = DefaultRingSlots(options_, stride);
   int32_t slots = spec.ring_slots != 0
                       ? spec.ring_slots
                       : DefaultRingSlots(options_, stride, staged_device ? &room : nullptr);
-  // The host ring, then the device ring, of `n` slots, within the caller's quota now (checked
-  // again, authoritatively, where the session is inserted).
+  // Within the caller's quota now (checked again, authoritatively, where the session is
+  // inserted), the host ring, then the device ring, of `n` slots.
   absl::StatusOr<StagingRegion> ring = absl::UnknownError("not allocated");
   std::unique_ptr<DeviceRing> device;
   auto allocate = [&](int32_t n) -> absl::Status {
-    // stride < 2^45 (Feed bounds a batch) and n <= 64: the product cannot wrap. A host ring
-    // is a memfd of its own (its consumer maps it); device staging stays in the private slabs.
+    // stride < 2^45 (Feed bounds a batch) and n <= 64: the product cannot wrap. Both layouts'
+    // strides are page-aligned, so this is the region's size. A host ring is a memfd of its
+    // own (its consumer maps it); device staging stays in the private slabs.
     const uint64_t ring_bytes = stride * static_cast<uint64_t>(n);
+    {
+      absl::MutexLock lock(&mu_);
+      GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(
+          spec.caller, ring_bytes + static_cast<uint64_t>(spec.feed.batch_size) *
+                                        static_cast<uint64_t>(n) * sizeof(int64_t)));
+    }
     ring = spec.delivery == DeliveryKind::kHost ? pool_->AllocateOwnMemfd(ring_bytes)
                                                 : pool_->Allocate(ring_bytes);
     if (!ring.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("ring of ", n, " slots x ", stride, " bytes: ", ring.status().message()));
     }
-    absl::Status quota;
-    {
-      absl::MutexLock lock(&mu_);
-      quota = CheckQuotaLocked(spec.caller,
-                               ring->size() + static_cast<uint64_t>(spec.feed.batch_size) *
-                                                  static_cast<uint64_t>(n) * sizeof(int64_t));
+    if (spec.delivery != DeliveryKind::kDevice) return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
+        spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
+        stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
+    if (!allocated.ok()) {
+      ring = absl::UnknownError("freed");  // the host ring back to the pool before a retry
+      return Annotate(allocated.status(), "device ring");
     }
-    if (quota.ok() && spec.delivery == DeliveryKind::kDevice) {
-      absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
-          spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
-          stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
-      if (allocated.ok()) {
-        device = std::move(*allocated);
-      } else {
-        quota = Annotate(allocated.status(), "device ring");
-      }
-    }
-    if (!quota.ok()) ring = absl::UnknownError("freed");  // the host ring back to the pool
-    return quota;
+    device = std::move(*allocated);
+    return absl::OkStatus();
   };
   absl::Status allocated = allocate(slots);
   // A deep auto ring of staged batches that does not fit now (a slab's free blocks, the uid's

@@ -60,14 +60,13 @@ struct AttachSpec {
 struct StagedRingRoom {
   int gpus = 1;
   uint64_t budget_bytes = 0;
-  uint64_t free_bytes = UINT64_MAX;  // of the budget now: a deep ring must fit it as well
 };
 
 // The ring depth for a session with slots of `stride_bytes` when Attach gives none: as many
 // slots as fit in auto_ring_bytes, 2 to 16. A device ring of staged batches (`staged`) gets
 // 4 slots, else 3, where that many for every GPU fit in half its budget (the other half left
-// for other sessions) and that many fit what is free of it now; Attach tries 3, then the
-// byte rule's depth, when the deep ring then does not fit a slab, the quota or the GPU. Its
+// for other sessions); Attach tries 3, then the byte rule's depth, when the deep ring does
+// not fit now (the slabs' free blocks, what is left of the quota, the GPU). Its
 // slots are large (~168 MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too
 // few: each fill must then finish within one consumer step, behind the batch's GPU work.
 // ResNet-50 on an H200 (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01)

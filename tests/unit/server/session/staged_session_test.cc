@@ -349,9 +349,9 @@ TEST_F(StagedSessionTest, AUidsQuotaBoundsTheDeepAutoRingAndADeepTryPastItFallsB
   auto first_session = manager_->Find(first->session_id, first->token);
   ASSERT_TRUE(first_session.ok());
   ASSERT_EQ((*first_session)->quota_bytes(), held);
-  // 4 slots fit what the quota leaves of staging, so the room picks them; with their ids they
-  // pass it, so the try falls back to 3 (checked where the ring is allocated, not only where
-  // the session is inserted, which would refuse the Attach).
+  // 4 slots fit half the quota, so the room picks them; what is left of it holds their
+  // staging but not with their ids, so the try falls back to 3 (checked where the ring is
+  // allocated, not only where the session is inserted, which would refuse the Attach).
   absl::StatusOr<Attachment> deep = manager_->Attach(as_user("deep", 0));
   ASSERT_TRUE(deep.ok()) << deep.status();
   EXPECT_EQ(deep->ring_slots, 3);

@@ -1,24 +1,24 @@
 #include "server/feed/feed.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/os/file.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "server/reader/shards.h"
 
 namespace gpufeed::server {
 namespace {
@@ -71,19 +71,22 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   // where the path is a real file or folder (a test's fake file system has no such thing).
   std::vector<std::pair<std::string, std::string>> identity;
   struct stat st;
-  // Several record arrays: each file's own size and time (ContentIdentity) say what the feed
-  // reads; their directory's time changes with any file added beside them, a checkpoint say.
+  // Where the dataset names its files (shards, several record arrays: ContentIdentity), each
+  // file's own size and time say what the feed reads; their directory's time changes with any
+  // file added beside them, a checkpoint or a dot-file say, and is left out. A regular file's
+  // size and time stay, a single shard's too.
+  std::string files = dataset->ContentIdentity();
   if (spec.dataset.arrays.empty() &&
       (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
-                            : ::stat(spec.dataset.path.c_str(), &st) == 0)) {
+                            : ::stat(spec.dataset.path.c_str(), &st) == 0) &&
+      (files.empty() || !S_ISDIR(st.st_mode))) {
     if (S_ISREG(st.st_mode)) identity.emplace_back("bytes", absl::StrCat(st.st_size));
     identity.emplace_back("mtime_ns",
                           absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
                                        st.st_mtim.tv_nsec));
   }
-  // Sharded datasets: which files, in which order, of which sizes.
-  if (std::string shards = dataset->ContentIdentity(); !shards.empty()) {
-    identity.emplace_back(spec.dataset.arrays.empty() ? "shards" : "files", std::move(shards));
+  if (!files.empty()) {
+    identity.emplace_back(spec.dataset.arrays.empty() ? "shards" : "files", std::move(files));
   }
   // The descriptor was borrowed for the open; the handle is spent. Neither is the feed's.
   spec.dataset.fd = -1;
@@ -210,17 +213,47 @@ std::vector<std::pair<std::string, std::string>> ParseFields(absl::string_view t
   return out;
 }
 
+namespace {
+
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
+Fields::const_iterator Find(const Fields& fields, absl::string_view name) {
+  return std::find_if(fields.begin(), fields.end(),
+                      [name](const auto& p) { return p.first == name; });
+}
+
+// A position saved by a gpufeedd from before 2026-12-02 read as one saved now, where that
+// release's fingerprint of the same feed differs only in form: for a directory of shards it
+// held the directory's time (`mtime_ns` without `bytes`) and a `shards` item without its
+// files' times. Both are taken as matching: the shard set must still be the same, only its
+// files' times (which that release did not record) go unchecked.
+void UpgradeSaved(Fields& saved, const Fields& current) {
+  const auto shards = Find(current, "shards");
+  if (shards == current.end()) return;
+  if (Find(saved, "bytes") == saved.end() && Find(current, "mtime_ns") == current.end()) {
+    saved.erase(std::remove_if(saved.begin(), saved.end(),
+                               [](const auto& p) { return p.first == "mtime_ns"; }),
+                saved.end());
+  }
+  const absl::string_view now = shards->second;
+  for (auto& [name, value] : saved) {
+    if (name == "shards" && !absl::StrContains(value, kShardTimesPart) &&
+        now.substr(0, now.find(kShardTimesPart)) == value) {
+      value = shards->second;
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current) {
   if (saved == current) return absl::OkStatus();
-  const auto a = ParseFields(saved), b = ParseFields(current);
-  auto find = [](const std::vector<std::pair<std::string, std::string>>& fields,
-                 const std::string& name) {
-    return std::find_if(fields.begin(), fields.end(),
-                        [&name](const auto& p) { return p.first == name; });
-  };
+  Fields a = ParseFields(saved);
+  const Fields b = ParseFields(current);
+  UpgradeSaved(a, b);
   std::vector<std::string> differ;
   for (const auto& field : b) {
-    auto it = find(a, field.first);
+    auto it = Find(a, field.first);
     if (it == a.end() && field.first == "sampler") {
       differ.push_back(absl::StrCat(
           "sampler (the position was saved by a gpufeedd before ", field.second,
@@ -232,10 +265,11 @@ absl::Status CompareFingerprints(absl::string_view saved, absl::string_view curr
     }
   }
   for (const auto& field : a) {
-    if (find(b, field.first) == b.end()) {
+    if (Find(b, field.first) == b.end()) {
       differ.push_back(absl::StrCat(field.first, " (no longer part of the feed)"));
     }
   }
+  if (differ.empty()) return absl::OkStatus();  // an earlier release's form of the same feed
   return absl::FailedPreconditionError(absl::StrCat(
       "start.fingerprint: the position was saved from another feed: ",
       absl::StrJoin(differ, "; "),

@@ -53,9 +53,10 @@ class TarSource final : public ImageSource {
   }
 
   std::string ContentIdentity() const override {
-    std::vector<std::pair<std::string, uint64_t>> files;
-    for (const WebDatasetShard& s : index_.shards) files.emplace_back(s.name, s.file->size());
-    return ShardsIdentity(files);
+    return ShardsIdentity(
+        index_.shards.size(),
+        [this](size_t k) -> const std::string& { return index_.shards[k].name; },
+        [this](size_t k) -> const RandomAccessFile& { return *index_.shards[k].file; });
   }
 
  private:

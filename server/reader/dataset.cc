@@ -81,12 +81,12 @@ class TokensDataset final : public Dataset {
         [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; },
         [this](int64_t id) { return ShardOf(static_cast<uint64_t>(id)); });
   }
-  // Which files, in which order, of which sizes (ShardsIdentity).
+  // Which files, in which order, of which sizes and times (ShardsIdentity).
   std::string ContentIdentity() const override {
     if (!sharded_) return "";
-    std::vector<std::pair<std::string, uint64_t>> files;
-    for (const TokenShard& s : shards_) files.emplace_back(s.name, s.file->size());
-    return ShardsIdentity(files);
+    return ShardsIdentity(
+        shards_.size(), [this](size_t k) -> const std::string& { return shards_[k].name; },
+        [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; });
   }
 
  private:

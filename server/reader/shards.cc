@@ -183,18 +183,26 @@ absl::StatusOr<std::vector<std::string>> ListShardFiles(
   return names;
 }
 
-std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> shards) {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&h](absl::string_view bytes) {
-    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+std::string ShardsIdentity(size_t count, absl::FunctionRef<const std::string&(size_t)> name,
+                           absl::FunctionRef<const RandomAccessFile&(size_t)> file) {
+  // FNV-1a: a short, stable name for the list, not a defence against a forger (whoever can
+  // write the shards can write a checkpoint too).
+  uint64_t h = 14695981039346656037ull, t = h;
+  auto mix = [](uint64_t& into, absl::string_view bytes) {
+    for (unsigned char c : bytes) into = (into ^ c) * 1099511628211ull;
   };
-  for (const auto& [name, size] : shards) {
-    mix(absl::string_view(name).substr(name.find_last_of('/') + 1));
-    mix(absl::string_view("\0", 1));
-    mix(absl::StrCat(size));
-    mix(absl::string_view("\0", 1));
+  const absl::string_view nul("\0", 1);
+  for (size_t k = 0; k < count; ++k) {
+    const std::string& n = name(k);
+    mix(h, absl::string_view(n).substr(n.find_last_of('/') + 1));
+    mix(h, nul);
+    mix(h, absl::StrCat(file(k).size()));
+    mix(h, nul);
+    mix(t, absl::StrCat(file(k).modified_ns()));
+    mix(t, nul);
   }
-  return absl::StrCat(shards.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
+  return absl::StrCat(count, " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16), kShardTimesPart,
+                      absl::Hex(t, absl::kZeroPad16));
 }
 
 absl::Status CheckShardsNotShrunk(size_t count, std::span<const int64_t> ids,

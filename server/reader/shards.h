@@ -58,10 +58,14 @@ absl::StatusOr<std::optional<ShardDir>> FindShardDir(
 absl::StatusOr<std::vector<std::string>> ListShardFiles(
     int dirfd, const std::string& dir, const std::function<bool(const std::string&)>& keep);
 
-// "N files, fnv1a64 H" of each shard's name (its last component) and size, in order: a shard
-// added, removed, renamed, reordered or resized changes it, so a saved position does not
-// resume another set.
-std::string ShardsIdentity(std::span<const std::pair<std::string, uint64_t>> shards);
+// "N files, fnv1a64 H, mtimes fnv1a64 M" of `count` shards: H of each shard's name (its last
+// component) and size, in order, M of their modification times. A shard added, removed,
+// renamed, reordered, resized or rewritten changes it, so a saved position does not resume
+// another set; a file beside the shards that is none changes nothing. Positions saved before
+// the mtimes part existed hold "N files, fnv1a64 H" (CompareFingerprints takes them).
+inline constexpr absl::string_view kShardTimesPart = ", mtimes fnv1a64 ";
+std::string ShardsIdentity(size_t count, absl::FunctionRef<const std::string&(size_t)> name,
+                           absl::FunctionRef<const RandomAccessFile&(size_t)> file);
 
 // Dataset::CheckReadNotShrunk for a dataset of `count` shards: each shard the rows `ids` read
 // (`shard_of(id)`) checked once, or every shard for no ids. Read leases (common/os/

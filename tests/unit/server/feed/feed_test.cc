@@ -1,7 +1,10 @@
-// server/feed/: the fingerprint's sampler item, the sample cap (max_samples_per_feed), the ids
-// budget (max_ids_bytes), and exceptions stopped at the fill and open boundaries
-// (docs/SECURITY.md §4).
+// server/feed/: the fingerprint's sampler item and shard set, the sample cap
+// (max_samples_per_feed), the ids budget (max_ids_bytes), and exceptions stopped at the fill and
+// open boundaries (docs/SECURITY.md §4).
 #include "server/feed/feed.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <limits>
@@ -19,13 +22,16 @@
 #include "gtest/gtest.h"
 #include "server/feed/ids_budget.h"
 #include "tests/testing/fake_file_system.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
 
 using ::gpufeed::testing::FakeFileSystem;
+using ::gpufeed::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // `count` uint16 tokens t = t mod 2^16.
 std::string Tokens(uint64_t count) {
@@ -93,6 +99,65 @@ TEST(FeedFingerprintTest, NamesTheSamplerAndRefusesPositionsOfTheOldOrder) {
   EXPECT_THAT(CompareFingerprints(future, fp).message(),
               HasSubstr("sampler was feistel2, is feistel1"));
   EXPECT_TRUE(CompareFingerprints(fp, fp).ok());
+}
+
+// Moves `path`'s modification time one second on: a change no file system's granularity hides.
+void TouchLater(const std::string& path) {
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+  timespec times[2] = {st.st_atim, st.st_mtim};
+  times[1].tv_sec += 1;
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+std::string FingerprintOf(const FeedSpec& spec) {
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(spec, PosixFileSystem());
+  EXPECT_TRUE(feed.ok()) << feed.status();
+  return feed.ok() ? (*feed)->fingerprint() : "";
+}
+
+// A directory of shards is named by its shards (names, sizes, times), not by the directory's
+// own time: a dot-file or a folder added beside the shards (a lock, a checkpoint) does not
+// stop a resume; a shard rewritten does. A position saved before the shards' times were part
+// of the fingerprint (the directory's time instead) still resumes the same shard set.
+TEST(FeedFingerprintTest, AShardDirectoryIsNamedByItsShardsNotByFilesBesideThem) {
+  TempDir dir;
+  dir.WriteFile("a.bin", Tokens(101));
+  dir.WriteFile("b.bin", Tokens(57));
+  const FeedSpec spec = TokensSpec(dir.path(), 10, 2);
+  const std::string fp = FingerprintOf(spec);
+  EXPECT_THAT(fp, HasSubstr(";path=" + dir.path() + ";shards=2 files, fnv1a64 "));
+  EXPECT_THAT(fp, HasSubstr(", mtimes fnv1a64 "));
+  EXPECT_THAT(fp, Not(HasSubstr("mtime_ns=")));
+
+  dir.WriteFile(".lock", "pid 4242");
+  ASSERT_EQ(::mkdir(dir.Join("checkpoints").c_str(), 0755), 0);
+  TouchLater(dir.path());
+  EXPECT_EQ(FingerprintOf(spec), fp);
+
+  // b.bin rewritten in place, the same size: its time differs.
+  TouchLater(dir.Join("b.bin"));
+  const std::string rewritten = FingerprintOf(spec);
+  const absl::Status refused = CompareFingerprints(fp, rewritten);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("shards was 2 files, fnv1a64 "));
+  EXPECT_THAT(refused.message(), Not(HasSubstr("mtime_ns")));
+
+  // The form an earlier gpufeedd saved: the directory's time, no shard times.
+  const size_t times = fp.find(", mtimes fnv1a64 ");
+  const size_t end = fp.find(';', times);
+  std::string old = fp.substr(0, times) + fp.substr(end);
+  old.insert(old.find(";shards="), ";mtime_ns=1764633600000000000");
+  EXPECT_TRUE(CompareFingerprints(old, rewritten).ok()) << CompareFingerprints(old, rewritten);
+  // ... but only for the same shard set: a third shard is refused, naming it.
+  dir.WriteFile("c.bin", Tokens(33));
+  const absl::Status more = CompareFingerprints(old, FingerprintOf(spec));
+  EXPECT_EQ(more.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(more.message(), HasSubstr("shards was 2 files, fnv1a64 "));
+  EXPECT_THAT(more.message(), HasSubstr(", is 3 files, fnv1a64 "));
+  // A single file keeps its own size and time: an earlier release's position of it had them.
+  const std::string one = FingerprintOf(TokensSpec(dir.Join("a.bin"), 10, 2));
+  EXPECT_THAT(one, HasSubstr(";bytes=202;mtime_ns="));
 }
 
 TEST(FeedLimitsTest, ADatasetOfMoreSamplesThanTheCapIsRefusedNamingBoth) {

@@ -217,3 +217,43 @@ def test_gpufeedctl_consume_arrays_dumps_every_tensor(daemon, job, xy, tmp_path_
                           "--job", f"{job}-{form}-bad", "--batch-size", "5",
                           "--arrays", "x=x.npy,y"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--arrays: 'y' is not NAME=FILE" in bad.stderr
+
+
+def _checksum(rows: np.ndarray) -> int:
+    """gpufeedctl's checksum of `rows` (one sample a row): sum_j (j+1) * t_j over each row, t_j
+    its j-th element read as an unsigned integer of its width, mod 2^64."""
+    flat = rows.reshape(len(rows), -1)
+    unsigned = flat.view(f"<u{flat.dtype.itemsize}") if flat.dtype.itemsize > 1 else flat.view("u1")
+    weights = np.arange(1, unsigned.shape[1] + 1, dtype=object)
+    return int(sum(int(np.dot(row.astype(object), weights)) for row in unsigned)) % (1 << 64)
+
+
+def test_gpufeedctl_consume_checksums_every_tensor(daemon, job, xy, tmp_path_factory):
+    """--checksum over a whole epoch of three arrays: "checksum" stays the first tensor's;
+    "checksum.NAME" (and -o json's "checksums") gives each one's, equal to the sum computed
+    here from the arrays and the ids the batches carried, so a wrong row of any array shows."""
+    import json
+    import subprocess
+
+    root, arrays = xy
+    ids_file = tmp_path_factory.mktemp("ids") / "ids.jsonl"
+    base = [_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+            "--batch-size", "4", "--seed", "5", "--epochs", "1", "--no-drop-last", "--checksum",
+            "--dataset", str(root), "--arrays", "x=x.npy,y=y.npy,w=w.npy"]
+    text = subprocess.run(base + ["--job", f"{job}-text", "--ids", str(ids_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0, text.stderr
+    valid = []
+    for line in ids_file.read_text().splitlines():
+        b = json.loads(line)
+        valid += b["ids"][:b["valid"]]
+    assert sorted(valid) == list(range(N))
+    want = {name: _checksum(arrays[name][valid]) for name in "xyw"}
+    lines = dict(line.split(" ", 1) for line in text.stdout.splitlines() if line.startswith("checksum"))
+    assert lines == {"checksum": str(want["x"]), "checksum.x": str(want["x"]),
+                     "checksum.y": str(want["y"]), "checksum.w": str(want["w"])}
+    js = subprocess.run(base + ["--job", f"{job}-json", "-o", "json"], capture_output=True,
+                        text=True, timeout=60)
+    assert js.returncode == 0, js.stderr
+    out = json.loads(js.stdout.strip().splitlines()[-1])
+    assert out["checksum"] == want["x"] and out["checksums"] == want

@@ -161,8 +161,8 @@ const char* NpyDescr(DType dtype) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, void* stream) {
-  const client::Tensor& t = batch.tensors()[0];
+absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, size_t tensor, void* stream) {
+  const client::Tensor& t = batch.tensors()[tensor];
   absl::StatusOr<std::vector<std::byte>> host = HostBytes(t, stream);
   if (!host.ok()) return host.status();
   const uint32_t width = DTypeSize(t.dtype);

@@ -40,10 +40,10 @@ class ConsumerStream {
   void* stream_ = nullptr;
 };
 
-// The checksum gpufeedctl prints: over the first tensor's valid samples, the sum of
-// sum_j (j+1) * t_j, t_j a sample's j-th element read as an unsigned integer of its width,
-// mod 2^64. Device batches are copied back on `stream` first.
-absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, void* stream);
+// The checksum gpufeedctl prints for tensor `tensor` of `batch`: over its valid samples, the
+// sum of sum_j (j+1) * t_j, t_j a sample's j-th element read as an unsigned integer of its
+// width, mod 2^64. Device batches are copied back on `stream` first.
+absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, size_t tensor, void* stream);
 
 // Writes each tensor of `batch` as PREFIX.<tensor>.npy and its ids as PREFIX.ids.npy.
 absl::Status DumpBatch(const client::Batch& batch, const std::string& prefix, void* stream);

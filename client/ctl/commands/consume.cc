@@ -121,6 +121,17 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   return absl::OkStatus();
 }
 
+// -o json's checksum items: "checksum" the first tensor's, "checksums" each one's by name.
+std::string ChecksumsJson(bool wanted, const std::vector<std::string>& names,
+                          const std::vector<uint64_t>& sums) {
+  if (!wanted) return "";
+  std::string each;
+  for (size_t t = 0; t < names.size(); ++t) {
+    absl::StrAppend(&each, t == 0 ? "" : ",", "\"", absl::CHexEscape(names[t]), "\":", sums[t]);
+  }
+  return absl::StrCat(",\"checksum\":", sums.empty() ? 0 : sums[0], ",\"checksums\":{", each, "}");
+}
+
 int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
   client::AttachOptions o;
   Limits limits;
@@ -168,7 +179,9 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
                  (*session)->info().augment.c_str());
   }
   int64_t batches = 0, samples = 0;
-  uint64_t bytes = 0, sum = 0;
+  uint64_t bytes = 0;
+  std::vector<uint64_t> sums;  // --checksum: one a tensor
+  std::vector<std::string> names;
   absl::Duration first_batch = absl::ZeroDuration();
   absl::Time last_report = absl::Now();
   absl::Status end;
@@ -197,9 +210,14 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
       if (absl::Status s = DumpBatch(*batch, flags.dump, stream.get()); !s.ok()) return Fail(s);
     }
     if (flags.checksum) {
-      absl::StatusOr<uint64_t> batch_sum = BatchChecksum(*batch, stream.get());
-      if (!batch_sum.ok()) return Fail(batch_sum.status());
-      sum += *batch_sum;
+      sums.resize(batch->tensors().size(), 0);
+      names.clear();
+      for (size_t t = 0; t < batch->tensors().size(); ++t) {
+        absl::StatusOr<uint64_t> batch_sum = BatchChecksum(*batch, t, stream.get());
+        if (!batch_sum.ok()) return Fail(batch_sum.status());
+        sums[t] += *batch_sum;
+        names.push_back(batch->tensors()[t].name);
+      }
     }
     if (limits.step_ms > 0) absl::SleepFor(absl::Milliseconds(limits.step_ms));
     batch->Release(stream.get());
@@ -229,14 +247,20 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
         absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
         absl::CHexEscape(pos.fingerprint).c_str(),
-        flags.checksum ? absl::StrCat(",\"checksum\":", sum).c_str() : "");
+        ChecksumsJson(flags.checksum, names, sums).c_str());
   } else {
     std::printf(
         "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
         "%.1f MB/s; first batch after %.1f ms; next position (%ld, %ld)\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs / 1e6,
         absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step);
-    if (flags.checksum) std::printf("checksum %lu\n", sum);
+    if (flags.checksum) {
+      // The first tensor's as before; with several, each one's by name too.
+      std::printf("checksum %lu\n", sums.empty() ? 0ul : sums[0]);
+      for (size_t t = 0; names.size() > 1 && t < names.size(); ++t) {
+        std::printf("checksum.%s %lu\n", names[t].c_str(), sums[t]);
+      }
+    }
     // To resume: --start-epoch/--start-step from the line above, and this.
     std::printf("fingerprint %s\n", pos.fingerprint.c_str());
   }
@@ -302,7 +326,8 @@ Command AddConsume(CLI::App& app) {
   cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
       ->type_name("FILE");
   cli->add_flag("--checksum", f.checksum,
-                "print \"checksum <u64>\": sum over valid samples of sum_j (j+1)*t_j");
+                "print \"checksum <u64>\" (the first tensor's): sum over valid samples of\n"
+                "sum_j (j+1)*t_j; with several tensors \"checksum.NAME <u64>\" for each too");
   cli->add_option("--device", f.device,
                   "device delivery to cuda:N or a GPU-... UUID: batches land in that\n"
                   "GPU's memory; --checksum copies each batch back to compute the sum")

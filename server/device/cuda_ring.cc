@@ -56,6 +56,12 @@ absl::Status Gpu::InitNvjpeg() {
       return nvjpeg_status = absl::FailedPreconditionError(absl::StrCat(
           "decode: nvJPEG (", api->library, ") on ", uuid, ": ", nvjpeg::StatusName(rc)));
     }
+    absl::StatusOr<cuda::Event> done = cuda::CreateEvent(ordinal, cudaEventDisableTiming);
+    if (!done.ok()) {
+      api->Destroy(std::exchange(nvjpeg_handle, nullptr));
+      return nvjpeg_status = done.status();
+    }
+    nvjpeg_done = *std::move(done);
     nvjpeg = api;
     spdlog::info("GPU {} {}: nvJPEG {} backend from {}{}", ordinal, uuid, backend, nvjpeg->library,
                  nvjpeg_flags != 0 ? ", chroma upsampling by interpolation" : "");
@@ -358,6 +364,14 @@ class CudaRing final : public DeviceRing {
     if (rc == 0) {
       rc = cudaEventSynchronize(sc.free.get()) == cudaSuccess ? 0 : -1;
     }
+    // Nor may a call start before the stream work of the one before it is done, on any ring
+    // of this GPU: measured on an H200 (nvJPEG 13.0, tests/gpu/nvjpeg_batch_sizes_on_device.sh),
+    // back-to-back calls of 64, 65, 80, 96 or 192 images made nvjpegDecodeBatched spin for ever
+    // within seconds (the engines idle), where the same calls with a stream synchronisation
+    // after each never did. Bounded as above: our own stream work.
+    if (rc == 0) {
+      rc = cudaEventSynchronize(gpu_->nvjpeg_done.get()) == cudaSuccess ? 0 : -1;
+    }
     if (rc == 0 && nvjpeg_batch_ != n) {
       rc = api->DecodeBatchedInitialize(gpu_->nvjpeg_handle, nvjpeg_state_.get(), n, 1,
                                         nvjpeg::kRgbInterleaved);
@@ -366,6 +380,9 @@ class CudaRing final : public DeviceRing {
     if (rc == 0) {
       rc = api->DecodeBatched(gpu_->nvjpeg_handle, nvjpeg_state_.get(), data.data(),
                               lengths.data(), images.data(), stream_.get());
+    }
+    if (rc == 0) {
+      rc = cudaEventRecord(gpu_->nvjpeg_done.get(), stream_.get()) == cudaSuccess ? 0 : -1;
     }
     if (rc != 0) {
       spdlog::warn("nvJPEG batch of {} on {}: {}; decoding those on the CPU", n, gpu_->uuid,

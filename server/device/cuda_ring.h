@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda/owners.h"
 #include "server/device/copy_thread.h"
 #include "server/device/cuda_backend.h"
 #include "server/device/device_backend.h"
@@ -38,6 +39,10 @@ struct Gpu {
   nvjpeg::Api nvjpeg_api;
   nvjpeg::Handle nvjpeg_handle = nullptr;
   unsigned nvjpeg_flags = 0;
+  // Recorded on a ring's stream after each nvjpegDecodeBatched on this GPU (copy thread
+  // only): the next call, of any ring, waits on the host for it (CudaRing::DecodeJpegs; a
+  // wait on an event never recorded returns at once).
+  cuda::Event nvjpeg_done;
 
   // Creates the nvJPEG handle: the hardware backend where the GPU has JPEG engines, else the
   // GPU-hybrid one. Once; later calls return the first outcome.

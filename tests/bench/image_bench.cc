@@ -8,7 +8,7 @@
 //   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
 //                      [--flags N]  (nvjpegCreateEx flags; 32: chroma upsampling by interpolation)
 //                      [--format rgbi|rgb|yuv|y|unchanged] [--step-ms MS] [--trace 1]
-//                      [--vary N] [--chunk N]
+//                      [--vary N] [--chunk N] [--sync 1] [--stall-s 10]
 //       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
 //       nvJPEG path (no augmentation, no daemon). --format: nvJPEG's output format (planar
 //       ones get three planes of the image's full size). --step-ms: one batch every MS
@@ -17,7 +17,9 @@
 //       re-initialised (nvjpegDecodeBatchedInitialize) before each, as when the number of
 //       rows nvJPEG takes changes from batch to batch. --chunk N: each batch in calls of at
 //       most N images (does the cost to a training context beside it follow the images or
-//       the call size?). A progress line goes to stderr every second. --trace: synchronises and
+//       the call size?). --sync 1: the stream synchronised after every call. A progress line
+//       goes to stderr every second; a call that has not returned after --stall-s seconds
+//       (10; 0: never) ends the run with exit code 3, naming the call. --trace: synchronises and
 //       prints "batch N" on stderr after each batch, so a profiler's per-kernel lines (ncu) can be
 //       counted per batch.
 //   image_bench crop   --image FILE --crop TOP,LEFT,H,W --size S --out OUT.npy [--decoded D.npy]
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +40,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -311,6 +315,36 @@ int Nvjpeg(const Flags& f) {
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   int64_t decoded = 0, calls = 0;
+  const bool sync = GetInt(f, "--sync", 0) != 0;
+  // What the main thread is in, for the watchdog: a call of nvJPEG's that never returns (seen
+  // on an H200 with 64- and 96-image calls back to back) is named, not waited for.
+  static std::atomic<int64_t> in_call{-1}, in_since_ms{0}, in_images{0};
+  static std::atomic<const char*> in_what{""};
+  const int64_t stall_s = GetInt(f, "--stall-s", 10);
+  auto now_ms = [] { return absl::ToUnixMillis(absl::Now()); };
+  auto enter = [&](const char* what, int64_t images) {
+    in_images = images;
+    in_what = what;
+    in_since_ms = now_ms();
+    in_call = calls;
+  };
+  if (stall_s > 0) {
+    std::thread([stall_s, now_ms] {
+      for (;;) {
+        absl::SleepFor(absl::Milliseconds(200));
+        const int64_t call = in_call.load();
+        if (call >= 0 && now_ms() - in_since_ms.load() > stall_s * 1000) {
+          std::fprintf(stderr,
+                       "image_bench: stalled: %s (call %ld, %ld images) has not returned "
+                       "for %ld s\n",
+                       in_what.load(), static_cast<long>(call), static_cast<long>(in_images.load()),
+                       static_cast<long>(stall_s));
+          std::fflush(stderr);
+          std::_Exit(3);
+        }
+      }
+    }).detach();
+  }
   size_t next = 0;
   absl::Time start = absl::Now();
   double busy0 = BusyCoreSeconds();
@@ -342,16 +376,23 @@ int Nvjpeg(const Flags& f) {
     for (int at = 0; at < n;) {
       const int m = chunk > 0 ? std::min(chunk, n - at) : n;
       if (m != initialized) {
+        enter("nvjpegDecodeBatchedInitialize", m);
         if (api->DecodeBatchedInitialize(handle, state, m, 1, format) != 0) {
           Die("nvjpegDecodeBatchedInitialize failed");
         }
         initialized = m;
       }
+      enter("nvjpegDecodeBatched", m);
       if (int rc = api->DecodeBatched(handle, state, d.data() + at, l.data() + at,
                                       images.data() + at, stream);
           rc != 0) {
         Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
       }
+      if (sync) {
+        enter("cudaStreamSynchronize after nvjpegDecodeBatched", m);
+        cudaStreamSynchronize(stream);
+      }
+      in_call = -1;
       ++calls;
       at += m;
     }
@@ -369,7 +410,9 @@ int Nvjpeg(const Flags& f) {
       if (due > absl::Now()) absl::SleepFor(due - absl::Now());
     }
     if (round == 2) {  // warm-up done
+      enter("cudaStreamSynchronize after the warm-up", 0);
       cudaStreamSynchronize(stream);
+      in_call = -1;
       start = absl::Now();
       busy0 = BusyCoreSeconds();
       decoded = 0;
@@ -383,13 +426,14 @@ int Nvjpeg(const Flags& f) {
   const double busy = (BusyCoreSeconds() - busy0) / wall;
   std::printf(
       "{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
-      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,\"chunk\":%d,\"calls\":%ld,"
+      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,\"chunk\":%d,\"sync\":%d,\"calls\":%ld,"
       "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
       "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
       backend_name.c_str(),
       (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
       backend_name.c_str(), format_name.c_str(), static_cast<long>(step_ms), vary, chunk,
-      static_cast<long>(calls), engines, batch, files, decoded, wall, decoded / wall, busy);
+      sync ? 1 : 0, static_cast<long>(calls), engines, batch, files, decoded, wall, decoded / wall,
+      busy);
   return 0;
 }
 

@@ -376,6 +376,68 @@ TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress)
   EXPECT_THAT(log, ::testing::Not(HasSubstr("stalled")));
 }
 
+// nvJPEG 13.0's hardware batched decode, called back to back with 64, 65, 80, 96 or 192
+// images, spun for ever within seconds on an H200 (tests/gpu/nvjpeg_batch_sizes_on_device.sh;
+// gpufeedd's own nvJPEG path at batch 64 stopped after 236 batches). The copy thread now waits
+// for the previous call's stream work before the next call (CudaRing::DecodeJpegs). Each of
+// those sizes, every row for nvJPEG, at full speed: every batch of every epoch comes, each
+// epoch holds every sample once. A guard, not a sure reproducer: the stall is a race, and a
+// daemon without the wait passed this once (2026-12-02, at 12-14k images/s against the fixed
+// one's 17-24k); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
+TEST_F(NvjpegSessionsTest, BackToBackNvjpegBatchesOfTheSizesThatOnceSpunAlwaysProgress) {
+  const std::string root = dir_.File("baseline");
+  constexpr int kFiles = 384;
+  for (int i = 0; i < kFiles; ++i) {
+    const int h = 200 + (i * 37) % 120, w = 200 + (i * 53) % 120;
+    WriteFileBytes(absl::StrCat(root, "/c", i % 4, "/", i, ".jpg"),
+                   EncodeJpeg(Textured(h, w, i), h, w, TJPF_RGB, TJSAMP_420, 85));
+  }
+  for (const int batch : {64, 65, 80, 96, 192}) {
+    const int64_t steps = kFiles / batch;  // drop_last: every call is `batch` images
+    const int64_t epochs = (400 + steps - 1) / steps;
+    client::AttachOptions o = Options(absl::StrCat("b", batch), 17);
+    o.dataset = root;
+    o.batch_size = batch;
+    o.drop_last = true;
+    o.stop_epoch = epochs;
+    auto session = client::Session::Attach(o);
+    ASSERT_TRUE(session.ok()) << session.status();
+    cudaSetDevice(0);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const absl::Time start = absl::Now();
+    int64_t batches = 0;
+    std::vector<std::set<int64_t>> seen(static_cast<size_t>(epochs));
+    std::string error;
+    while (true) {
+      absl::StatusOr<client::Batch> b = (*session)->Next(absl::Seconds(20));
+      if (absl::IsOutOfRange(b.status())) break;
+      if (!b.ok()) {
+        error = absl::StrCat("after ", batches, " batches: ", b.status().ToString());
+        break;
+      }
+      EXPECT_TRUE(b->WaitReady(stream).ok());
+      for (int64_t id : b->ids()) seen[static_cast<size_t>(b->epoch())].insert(id);
+      b->Release(stream);
+      ++batches;
+    }
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::printf("[ measure ] batch %d: %ld batches in %.1f s (%.0f images/s)\n", batch, batches,
+                seconds, batches * batch / seconds);
+    ASSERT_EQ(error, "") << "batch " << batch;
+    EXPECT_EQ(batches, epochs * steps) << "batch " << batch;
+    for (int64_t e = 0; e < epochs; ++e) {
+      EXPECT_EQ(seen[static_cast<size_t>(e)].size(), static_cast<size_t>(steps * batch))
+          << "batch " << batch << " epoch " << e;
+    }
+  }
+  const std::string log = daemon_->process().Stderr();
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("decoding those on the CPU")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("stalled")));
+}
+
 // A consumer whose GPU still reads its batch (its stream blocked for 3 s after the batch,
 // then the release recorded) must not hold up another session on the same GPU: the daemon
 // polls the release event instead of queueing a wait on it.

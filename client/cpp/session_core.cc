@@ -106,11 +106,14 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   GPUFEED_RETURN_IF_ERROR(
       Call(stub_.get(), &v1::Feed::Stub::Attach, request, &response, CallTimeout(), "attach"));
   if (again) {
-    // The same request, the same feed: anything else would be another stream.
+    // The same request, the same feed: anything else would be another stream. The feed the
+    // daemon checked itself: the request's start carries our fingerprint, and another feed is
+    // FAILED_PRECONDITION. A fingerprint that differs in form only (a gpufeedd upgraded across
+    // the restart writes a shard directory's differently: CompareFingerprints) is adopted, so
+    // positions saved from here on carry the daemon's current form.
     bool same = response.steps_per_epoch() == steps_per_epoch_ &&
-                response.slot_stride_bytes() == stride_ &&
-                response.ring_slots() == ring_slots_ &&
-                response.start().fingerprint() == fingerprint_ &&
+                response.slot_stride_bytes() == stride_ && response.ring_slots() == ring_slots_ &&
+                request.start().fingerprint() == fingerprint_ &&
                 response.tensors_size() == static_cast<int>(offsets_.size());
     for (int i = 0; same && i < response.tensors_size(); ++i) {
       same = response.tensors(i).byte_offset() == offsets_[i] &&
@@ -127,6 +130,11 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
     }
     session_id_ = response.session_id();
     token_ = response.token();
+    if (response.start().fingerprint() != fingerprint_) {
+      fingerprint_ = response.start().fingerprint();
+      absl::MutexLock lock(&mu_);
+      position_.fingerprint = fingerprint_;
+    }
     if (device_) {
       if (!response.has_device() ||
           response.device().alloc_bytes() < stride_ * static_cast<uint64_t>(ring_slots_) ||

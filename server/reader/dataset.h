@@ -110,7 +110,8 @@ class Dataset {
     return CheckNotShrunk();
   }
   // For the feed's fingerprint, what the path alone does not say (a sharded dataset: its
-  // files, order and sizes); "" when the path and its size do.
+  // files, order, sizes and mtimes; several arrays: each file's); "" when the path and its
+  // size do.
   virtual std::string ContentIdentity() const { return ""; }
   // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }

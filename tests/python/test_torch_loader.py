@@ -512,3 +512,41 @@ def test_even_gives_every_rank_the_same_real_count_as_distributed_sampler(daemon
         counts.append(n)
     assert counts == [79, 79]
     assert sorted(set(seen)) == list(range(157)) and len(seen) == 158
+
+
+def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, job, tmp_path):
+    """A position saved by a gpufeedd from before 2026-12-02 for a directory of shards holds
+    the directory's mtime_ns and a shards item without the shards' times. Loaded into an
+    attached loader (len() attaches, so the loader compares it itself) it resumes the same
+    shard set exactly; the same form with another shard set is refused, naming shards."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k, n in enumerate((301, 157)):
+        (shards / f"train_{k}.bin").write_bytes(
+            (np.arange(n, dtype=np.uint16) + 1000 * k).tobytes())
+    opts = dict(kind="tokens", seq_len=8, token_dtype="uint16", batch_size=4, seed=9, job=job)
+
+    def ids(loader):
+        return [b.ids.tolist() for b in loader]
+
+    with _loader(daemon, str(shards), **opts) as loader:
+        full = ids(loader)
+    with _loader(daemon, str(shards), **opts) as first:
+        it = iter(first)
+        head = [next(it).ids.tolist() for _ in range(3)]
+        state = first.state_dict()
+    fp = state["fingerprint"]
+    assert ";shards=2 files, fnv1a64 " in fp and ", mtimes fnv1a64 " in fp
+    assert "mtime_ns=" not in fp
+    shards_item = re.search(r";shards=([^;]*)", fp).group(1)
+    old = fp.replace(shards_item, shards_item.split(", mtimes fnv1a64 ")[0]).replace(
+        ";shards=", ";mtime_ns=1764633600000000000;shards=")
+    with _loader(daemon, str(shards), **opts) as second:
+        assert len(second) == len(full)
+        second.load_state_dict(dict(state, fingerprint=old))
+        assert head + ids(second) == full
+    other = old.replace(shards_item.split(", mtimes")[0], "3 files, fnv1a64 0123456789abcdef")
+    with _loader(daemon, str(shards), **opts) as third:
+        len(third)
+        with pytest.raises(gpufeed.FailedPrecondition, match=r"shards was 3 files"):
+            third.load_state_dict(dict(state, fingerprint=other))

@@ -239,6 +239,15 @@ def _fingerprint_differences(saved: str, current: str) -> List[str]:
     def fields(text: str) -> Dict[str, str]:
         return dict(f.partition("=")[::2] for f in text.split(";") if f)
     a, b = fields(saved), fields(current)
+    # The form a gpufeedd from before 2026-12-02 saved for a directory of shards (the
+    # directory's mtime_ns, shards without their times) matches the same shard set, as the
+    # daemon's CompareFingerprints takes it (server/feed/feed.cc, UpgradeSaved).
+    times = ", mtimes fnv1a64 "
+    if "shards" in b:
+        if "bytes" not in a and "mtime_ns" not in b:
+            a.pop("mtime_ns", None)
+        if times not in a.get("shards", times) and b["shards"].split(times)[0] == a["shards"]:
+            a["shards"] = b["shards"]
     out = [f"{k} was {a[k]}, is {v}" if k in a else f"{k} (not in the saved position)"
            for k, v in b.items() if a.get(k) != v]
     out += [f"{k} (no longer part of the feed)" for k in a if k not in b]

@@ -380,9 +380,10 @@ class CudaRing final : public DeviceRing {
     if (rc == 0) {
       rc = api->DecodeBatched(gpu_->nvjpeg_handle, nvjpeg_state_.get(), data.data(),
                               lengths.data(), images.data(), stream_.get());
-    }
-    if (rc == 0) {
-      rc = cudaEventRecord(gpu_->nvjpeg_done.get(), stream_.get()) == cudaSuccess ? 0 : -1;
+      // Whatever it returned (a corrupt file fails the call): what it queued is waited for.
+      const int recorded =
+          cudaEventRecord(gpu_->nvjpeg_done.get(), stream_.get()) == cudaSuccess ? 0 : -1;
+      if (rc == 0) rc = recorded;
     }
     if (rc != 0) {
       spdlog::warn("nvJPEG batch of {} on {}: {}; decoding those on the CPU", n, gpu_->uuid,

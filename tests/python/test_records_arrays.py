@@ -257,3 +257,22 @@ def test_gpufeedctl_consume_checksums_every_tensor(daemon, job, xy, tmp_path_fac
     assert js.returncode == 0, js.stderr
     out = json.loads(js.stdout.strip().splitlines()[-1])
     assert out["checksum"] == want["x"] and out["checksums"] == want
+
+
+def test_gpufeedctl_consume_json_is_json_for_any_dataset_path(daemon, job, tmp_path):
+    """-o json's fingerprint is a JSON string whatever the path holds (a quote, a backslash,
+    non-ASCII): json.loads reads it back, naming the path."""
+    import json
+    import subprocess
+
+    odd = tmp_path / "it's \"odd\" \\ café"
+    odd.mkdir()
+    np.save(odd / "r.npy", np.arange(40, dtype=np.int32).reshape(20, 2))
+    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+                          "--job", job, "--batch-size", "4", "--max-batches", "2", "--checksum",
+                          "--dataset", str(odd / "r.npy"), "-o", "json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert f"path={odd / 'r.npy'};" in out["position"]["fingerprint"]
+    assert out["checksums"] == {"data": out["checksum"]}

@@ -127,7 +127,7 @@ std::string ChecksumsJson(bool wanted, const std::vector<std::string>& names,
   if (!wanted) return "";
   std::string each;
   for (size_t t = 0; t < names.size(); ++t) {
-    absl::StrAppend(&each, t == 0 ? "" : ",", "\"", absl::CHexEscape(names[t]), "\":", sums[t]);
+    absl::StrAppend(&each, t == 0 ? "" : ",", JsonString(names[t]), ":", sums[t]);
   }
   return absl::StrCat(",\"checksum\":", sums.empty() ? 0 : sums[0], ",\"checksums\":{", each, "}");
 }
@@ -243,11 +243,10 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     std::printf(
         "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
         "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
-        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":\"%s\"}%s}\n",
+        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":%s}%s}\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
         absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
-        absl::CHexEscape(pos.fingerprint).c_str(),
-        ChecksumsJson(flags.checksum, names, sums).c_str());
+        JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str());
   } else {
     std::printf(
         "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "

@@ -11,7 +11,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev
-  libturbojpeg0-dev libpng-dev libhwy-dev prometheus-cpp-dev libsystemd-dev
+  libturbojpeg0-dev libjpeg-dev libpng-dev libhwy-dev prometheus-cpp-dev libsystemd-dev
   python3
 )
 if [ "${1:-}" != "--build-only" ]; then

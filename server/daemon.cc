@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.attach_timeout = c.attach_timeout;
   options.feed_limits.max_samples = c.max_samples_per_feed;
   options.feed_limits.max_image_bytes = c.max_image_bytes;
+  options.feed_limits.region_decode = c.region_decode;
   options.max_ids_bytes = c.max_ids_bytes;
   options.access.dataset_roots = c.dataset_roots;
   options.access.walk.max_entries = c.max_folder_entries;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/augment/crop.h"  // CropBox (header only)
 
 namespace gpufeed::server {
 
@@ -36,6 +37,10 @@ struct Image {
   int height = 0;
   int width = 0;
   std::vector<uint8_t> rgb;  // height x width x 3, row-major (HWC)
+  // Where these pixels lie in the whole (scaled) image: 0, 0 but for a region decode
+  // (DecodeOptions::region), which returns a window around the region.
+  int top = 0;
+  int left = 0;
 };
 
 struct DecodeOptions {
@@ -43,6 +48,13 @@ struct DecodeOptions {
   // JPEG only: decode at 1/scale_denom of the size (1, 2, 4 or 8) by DCT scaling; the image
   // then has ceil(width / scale_denom) x ceil(height / scale_denom) pixels.
   int scale_denom = 1;
+  // JPEG only, where not empty (height and width > 0): the pixels wanted, in the image at
+  // 1/scale_denom. The decode then skips the inverse DCT, upsampling and colour conversion of
+  // the rows above the box (less a margin), stops after its last row, and converts only the
+  // columns around it; the window returned (Image::top, left) holds the box, each pixel in it
+  // bit-equal to a whole decode's. A box past the image is clipped to it. PNG: ignored (the
+  // whole image).
+  CropBox region;
 };
 
 absl::StatusOr<Image> DecodeImage(std::span<const uint8_t> bytes, const DecodeOptions& options = {});

@@ -55,6 +55,7 @@ std::string FeedKeyOf(const std::string& canonical) {
 absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs,
                                                    const FeedLimits& limits, std::string key) {
   spec.dataset.max_image_bytes = limits.max_image_bytes;
+  spec.dataset.region_decode = limits.region_decode;
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
   GPUFEED_ASSIGN_OR_RETURN(

@@ -31,6 +31,8 @@ struct FeedLimits {
   uint64_t max_samples = uint64_t{1} << 40;
   // An image file larger than this is a bad sample, reason too_large, and is never read.
   uint64_t max_image_bytes = uint64_t{64} << 20;
+  // Not a bound: how a random resized crop decodes a JPEG (DatasetSpec::region_decode).
+  bool region_decode = true;
 };
 
 struct FeedSpec {

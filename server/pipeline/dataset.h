@@ -32,6 +32,9 @@ struct DatasetSpec : FileDatasetSpec {
   // A larger image file (or tar member) is a bad sample (too_large), never read. The daemon's
   // max_image_bytes (FeedLimits), not the request's; no part of the feed's key.
   uint64_t max_image_bytes = uint64_t{64} << 20;
+  // A random resized crop decodes only its crop box of a JPEG (DecodeOptions::region): the
+  // same pixels, less work. The daemon's region_decode (FeedLimits); no part of the key.
+  bool region_decode = true;
   // Set by the feed registry, never from a request (not part of the key): a dataset with a
   // directory descriptor (fd >= 0) reads the files beneath it only where their mode bits let
   // `reader` read them; the walk's (and a tar index's) bounds.

@@ -34,7 +34,8 @@ class SourcedImageDataset final : public ImageDataset {
         plan_(std::move(plan)),
         policy_(spec.bad_sample),
         max_pixels_(spec.max_pixels),
-        max_image_bytes_(spec.max_image_bytes) {
+        max_image_bytes_(spec.max_image_bytes),
+        region_decode_(spec.region_decode) {
     const int h = plan_.out_height, w = plan_.out_width;
     std::vector<int64_t> shape = plan_.output.layout == Layout::kNCHW
                                      ? std::vector<int64_t>{3, h, w}
@@ -134,21 +135,27 @@ class SourcedImageDataset final : public ImageDataset {
     return source_->Read(sample, max_image_bytes_);
   }
 
-  absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes, int scale_denom = 1) const {
+  absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes, int scale_denom = 1,
+                               CropBox region = {}) const {
     metrics::StageTimer timer(metrics::Stage::kDecode);
     DecodeOptions options;
     options.max_pixels = max_pixels_;
     options.scale_denom = scale_denom;
+    options.region = region;
     return DecodeImage(bytes, options);
   }
 
-  // Decodes `bytes` and plans the sample's geometry (`*g`, drawing from `random`). With DCT
-  // scaling, a JPEG's geometry is planned on its full size first (the same crop as without
-  // scaling), then the file is decoded at the smallest scale that leaves the crop at least
-  // as many pixels as it is resized to, and the crop is mapped onto the scaled image.
+  // Decodes `bytes` and plans the sample's geometry (`*g`, drawing from `random`). A JPEG's
+  // geometry is planned on its size from the header when only part of it is read: the same
+  // crop as after a whole decode, the same draws. With DCT scaling the file is then decoded at
+  // the smallest scale that leaves the crop at least as many pixels as it is resized to, and
+  // the crop is mapped onto the scaled image. With a random resized crop only the crop box
+  // is decoded (a region decode: bit-equal pixels, less work), and the geometry names the
+  // crop within the window returned.
   absl::StatusOr<Image> DecodePlanned(std::span<const uint8_t> bytes, SampleRandom& random,
                                       StagedGeometry* g) const {
-    if (plan_.dct_scaling) {
+    const bool region = region_decode_ && plan_.random_resized_crop.has_value();
+    if (plan_.dct_scaling || region) {
       DecodeOptions options;
       options.max_pixels = max_pixels_;
       absl::StatusOr<JpegHeader> header = InspectJpeg(bytes, options);
@@ -159,13 +166,25 @@ class SourcedImageDataset final : public ImageDataset {
         if (!planned.ok()) return planned.status();
         *g = *planned;
         int denom = 8;
-        while (denom > 1 && (g->crop_height / denom < g->resize_height ||
-                             g->crop_width / denom < g->resize_width)) {
+        while (plan_.dct_scaling && denom > 1 &&
+               (g->crop_height / denom < g->resize_height ||
+                g->crop_width / denom < g->resize_width)) {
           denom /= 2;
         }
-        absl::StatusOr<Image> image = Decode(bytes, denom);
-        if (!image.ok() || denom == 1) return image;
-        ScaleGeometry(header->height, header->width, image->height, image->width, g);
+        if (!plan_.dct_scaling) denom = 1;
+        if (denom != 1) {  // TurboJPEG's scaled size, ceil(size / denom)
+          ScaleGeometry(header->height, header->width, (header->height + denom - 1) / denom,
+                        (header->width + denom - 1) / denom, g);
+        }
+        if (region) {
+          options.region = {g->crop_top, g->crop_left, g->crop_height, g->crop_width};
+        }
+        absl::StatusOr<Image> image = Decode(bytes, denom, options.region);
+        if (!image.ok()) return image;
+        g->src_height = image->height;
+        g->src_width = image->width;
+        g->crop_top -= image->top;
+        g->crop_left -= image->left;
         return image;
       }
     }
@@ -329,6 +348,7 @@ class SourcedImageDataset final : public ImageDataset {
   const BadSamplePolicy policy_;
   const uint64_t max_pixels_;
   const uint64_t max_image_bytes_;
+  const bool region_decode_;
   std::vector<SampleTensor> tensors_;
   mutable std::atomic<int64_t> bad_[std::size(kBadImageReasons)] = {};
   mutable absl::Mutex mu_;

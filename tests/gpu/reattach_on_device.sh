@@ -3,6 +3,9 @@
 # (gpufeedctl consume --device cuda:0 --ids --checksum, 2 epochs) while gpufeedd is SIGKILLed
 # twice and restarted on the same socket; each rank's ids and checksum must equal a fault-free
 # run's, and the GPU's memory must be back to its baseline after. Needs .devbundle (bundle.sh).
+# IMAGES=DIR: the same with an ImageFolder instead (imagenet_train.json, decode nvjpeg, augment
+# gpu: the staged image ring, batch 64, 2 epochs; DECODE=cpu AUGMENT=cpu DEV= for a CPU-only
+# try); TAG names its log (reattach-TAG.log).
 set -u
 out=${OUT:-/tmp/gpufeed-out}; mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -10,16 +13,25 @@ bundle=$root/.devbundle
 export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
 d=$bundle/bin/gpufeedd ctl=$bundle/bin/gpufeedctl
 work=$(mktemp -d); sock=$work/gf.sock
-log() { echo "== $(date +%T) $*" | tee -a "$out/reattach.log"; }
-head -c $((1 << 26)) /dev/urandom >"$work/t.bin"  # 32 Mi uint16 tokens
+logfile=$out/reattach${TAG:+-$TAG}.log
+log() { echo "== $(date +%T) $*" | tee -a "$logfile"; }
+if [ -n "${IMAGES:-}" ]; then
+  # nvJPEG and the fused kernel are deterministic, so a fault-free run's checksums are the
+  # reference; decode auto would not be (its CPU share follows timing).
+  feed=(--kind image_folder --dataset "$IMAGES" --pipeline "$root/deploy/pipelines/imagenet_train.json"
+        --decode "${DECODE:-nvjpeg}" --augment "${AUGMENT:-gpu}" --batch-size 64 --epochs 2 --step-ms 30)
+else
+  head -c $((1 << 26)) /dev/urandom >"$work/t.bin"  # 32 Mi uint16 tokens
+  feed=(--dataset "$work/t.bin" --seq-len 255 --batch-size 64 --epochs 2 --step-ms 2)
+fi
 start() { "$d" --listen="unix://$sock" --threads=4 --staging_bytes=$((1 << 30)) >>"$work/daemon.log" 2>&1 &
           pid=$!; for _ in $(seq 200); do "$ctl" --socket "$sock" status >/dev/null 2>&1 && return; sleep 0.05; done; }
 mem() { command -v nvidia-smi >/dev/null || { echo n/a; return; }; nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 consume() {  # consume TAG: both ranks in the background
   for r in 0 1; do
-    "$ctl" --socket "$sock" consume --job j --rank $r --world-size 2 --dataset "$work/t.bin" \
-        --seq-len 255 --batch-size 64 --epochs 2 ${DEV---device cuda:0} --ids "$work/$1-$r.ids" \
-        --checksum --step-ms 2 --reconnect-timeout 60s >"$work/$1-$r.out" 2>&1 &
+    "$ctl" --socket "$sock" consume --job j --rank $r --world-size 2 "${feed[@]}" \
+        ${DEV---device cuda:0} --ids "$work/$1-$r.ids" \
+        --checksum --reconnect-timeout 60s >"$work/$1-$r.out" 2>&1 &
     pids+=($!)
   done
 }
@@ -34,7 +46,7 @@ done
 wait "${pids[@]}"; kill -TERM $pid; wait $pid
 ok=1
 for r in 0 1; do
-  grep -E "^rank|checksum" "$work/fault-$r.out" | tee -a "$out/reattach.log"
+  grep -E "^rank|checksum" "$work/fault-$r.out" | tee -a "$logfile"
   [ -s "$work/clean-$r.ids" ] && grep -q checksum "$work/fault-$r.out" &&
     cmp -s "$work/clean-$r.ids" "$work/fault-$r.ids" &&
     cmp -s <(grep checksum "$work/clean-$r.out") <(grep checksum "$work/fault-$r.out") ||
@@ -46,4 +58,4 @@ sleep 1; after=$(mem); log "GPU memory after: $after MiB (before: $base MiB)"
 # for the driver's own bookkeeping).
 if [ "$base" != n/a ] && [ "$after" -gt $((base + 8)) ]; then ok=0; log "GPU memory not back to its baseline"; fi
 [ $ok = 1 ] && log "PASS: both ranks' ids and checksums equal the fault-free run's, GPU memory back to baseline" || log "FAIL"
-cp "$work"/*.out "$work/daemon.log" "$out/" 2>/dev/null
+for f in "$work"/*.out "$work/daemon.log"; do cp "$f" "$out/${TAG:+$TAG-}$(basename "$f")" 2>/dev/null; done

@@ -3,8 +3,14 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE first
+#include <jpeglib.h>
+// clang-format on
+
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -135,6 +141,194 @@ TEST(ImageDecoderTest, EveryBadImageClassHasItsReasonAndCode) {
         << c.name << ": " << image.status() << " read as " << BadImageName(BadImageOf(image.status()));
     EXPECT_EQ(image.status().code(), c.code) << c.name;
   }
+}
+
+// Noise: every pixel of a decode depends on its own coefficients, so a region decode that
+// used a wrong neighbour or context row shows.
+std::vector<uint8_t> Noise(int h, int w, int channels, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> p(static_cast<size_t>(h) * w * channels);
+  for (auto& v : p) v = static_cast<uint8_t>(gen());
+  return p;
+}
+
+// A JPEG through libjpeg's own API, for what TurboJPEG 2.1 cannot write: restart markers
+// every `restart_rows` MCU rows.
+std::vector<uint8_t> JpegWithRestarts(const std::vector<uint8_t>& rgb, int h, int w,
+                                      int restart_rows) {
+  jpeg_compress_struct c{};
+  jpeg_error_mgr err{};
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&c, &out, &size);
+  c.image_width = static_cast<JDIMENSION>(w);
+  c.image_height = static_cast<JDIMENSION>(h);
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 90, TRUE);
+  c.restart_in_rows = restart_rows;
+  jpeg_start_compress(&c, TRUE);
+  for (int y = 0; y < h; ++y) {
+    JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + static_cast<size_t>(y) * w * 3;
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<uint8_t> bytes(out, out + size);
+  free(out);
+  return bytes;
+}
+
+// Whether `window` (a region decode of `region`) holds `region` with the pixels of `whole`.
+::testing::AssertionResult RegionMatches(const Image& whole, const Image& window,
+                                         const CropBox& region) {
+  const CropBox r{region.top, region.left, std::min(region.height, whole.height - region.top),
+                  std::min(region.width, whole.width - region.left)};
+  if (window.top > r.top || window.left > r.left || window.top + window.height < r.top + r.height ||
+      window.left + window.width < r.left + r.width) {
+    return ::testing::AssertionFailure()
+           << "window " << window.height << "x" << window.width << " at (" << window.top << ", "
+           << window.left << ") does not hold the region";
+  }
+  for (int y = r.top; y < r.top + r.height; ++y) {
+    for (int x = r.left; x < r.left + r.width; ++x) {
+      const uint8_t* a = &whole.rgb[(static_cast<size_t>(y) * whole.width + x) * 3];
+      const uint8_t* b =
+          &window.rgb[(static_cast<size_t>(y - window.top) * window.width + (x - window.left)) * 3];
+      if (std::memcmp(a, b, 3) != 0) {
+        return ::testing::AssertionFailure()
+               << "pixel (" << y << ", " << x << "): " << int{a[0]} << "," << int{a[1]} << ","
+               << int{a[2]} << " whole, " << int{b[0]} << "," << int{b[1]} << "," << int{b[2]}
+               << " in the region decode";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ImageDecoderTest, ARegionDecodeIsBitEqualToTheWholeDecodeForEveryKindOfJpeg) {
+  struct Kind {
+    const char* name;
+    std::vector<uint8_t> bytes;
+  };
+  const int h = 333, w = 517;
+  const std::vector<uint8_t> rgb = Noise(h, w, 3, 1);
+  std::vector<Kind> kinds;
+  for (auto [name, subsamp] : {std::pair{"4:4:4", TJSAMP_444},
+                               {"4:2:2", TJSAMP_422},
+                               {"4:2:0", TJSAMP_420},
+                               {"4:4:0", TJSAMP_440},
+                               {"4:1:1", TJSAMP_411}}) {
+    kinds.push_back({name, ::gpufeed::testing::EncodeJpeg(rgb, h, w, TJPF_RGB, subsamp, 90)});
+  }
+  kinds.push_back(
+      {"progressive 4:2:0",
+       ::gpufeed::testing::EncodeJpeg(rgb, h, w, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE)});
+  kinds.push_back({"grey", ::gpufeed::testing::EncodeJpeg(Noise(h, w, 1, 2), h, w, TJPF_GRAY,
+                                                          TJSAMP_GRAY, 90)});
+  kinds.push_back(
+      {"CMYK", ::gpufeed::testing::EncodeJpeg(Noise(h, w, 4, 3), h, w, TJPF_CMYK, TJSAMP_420, 90)});
+  kinds.push_back({"restart markers", JpegWithRestarts(rgb, h, w, 1)});
+  std::mt19937 gen(7);
+  for (const Kind& kind : kinds) {
+    for (int denom : {1, 2, 4, 8}) {
+      DecodeOptions whole_options;
+      whole_options.scale_denom = denom;
+      absl::StatusOr<Image> whole = DecodeImage(kind.bytes, whole_options);
+      ASSERT_TRUE(whole.ok()) << kind.name << ": " << whole.status();
+      std::vector<CropBox> regions = {
+          {0, 0, whole->height, whole->width},  // all of it
+          {0, 0, 1, 1},
+          {whole->height - 1, whole->width - 1, 1, 1},
+          {whole->height / 2, 0, 1, whole->width},
+          {0, whole->width / 3, whole->height, 7},
+          {whole->height - 5, whole->width - 9, 40, 40},  // past the corner: clipped
+      };
+      for (int i = 0; i < 40; ++i) {
+        const int top = std::uniform_int_distribution<int>(0, whole->height - 1)(gen);
+        const int left = std::uniform_int_distribution<int>(0, whole->width - 1)(gen);
+        regions.push_back({top, left,
+                           std::uniform_int_distribution<int>(1, whole->height - top)(gen),
+                           std::uniform_int_distribution<int>(1, whole->width - left)(gen)});
+      }
+      for (const CropBox& r : regions) {
+        DecodeOptions options = whole_options;
+        options.region = r;
+        absl::StatusOr<Image> window = DecodeImage(kind.bytes, options);
+        ASSERT_TRUE(window.ok()) << kind.name << ": " << window.status();
+        EXPECT_TRUE(RegionMatches(*whole, *window, r))
+            << kind.name << " at 1/" << denom << ", region " << r.height << "x" << r.width
+            << " at (" << r.top << ", " << r.left << ")";
+      }
+    }
+  }
+}
+
+TEST(ImageDecoderTest, ARegionDecodeDecodesOnlyTheRowsAndColumnsAroundTheRegion) {
+  const std::vector<uint8_t> jpeg =
+      ::gpufeed::testing::EncodeJpeg(Noise(480, 640, 3, 4), 480, 640, TJPF_RGB, TJSAMP_420, 90);
+  DecodeOptions options;
+  options.region = {200, 300, 50, 60};
+  absl::StatusOr<Image> window = DecodeImage(jpeg, options);
+  ASSERT_TRUE(window.ok()) << window.status();
+  // 16 rows above (none below); 16 columns each side, the left edge moved back to a whole
+  // 16-pixel iMCU.
+  EXPECT_EQ(window->top, 184);
+  EXPECT_EQ(window->height, 66);
+  EXPECT_EQ(window->left, 272);
+  EXPECT_EQ(window->width, 376 - 272);
+  EXPECT_EQ(window->rgb.size(), static_cast<size_t>(66) * 104 * 3);
+  options.region = {0, 0, 480, 640};
+  absl::StatusOr<Image> all = DecodeImage(jpeg, options);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->top, 0);
+  EXPECT_EQ(all->height, 480);
+  EXPECT_EQ(all->width, 640);
+}
+
+TEST(ImageDecoderTest, ARegionDecodeClassifiesBadFilesAsTheWholeDecodeDoes) {
+  const std::vector<uint8_t> jpeg =
+      ::gpufeed::testing::EncodeJpeg(Noise(64, 64, 3, 5), 64, 64, TJPF_RGB, TJSAMP_420, 90);
+  std::vector<uint8_t> corrupt = jpeg;
+  for (size_t i = corrupt.size() / 2; i < corrupt.size() / 2 + 64; ++i) corrupt[i] = 0xFF;
+  const std::vector<uint8_t> truncated(jpeg.begin(), jpeg.begin() + jpeg.size() / 2);
+  const std::vector<uint8_t> header_only(jpeg.begin(), jpeg.begin() + 100);
+  DecodeOptions options;
+  options.region = {40, 0, 24, 64};  // the bottom rows: past the cut of the truncated file
+  for (const auto& [name, bytes] :
+       {std::pair{"corrupt", corrupt}, {"truncated", truncated}, {"header only", header_only}}) {
+    absl::StatusOr<Image> whole = DecodeImage(bytes);
+    absl::StatusOr<Image> region = DecodeImage(bytes, options);
+    ASSERT_FALSE(whole.ok()) << name;
+    ASSERT_FALSE(region.ok()) << name;
+    EXPECT_EQ(BadImageOf(region.status()), BadImageOf(whole.status()))
+        << name << ": " << region.status() << " against " << whole.status();
+    EXPECT_EQ(region.status().code(), whole.status().code()) << name;
+  }
+  // A truncated file is truncated whatever the region: it has no EOI marker, so it is
+  // decoded whole.
+  options.region = {0, 0, 8, 64};
+  EXPECT_EQ(BadImageOf(DecodeImage(truncated, options).status()), BadImage::kTruncated);
+  // Damage below the region (and its margin) is never read: the region's pixels are those of
+  // the undamaged file, where a whole decode calls the file corrupt.
+  std::vector<uint8_t> damaged_below = jpeg;
+  for (size_t i = jpeg.size() * 7 / 8; i < jpeg.size() - 2; ++i) damaged_below[i] = 0xFF;
+  ASSERT_EQ(BadImageOf(DecodeImage(damaged_below).status()), BadImage::kCorrupt);
+  absl::StatusOr<Image> top_rows = DecodeImage(damaged_below, options);
+  ASSERT_TRUE(top_rows.ok()) << top_rows.status();
+  EXPECT_TRUE(RegionMatches(*DecodeImage(jpeg), *top_rows, options.region));
+  options.max_pixels = 100;
+  absl::StatusOr<Image> big = DecodeImage(jpeg, options);
+  EXPECT_EQ(BadImageOf(big.status()), BadImage::kTooLarge);
+  EXPECT_THAT(big.status().message(), HasSubstr("64x64 exceeds the cap of 100 pixels"));
+  // The decoder is reusable after each failure: the same thread decodes a good file next.
+  options.max_pixels = 64'000'000;
+  absl::StatusOr<Image> good = DecodeImage(jpeg, options);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(RegionMatches(*DecodeImage(jpeg), *good, options.region));
 }
 
 TEST(ImageDecoderTest, PixelCapIsCheckedFromTheHeader) {

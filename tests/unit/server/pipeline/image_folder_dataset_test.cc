@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -35,8 +36,10 @@ class ImageFolderDatasetTest : public ::testing::Test {
 
   absl::StatusOr<std::unique_ptr<Dataset>> Open(std::vector<PipelineStep> pipeline,
                                                 BadSamplePolicy policy = BadSamplePolicy::kSkip,
-                                                uint64_t max_pixels = 0) {
+                                                uint64_t max_pixels = 0,
+                                                bool region_decode = true) {
     DatasetSpec spec;
+    spec.region_decode = region_decode;
     if (max_pixels != 0) spec.max_pixels = max_pixels;
     spec.kind = DatasetKind::kImageFolder;
     spec.path = root_;
@@ -318,6 +321,45 @@ TEST_F(ImageFolderDatasetTest, DctScalingDecodesLargeJpegsSmallerWithTheSameCrop
   auto misplaced = Open({ResizeStep{48}, DecodeStep{true}, CenterCropStep{48}});
   EXPECT_EQ(misplaced.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(misplaced.status().message(), HasSubstr("pipeline[1] decode: comes first, once"));
+}
+
+TEST_F(ImageFolderDatasetTest, RegionDecodesGiveTheRowsOfWholeDecodes) {
+  // ImageNet-like photos (noise, so that any wrong pixel shows) in every shape a random
+  // resized crop meets: landscape, portrait, 4:2:0 and 4:4:4, a grey one, one smaller than
+  // the output; with and without DCT scaling, over several epochs (other crops).
+  std::filesystem::remove_all(root_);
+  std::mt19937 gen(3);
+  auto noise = [&](int h, int w, int channels) {
+    std::vector<uint8_t> p(static_cast<size_t>(h) * w * channels);
+    for (auto& v : p) v = static_cast<uint8_t>(gen());
+    return p;
+  };
+  WriteFileBytes(root_ + "/a/0.jpg",
+                 EncodeJpeg(noise(375, 500, 3), 375, 500, TJPF_RGB, TJSAMP_420, 90));
+  WriteFileBytes(root_ + "/a/1.jpg",
+                 EncodeJpeg(noise(500, 333, 3), 500, 333, TJPF_RGB, TJSAMP_444, 90));
+  WriteFileBytes(root_ + "/b/2.jpg",
+                 EncodeJpeg(noise(301, 457, 1), 301, 457, TJPF_GRAY, TJSAMP_GRAY, 90));
+  WriteFileBytes(root_ + "/b/3.jpg",
+                 EncodeJpeg(noise(60, 90, 3), 60, 90, TJPF_RGB, TJSAMP_420, 90));
+  WriteFileBytes(root_ + "/b/4.png", EncodePng(noise(70, 80, 3), 70, 80));
+  for (bool dct : {false, true}) {
+    std::vector<PipelineStep> pipeline = {RandomResizedCropStep{112, {}}, FlipStep{0.5}};
+    if (dct) pipeline.insert(pipeline.begin(), DecodeStep{true});
+    auto region = Open(pipeline, BadSamplePolicy::kFail);
+    auto whole = Open(pipeline, BadSamplePolicy::kFail, 0, /*region_decode=*/false);
+    ASSERT_TRUE(region.ok() && whole.ok());
+    for (int64_t epoch = 0; epoch < 6; ++epoch) {
+      for (uint64_t id = 0; id < 5; ++id) {
+        std::vector<uint8_t> a, b;
+        int64_t la = -1, lb = -2;
+        ASSERT_TRUE(Read(**region, id, {11, epoch}, &a, &la).ok());
+        ASSERT_TRUE(Read(**whole, id, {11, epoch}, &b, &lb).ok());
+        EXPECT_EQ(la, lb);
+        EXPECT_TRUE(a == b) << "sample " << id << ", epoch " << epoch << (dct ? ", dct" : "");
+      }
+    }
+  }
 }
 
 }  // namespace

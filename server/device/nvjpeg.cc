@@ -50,6 +50,14 @@ absl::StatusOr<Api> Load(const std::string& library) {
       ::dlclose(lib);
       continue;
     }
+    // Optional: left null where absent.
+    if (!(Bind(lib, "nvjpegDecodeParamsCreate", &api.DecodeParamsCreate) &&
+          Bind(lib, "nvjpegDecodeParamsDestroy", &api.DecodeParamsDestroy) &&
+          Bind(lib, "nvjpegDecodeParamsSetOutputFormat", &api.DecodeParamsSetOutputFormat) &&
+          Bind(lib, "nvjpegDecodeParamsSetROI", &api.DecodeParamsSetROI) &&
+          Bind(lib, "nvjpegDecodeBatchedEx", &api.DecodeBatchedEx))) {
+      api.DecodeBatchedEx = nullptr;
+    }
     return api;  // never unloaded: handles may outlive any owner we could name
   }
   return absl::FailedPreconditionError(absl::StrCat(

@@ -17,6 +17,7 @@ namespace gpufeed::server::nvjpeg {
 
 using Handle = struct nvjpegHandle*;
 using State = struct nvjpegJpegState*;
+using DecodeParams = struct nvjpegDecodeParams*;
 struct Image {  // nvjpegImage_t
   unsigned char* channel[4];
   size_t pitch[4];
@@ -39,6 +40,16 @@ struct Api {
   int (*Decode)(Handle handle, State state, const unsigned char* data, size_t length,
                 int output_format, Image* destination, cudaStream_t stream);
   int (*GetHardwareDecoderInfo)(Handle handle, unsigned* engines, unsigned* cores_per_engine);
+  // Optional (null where the library lacks them): the batched decode of a region of each
+  // image (nvjpegDecodeBatchedEx with nvjpegDecodeParams_t). Only image_bench's --roi uses them.
+  int (*DecodeParamsCreate)(Handle handle, DecodeParams* params) = nullptr;
+  int (*DecodeParamsDestroy)(DecodeParams params) = nullptr;
+  int (*DecodeParamsSetOutputFormat)(DecodeParams params, int output_format) = nullptr;
+  int (*DecodeParamsSetROI)(DecodeParams params, int offset_x, int offset_y, int roi_width,
+                            int roi_height) = nullptr;
+  int (*DecodeBatchedEx)(Handle handle, State state, const unsigned char* const* data,
+                         const size_t* lengths, Image* destinations, DecodeParams* params,
+                         cudaStream_t stream) = nullptr;
 };
 
 // Loads `library` (the config's nvjpeg_library), or when empty libnvjpeg.so.13 / .so.12 on

@@ -8,7 +8,7 @@
 //   image_bench nvjpeg --data DIR [--batch 256] [--seconds 10] [--backend hardware|gpu_hybrid]
 //                      [--flags N]  (nvjpegCreateEx flags; 32: chroma upsampling by interpolation)
 //                      [--format rgbi|rgb|yuv|y|unchanged] [--step-ms MS] [--trace 1]
-//                      [--vary N] [--chunk N] [--sync 1] [--stall-s 10]
+//                      [--vary N] [--chunk N] [--sync 1] [--stall-s 10] [--roi F]
 //       nvJPEG's batched decode alone, files preloaded in pinned memory: the limit of the
 //       nvJPEG path (no augmentation, no daemon). --format: nvJPEG's output format (planar
 //       ones get three planes of the image's full size). --step-ms: one batch every MS
@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -298,6 +299,13 @@ int Nvjpeg(const Flags& f) {
   const bool trace = GetInt(f, "--trace", 0) != 0;
   const int vary = static_cast<int>(GetInt(f, "--vary", 0));
   if (vary < 0 || vary >= batch) Die("--vary: want 0 <= N < --batch");
+  // --roi F (percent, 1-100; 0: off): each image decoded only in a centred box of F % of its
+  // area (nvjpegDecodeBatchedEx with a region, as a random resized crop would ask): does a
+  // smaller output cost a training process beside it less?
+  const int roi = static_cast<int>(GetInt(f, "--roi", 0));
+  if (roi < 0 || roi > 100) Die("--roi: want a percentage of the area, 0 (off) to 100");
+  if (roi > 0 && api->DecodeBatchedEx == nullptr)
+    Die("--roi: this nvJPEG has no nvjpegDecodeBatchedEx");
   const int chunk = static_cast<int>(GetInt(f, "--chunk", 0));
   if (chunk < 0 || chunk > batch) Die("--chunk: want 0 <= N <= --batch (0: one call a batch)");
   if (int rc = api->CreateEx(backend, nullptr, nullptr, flags, &handle); rc != 0) {
@@ -312,6 +320,26 @@ int Nvjpeg(const Flags& f) {
   unsigned char* out = nullptr;
   cudaMalloc(reinterpret_cast<void**>(&out), max_decoded * static_cast<size_t>(batch));
   std::vector<server::nvjpeg::Image> images(static_cast<size_t>(batch));
+  // --roi: each file's centred box and its decode parameters, made once.
+  struct Box {
+    int x, y, w, h;
+  };
+  std::vector<Box> boxes(files);
+  std::vector<server::nvjpeg::DecodeParams> params(roi > 0 ? files : 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double side = std::sqrt(roi / 100.0);
+    Box& b = boxes[i];
+    b.w = std::max(1, static_cast<int>(headers[i].width * side));
+    b.h = std::max(1, static_cast<int>(headers[i].height * side));
+    b.x = (headers[i].width - b.w) / 2;
+    b.y = (headers[i].height - b.h) / 2;
+    if (api->DecodeParamsCreate(handle, &params[i]) != 0 ||
+        api->DecodeParamsSetOutputFormat(params[i], format) != 0 ||
+        api->DecodeParamsSetROI(params[i], b.x, b.y, b.w, b.h) != 0) {
+      Die("nvjpegDecodeParams for --roi failed");
+    }
+  }
+  std::vector<server::nvjpeg::DecodeParams> round_params(static_cast<size_t>(batch));
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   int64_t decoded = 0, calls = 0;
@@ -359,7 +387,11 @@ int Nvjpeg(const Flags& f) {
       l[i] = lengths[next];
       images[i] = {};
       unsigned char* base = out + static_cast<size_t>(i) * max_decoded;
-      const size_t w = static_cast<size_t>(headers[next].width);
+      size_t w = static_cast<size_t>(headers[next].width);
+      if (roi > 0) {
+        round_params[i] = params[next];
+        w = static_cast<size_t>(boxes[next].w);
+      }
       if (planar) {  // three planes of the full size: room for any subsampling
         const size_t plane = w * static_cast<size_t>(headers[next].height);
         for (int c = 0; c < 3; ++c) {
@@ -383,8 +415,11 @@ int Nvjpeg(const Flags& f) {
         initialized = m;
       }
       enter("nvjpegDecodeBatched", m);
-      if (int rc = api->DecodeBatched(handle, state, d.data() + at, l.data() + at,
-                                      images.data() + at, stream);
+      if (int rc = roi > 0
+                       ? api->DecodeBatchedEx(handle, state, d.data() + at, l.data() + at,
+                                              images.data() + at, round_params.data() + at, stream)
+                       : api->DecodeBatched(handle, state, d.data() + at, l.data() + at,
+                                            images.data() + at, stream);
           rc != 0) {
         Die(absl::StrCat("nvjpegDecodeBatched: ", server::nvjpeg::StatusName(rc)));
       }
@@ -426,14 +461,15 @@ int Nvjpeg(const Flags& f) {
   const double busy = (BusyCoreSeconds() - busy0) / wall;
   std::printf(
       "{\"tool\":\"nvjpeg\",\"label\":\"nvJPEG %s batched decode alone%s\",\"backend\":\"%s\","
-      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,\"chunk\":%d,\"sync\":%d,\"calls\":%ld,"
+      "\"format\":\"%s\",\"step_ms\":%ld,\"vary\":%d,\"chunk\":%d,\"sync\":%d,\"roi\":%d,\"calls\":"
+      "%ld,"
       "\"engines\":%u,\"batch\":%d,\"files\":%zu,\"images\":%ld,\"seconds\":%.3f,"
       "\"images_per_s\":%.1f,\"busy_cores\":%.2f}\n",
       backend_name.c_str(),
       (flags != 0 ? " (flags " + std::to_string(flags) + ")" : std::string()).c_str(),
       backend_name.c_str(), format_name.c_str(), static_cast<long>(step_ms), vary, chunk,
-      sync ? 1 : 0, static_cast<long>(calls), engines, batch, files, decoded, wall, decoded / wall,
-      busy);
+      sync ? 1 : 0, roi, static_cast<long>(calls), engines, batch, files, decoded, wall,
+      decoded / wall, busy);
   return 0;
 }
 

@@ -103,14 +103,33 @@ absl::StatusOr<Image> DecodeJpeg(std::span<const uint8_t> bytes, const DecodeOpt
 // cost ~4 % of the decode on ImageNet-sized photos.
 constexpr int kRegionMargin = 16;
 
+// The scaling factor tjDecompress2 picks for a decode to TJSCALED(size, 1/denom): the first
+// of TurboJPEG's factors (2/1 down to 1/8) that fits. For tiny images that is a larger
+// factor than 1/denom with the same size but other pixels (a 4x4 image at 1/8 is decoded at
+// 1/4), so the region decode must pick it the same way.
+tjscalingfactor TjFactor(int height, int width, int denom) {
+  const tjscalingfactor wanted{1, denom};
+  const int max_w = TJSCALED(width, wanted), max_h = TJSCALED(height, wanted);
+  int n = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&n);
+  for (int i = 0; factors != nullptr && i < n; ++i) {
+    if (TJSCALED(width, factors[i]) <= max_w && TJSCALED(height, factors[i]) <= max_h) {
+      return factors[i];
+    }
+  }
+  return wanted;
+}
+
 // A region decode through libjpeg's own API: TurboJPEG 2.1 has no cropped decode (3.0's
 // tj3SetCroppingRegion is newer than Debian's), but libjpeg-turbo's jpeg_skip_scanlines and
 // jpeg_crop_scanline are there. Set up as tjDecompress2 sets up for TJPF_RGB / TJPF_CMYK
-// (the accurate integer IDCT, fancy upsampling, a warning is an error as under
-// TJFLAG_STOPONWARNING), so the pixels equal DecodeJpeg's; image_decoder_test compares them.
+// (its scaling factor, the accurate integer IDCT, fancy upsampling, a warning is an error as
+// under TJFLAG_STOPONWARNING), so the pixels equal DecodeJpeg's; image_decoder_test and the
+// image_header fuzz target compare them.
 //
 // libjpeg reports errors by longjmp: each step that calls into it sets its own jump point,
-// and no object with a destructor lives in those frames.
+// and no object with a destructor lives in those frames. (Abort and the destructor call
+// libjpeg without one: jpeg_abort and jpeg_destroy never raise an error.)
 class RegionDecoder {
  public:
   RegionDecoder() {
@@ -131,24 +150,25 @@ class RegionDecoder {
   // The last error's text.
   const char* message() const { return err_.message; }
 
-  // Reads the header of `bytes` (kept until the decode ends): the full size and whether the
-  // pixels are CMYK (or YCCK).
-  bool ReadHeader(std::span<const uint8_t> bytes, int* height, int* width, bool* cmyk) {
+  // Reads the header of `bytes` (kept until the decode ends): whether the pixels are CMYK (or
+  // YCCK) and whether the file is progressive. Any earlier decode left half done (an
+  // allocation that threw) is abandoned first.
+  bool ReadHeader(std::span<const uint8_t> bytes, bool* cmyk, bool* progressive) {
+    jpeg_abort_decompress(&cinfo_);
     if (setjmp(err_.jump) != 0) return Fail();
     jpeg_mem_src(&cinfo_, bytes.data(), static_cast<unsigned long>(bytes.size()));
     jpeg_read_header(&cinfo_, TRUE);
-    *height = static_cast<int>(cinfo_.image_height);
-    *width = static_cast<int>(cinfo_.image_width);
     *cmyk = cinfo_.jpeg_color_space == JCS_CMYK || cinfo_.jpeg_color_space == JCS_YCCK;
+    *progressive = cinfo_.progressive_mode != 0;
     return true;
   }
 
-  // Starts the decode at 1/denom; its size is that of TJSCALED.
-  bool Start(int denom, bool cmyk) {
+  // Starts the decode at `factor`.
+  bool Start(tjscalingfactor factor, bool cmyk) {
     if (setjmp(err_.jump) != 0) return Fail();
     cinfo_.out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
-    cinfo_.scale_num = 1;
-    cinfo_.scale_denom = static_cast<unsigned int>(denom);
+    cinfo_.scale_num = static_cast<unsigned int>(factor.num);
+    cinfo_.scale_denom = static_cast<unsigned int>(factor.denom);
     cinfo_.dct_method = JDCT_ISLOW;
     cinfo_.do_fancy_upsampling = TRUE;
     jpeg_start_decompress(&cinfo_);
@@ -168,16 +188,26 @@ class RegionDecoder {
     return true;
   }
 
-  // Skips `first` rows, reads the next `count` into `out` (`pitch` bytes apart) and ends the
-  // decode (the rows below are never decoded).
-  bool ReadRows(int first, int count, uint8_t* out, size_t pitch) {
+  // Skips `first` rows and reads the next `count` into `out` (`pitch` bytes apart). Then
+  // entropy-decodes the rest of the file to its end (skipping all but the last row, which
+  // is read into `spare`, a row of `pitch` bytes): the rows below are never converted, but
+  // damage there, or data after the last scan, fails the decode as it fails a whole one.
+  bool ReadRows(int first, int count, uint8_t* out, size_t pitch, uint8_t* spare) {
     if (setjmp(err_.jump) != 0) return Fail();
     if (first > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(first));
     for (int y = 0; y < count; ++y) {
       JSAMPROW row = out + static_cast<size_t>(y) * pitch;
       jpeg_read_scanlines(&cinfo_, &row, 1);
     }
-    jpeg_abort_decompress(&cinfo_);
+    // Skipping to the very end would decode nothing (libjpeg marks the input ended): stop
+    // one row short and read that row.
+    if (cinfo_.output_scanline < cinfo_.output_height) {
+      const JDIMENSION left = cinfo_.output_height - cinfo_.output_scanline;
+      if (left > 1) jpeg_skip_scanlines(&cinfo_, left - 1);
+      JSAMPROW row = spare;
+      jpeg_read_scanlines(&cinfo_, &row, 1);
+    }
+    jpeg_finish_decompress(&cinfo_);
     return true;
   }
 
@@ -215,32 +245,44 @@ absl::Status RegionError(const RegionDecoder& d, absl::string_view what) {
              absl::StrCat(what, d.message()));
 }
 
-// DecodeJpeg of o.region only (DecodeOptions::region). A file that does not end in an EOI
-// marker (truncated, most likely), or whose header does not parse, is decoded whole, so it
-// fails, and is classified, as a whole decode would: the rows below a region are never read,
-// and would not show the cut.
+// DecodeJpeg of o.region only (DecodeOptions::region). Whatever does not take the region
+// path is decoded whole by DecodeJpeg, so it succeeds or fails, and is classified, as it
+// would there: a header TurboJPEG refuses (as tjDecompressHeader3 would: an unknown
+// subsampling), a progressive file (its block smoothing, on where refinement scans are
+// missing, reads coefficients two blocks across a cropped scanline's edge; and its whole
+// entropy decode happens up front anyway), a region wholly outside the image, a thread
+// whose decoder could not be made.
 absl::StatusOr<Image> DecodeJpegRegion(std::span<const uint8_t> bytes, const DecodeOptions& o) {
-  const bool ends = bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
-  if (!ends) return DecodeJpeg(bytes, o);
-  thread_local RegionDecoder decoder;
-  if (!decoder.created()) return absl::InternalError("jpeg_create_decompress failed");
-  int height = 0, width = 0;
-  bool cmyk = false;
-  if (!decoder.ReadHeader(bytes, &height, &width, &cmyk)) return DecodeJpeg(bytes, o);
-  if (absl::Status s = CheckSize(width, height, o); !s.ok()) {
-    decoder.Abort();
-    return s;
+  thread_local std::unique_ptr<void, TjDeleter> tj(tjInitDecompress());
+  int height = 0, width = 0, subsamp = 0, colorspace = 0;
+  if (tj == nullptr || tjDecompressHeader3(tj.get(), bytes.data(), bytes.size(), &width, &height,
+                                           &subsamp, &colorspace) != 0) {
+    return DecodeJpeg(bytes, o);
   }
-  if (!decoder.Start(o.scale_denom, cmyk)) return RegionError(decoder, "JPEG: ");
-  const int out_height = decoder.output_height(), out_width = decoder.output_width();
-  const CropBox& r = o.region;
-  const int top = std::clamp(r.top - kRegionMargin, 0, out_height);
-  const int bottom = std::clamp(r.top + r.height, top, out_height);  // no margin needed below
-  int left = std::clamp(r.left - kRegionMargin, 0, out_width);
-  int right = std::clamp(r.left + r.width + kRegionMargin, left, out_width);
-  if (bottom <= top || right <= left) {
+  if (absl::Status s = CheckSize(width, height, o); !s.ok()) return s;
+  thread_local RegionDecoder decoder;
+  if (!decoder.created()) return DecodeJpeg(bytes, o);
+  bool cmyk = false, progressive = false;
+  if (!decoder.ReadHeader(bytes, &cmyk, &progressive)) return DecodeJpeg(bytes, o);
+  if (progressive) {
     decoder.Abort();
-    return absl::InvalidArgumentError("the region to decode lies outside the image");
+    return DecodeJpeg(bytes, o);
+  }
+  if (!decoder.Start(TjFactor(height, width, o.scale_denom), cmyk)) {
+    return RegionError(decoder, "JPEG: ");
+  }
+  const int64_t out_height = decoder.output_height(), out_width = decoder.output_width();
+  const CropBox& r = o.region;
+  const int64_t box_top = r.top, box_left = r.left;
+  const int top = static_cast<int>(std::clamp<int64_t>(box_top - kRegionMargin, 0, out_height));
+  // No margin below: the rows under the box are never converted.
+  const int bottom = static_cast<int>(std::clamp<int64_t>(box_top + r.height, top, out_height));
+  int left = static_cast<int>(std::clamp<int64_t>(box_left - kRegionMargin, 0, out_width));
+  const int right =
+      static_cast<int>(std::clamp<int64_t>(box_left + r.width + kRegionMargin, left, out_width));
+  if (bottom <= top || right <= left) {  // wholly outside: the whole image, never an error
+    decoder.Abort();
+    return DecodeJpeg(bytes, o);
   }
   int columns = right - left;
   if (columns < out_width && !decoder.CropColumns(&left, &columns)) {
@@ -248,8 +290,11 @@ absl::StatusOr<Image> DecodeJpegRegion(std::span<const uint8_t> bytes, const Dec
   }
   const int rows = bottom - top;
   const size_t pitch = static_cast<size_t>(columns) * (cmyk ? 4 : 3);
-  std::vector<uint8_t> pixels(pitch * rows);
-  if (!decoder.ReadRows(top, rows, pixels.data(), pitch)) return RegionError(decoder, "JPEG: ");
+  std::vector<uint8_t> pixels(pitch * (rows + 1));  // the last row: ReadRows' spare
+  if (!decoder.ReadRows(top, rows, pixels.data(), pitch, pixels.data() + pitch * rows)) {
+    return RegionError(decoder, "JPEG: ");
+  }
+  pixels.resize(pitch * rows);
   Image image = FinishJpeg(rows, columns, cmyk, std::move(pixels));
   image.top = top;
   image.left = left;

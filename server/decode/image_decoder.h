@@ -50,10 +50,12 @@ struct DecodeOptions {
   int scale_denom = 1;
   // JPEG only, where not empty (height and width > 0): the pixels wanted, in the image at
   // 1/scale_denom. The decode then skips the inverse DCT, upsampling and colour conversion of
-  // the rows above the box (less a margin), stops after its last row, and converts only the
-  // columns around it; the window returned (Image::top, left) holds the box, each pixel in it
-  // bit-equal to a whole decode's. A box past the image is clipped to it. PNG: ignored (the
-  // whole image).
+  // the rows above the box (less a margin), of the columns beside it and of the rows below
+  // it; it still entropy-decodes the whole file, so a damaged or truncated file fails as a
+  // whole decode fails, for the same reason. The window returned (Image::top, left) holds the
+  // box, each pixel in it bit-equal to a whole decode's. A box past the image is clipped to
+  // it; one wholly outside it gets the whole image, as do progressive JPEGs. PNG: ignored
+  // (the whole image).
   CropBox region;
 };
 

@@ -48,7 +48,7 @@ train_one() {
   local tag=$1 loader=$2; shift 2
   local sampler=
   if [ "$loader" = gpufeed ]; then  # the sessions' rates, waits and CPU decode share mid-run
-    (sleep "${STATS_AFTER_S:-40}"; "$ctl" --socket "$sock" -o json stats --interval 5s --count 1 \
+    (sleep "${STATS_AFTER_S:-20}"; "$ctl" --socket "$sock" -o json stats --interval 5s --count 1 \
          >"$out/$tag.stats.json" 2>&1) &
     sampler=$!
   fi

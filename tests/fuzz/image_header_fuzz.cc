@@ -1,6 +1,11 @@
 // JPEG/PNG inspection and decoding: the bytes of an image_folder dataset's file. InspectJpeg
-// reads the header only (the GPU decoder's check); DecodeImage decodes under the pixel cap.
+// reads the header only (the GPU decoder's check); DecodeImage decodes under the pixel cap,
+// whole and (a random resized crop's way) a region: the region decode succeeds where the
+// whole decode does, with the same pixels in the region, and fails where it fails, for the
+// same reason.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -43,7 +48,42 @@ int FuzzImageHeader(const uint8_t* data, size_t size) {
 
   for (int scale_denom : {1, 8}) {
     options.scale_denom = scale_denom;
+    options.region = {};
     absl::StatusOr<server::Image> image = server::DecodeImage(span, options);
+    // Regions of the image the whole decode gave (or of a guess when it failed), their
+    // place drawn from the input's last bytes: a corner, a strip, the middle.
+    const int h = image.ok() ? image->height : 64, w = image.ok() ? image->width : 64;
+    const uint8_t a = size > 0 ? data[size - 1] : 0, b = size > 1 ? data[size - 2] : 0;
+    const server::CropBox regions[] = {{h * a / 256, w * b / 256, h - h * a / 256, w - w * b / 256},
+                                       {h / 2, 0, 1, w},
+                                       {h * b / 512, w * a / 512, (h + 1) / 2, (w + 1) / 2}};
+    for (const server::CropBox& r : regions) {
+      options.region = r;
+      absl::StatusOr<server::Image> window = server::DecodeImage(span, options);
+      FUZZ_CHECK(window.ok() == image.ok());
+      if (!window.ok()) {
+        CheckBad(window.status());
+        FUZZ_CHECK(BadImageOf(window.status()) == BadImageOf(image.status()));
+        continue;
+      }
+      FUZZ_CHECK(window->rgb.size() == static_cast<size_t>(window->width) * window->height * 3);
+      if (!image.ok() || !header.ok() || header->width == 0) continue;  // PNG: the whole image
+      FUZZ_CHECK(window->top >= 0 && window->left >= 0 && window->top <= r.top &&
+                 window->left <= r.left);
+      FUZZ_CHECK(window->top + window->height <= image->height &&
+                 window->left + window->width <= image->width);
+      const int rows = std::min(r.top + r.height, window->top + window->height) - r.top;
+      const int cols = std::min(r.left + r.width, window->left + window->width) - r.left;
+      FUZZ_CHECK(rows == std::min(r.height, image->height - r.top) &&
+                 cols == std::min(r.width, image->width - r.left));
+      for (int y = r.top; y < r.top + rows; ++y) {
+        FUZZ_CHECK(std::memcmp(&image->rgb[(static_cast<size_t>(y) * image->width + r.left) * 3],
+                               &window->rgb[(static_cast<size_t>(y - window->top) * window->width +
+                                             (r.left - window->left)) *
+                                            3],
+                               static_cast<size_t>(cols) * 3) == 0);
+      }
+    }
     if (!image.ok()) {
       CheckBad(image.status());
       // What the header said too large, the decode says too large.

@@ -188,16 +188,21 @@ class RegionDecoder {
     return true;
   }
 
-  // Skips `first` rows and reads the next `count` into `out` (`pitch` bytes apart). Then
-  // entropy-decodes the rest of the file to its end (skipping all but the last row, which
-  // is read into `spare`, a row of `pitch` bytes): the rows below are never converted, but
-  // damage there, or data after the last scan, fails the decode as it fails a whole one.
+  // Skips `first` rows and reads the next `count` into `out` (`pitch` bytes apart). Then,
+  // with a `spare` row of `pitch` bytes, entropy-decodes the rest of the file to its end
+  // (skipping all but the last row, which is read into `spare`): the rows below are never
+  // converted, but damage there fails the decode as it fails a whole one. Without, the rows
+  // below are never decoded at all.
   bool ReadRows(int first, int count, uint8_t* out, size_t pitch, uint8_t* spare) {
     if (setjmp(err_.jump) != 0) return Fail();
     if (first > 0) jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(first));
     for (int y = 0; y < count; ++y) {
       JSAMPROW row = out + static_cast<size_t>(y) * pitch;
       jpeg_read_scanlines(&cinfo_, &row, 1);
+    }
+    if (spare == nullptr) {
+      jpeg_abort_decompress(&cinfo_);
+      return true;
     }
     // Skipping to the very end would decode nothing (libjpeg marks the input ended): stop
     // one row short and read that row.
@@ -251,8 +256,12 @@ absl::Status RegionError(const RegionDecoder& d, absl::string_view what) {
 // subsampling), a progressive file (its block smoothing, on where refinement scans are
 // missing, reads coefficients two blocks across a cropped scanline's edge; and its whole
 // entropy decode happens up front anyway), a region wholly outside the image, a thread
-// whose decoder could not be made.
+// whose decoder could not be made; and without o.region_checks_whole_file, a file that does
+// not end in an EOI marker (truncated, most likely: the rows below the region would not
+// show the cut).
 absl::StatusOr<Image> DecodeJpegRegion(std::span<const uint8_t> bytes, const DecodeOptions& o) {
+  const bool ends = bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
+  if (!o.region_checks_whole_file && !ends) return DecodeJpeg(bytes, o);
   thread_local std::unique_ptr<void, TjDeleter> tj(tjInitDecompress());
   int height = 0, width = 0, subsamp = 0, colorspace = 0;
   if (tj == nullptr || tjDecompressHeader3(tj.get(), bytes.data(), bytes.size(), &width, &height,
@@ -290,8 +299,10 @@ absl::StatusOr<Image> DecodeJpegRegion(std::span<const uint8_t> bytes, const Dec
   }
   const int rows = bottom - top;
   const size_t pitch = static_cast<size_t>(columns) * (cmyk ? 4 : 3);
-  std::vector<uint8_t> pixels(pitch * (rows + 1));  // the last row: ReadRows' spare
-  if (!decoder.ReadRows(top, rows, pixels.data(), pitch, pixels.data() + pitch * rows)) {
+  const bool check = o.region_checks_whole_file;
+  std::vector<uint8_t> pixels(pitch * (rows + (check ? 1 : 0)));  // + ReadRows' spare row
+  if (!decoder.ReadRows(top, rows, pixels.data(), pitch,
+                        check ? pixels.data() + pitch * rows : nullptr)) {
     return RegionError(decoder, "JPEG: ");
   }
   pixels.resize(pitch * rows);

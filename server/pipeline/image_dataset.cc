@@ -142,6 +142,9 @@ class SourcedImageDataset final : public ImageDataset {
     options.max_pixels = max_pixels_;
     options.scale_denom = scale_denom;
     options.region = region;
+    // Under bad_sample fail every damaged file must end the stream, wherever the damage lies;
+    // under skip, one damaged only below the crop box gives the box (its own pixels).
+    options.region_checks_whole_file = policy_ == BadSamplePolicy::kFail;
     return DecodeImage(bytes, options);
   }
 

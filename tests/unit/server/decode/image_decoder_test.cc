@@ -321,8 +321,9 @@ TEST(ImageDecoderTest, ARegionDecodeClassifiesBadFilesAsTheWholeDecodeDoes) {
   const std::vector<uint8_t> truncated(jpeg.begin(), jpeg.begin() + jpeg.size() / 2);
   const std::vector<uint8_t> header_only(jpeg.begin(), jpeg.begin() + 100);
   // Damage below the region (and its margin), a file cut there with an EOI marker put back,
-  // junk between the last scan and the EOI marker: the rows below are entropy-decoded to the
-  // file's end all the same, so these fail, or pass, as in a whole decode.
+  // junk between the last scan and the EOI marker: with region_checks_whole_file the rows
+  // below are entropy-decoded to the file's end all the same, so these fail, or pass, as in
+  // a whole decode.
   std::vector<uint8_t> damaged_below = jpeg;
   for (size_t i = jpeg.size() * 7 / 8; i < jpeg.size() - 2; ++i) damaged_below[i] = 0xFF;
   std::vector<uint8_t> cut_below(jpeg.begin(), jpeg.begin() + jpeg.size() * 3 / 4);
@@ -331,6 +332,7 @@ TEST(ImageDecoderTest, ARegionDecodeClassifiesBadFilesAsTheWholeDecodeDoes) {
   junk_before_eoi.insert(junk_before_eoi.end(), {0x12, 0x34, 0x56, 0xFF, 0xD9});
   DecodeOptions options;
   options.region = {0, 0, 8, 64};  // the top rows: above every damage
+  options.region_checks_whole_file = true;
   for (const auto& [name, bytes] : {std::pair{"corrupt", corrupt},
                                     {"truncated", truncated},
                                     {"header only", header_only},
@@ -349,6 +351,16 @@ TEST(ImageDecoderTest, ARegionDecodeClassifiesBadFilesAsTheWholeDecodeDoes) {
         << name << ": " << region.status() << " against " << whole.status();
     EXPECT_EQ(region.status().code(), whole.status().code()) << name;
   }
+  // Without the check, damage below the box goes unseen: its pixels are the file's own. A
+  // truncated file is still truncated (no EOI marker at its end: decoded whole).
+  options.region_checks_whole_file = false;
+  for (const auto& bytes : {damaged_below, cut_below}) {
+    absl::StatusOr<Image> top_rows = DecodeImage(bytes, options);
+    ASSERT_TRUE(top_rows.ok()) << top_rows.status();
+    EXPECT_TRUE(RegionMatches(*DecodeImage(jpeg), *top_rows, options.region));
+  }
+  EXPECT_EQ(BadImageOf(DecodeImage(truncated, options).status()), BadImage::kTruncated);
+  options.region_checks_whole_file = true;
   // Bytes after the EOI marker (a camera's trailer) are no damage, in either decode.
   std::vector<uint8_t> trailer = jpeg;
   trailer.insert(trailer.end(), {0x00, 0x11, 0x22, 0x33});

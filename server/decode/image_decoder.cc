@@ -38,6 +38,11 @@ absl::Status CheckSize(int64_t width, int64_t height, const DecodeOptions& o) {
   return absl::OkStatus();
 }
 
+// Whether the file ends in an EOI marker (FF D9): else it is truncated, most likely.
+bool EndsWithEoi(std::span<const uint8_t> bytes) {
+  return bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
+}
+
 struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
@@ -260,8 +265,7 @@ absl::Status RegionError(const RegionDecoder& d, absl::string_view what) {
 // not end in an EOI marker (truncated, most likely: the rows below the region would not
 // show the cut).
 absl::StatusOr<Image> DecodeJpegRegion(std::span<const uint8_t> bytes, const DecodeOptions& o) {
-  const bool ends = bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
-  if (!o.region_checks_whole_file && !ends) return DecodeJpeg(bytes, o);
+  if (!o.region_checks_whole_file && !EndsWithEoi(bytes)) return DecodeJpeg(bytes, o);
   thread_local std::unique_ptr<void, TjDeleter> tj(tjInitDecompress());
   int height = 0, width = 0, subsamp = 0, colorspace = 0;
   if (tj == nullptr || tjDecompressHeader3(tj.get(), bytes.data(), bytes.size(), &width, &height,
@@ -423,7 +427,7 @@ absl::StatusOr<JpegHeader> InspectJpeg(std::span<const uint8_t> bytes,
     }
     i += 2 + ((static_cast<size_t>(bytes[i + 2]) << 8) | bytes[i + 3]);
   }
-  const bool ends = bytes.size() >= 2 && bytes[bytes.size() - 2] == 0xFF && bytes.back() == 0xD9;
+  const bool ends = EndsWithEoi(bytes);
   const bool subsampling = subsamp == TJSAMP_444 || subsamp == TJSAMP_422 ||
                            subsamp == TJSAMP_420 || subsamp == TJSAMP_440;
   header.gpu_decodable = sequential && ends && subsampling && colorspace == TJCS_YCbCr;

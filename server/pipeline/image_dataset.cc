@@ -168,13 +168,11 @@ class SourcedImageDataset final : public ImageDataset {
             PlanGeometry(header->height, header->width, random);
         if (!planned.ok()) return planned.status();
         *g = *planned;
-        int denom = 8;
-        while (plan_.dct_scaling && denom > 1 &&
-               (g->crop_height / denom < g->resize_height ||
-                g->crop_width / denom < g->resize_width)) {
+        int denom = plan_.dct_scaling ? 8 : 1;
+        while (denom > 1 && (g->crop_height / denom < g->resize_height ||
+                             g->crop_width / denom < g->resize_width)) {
           denom /= 2;
         }
-        if (!plan_.dct_scaling) denom = 1;
         if (denom != 1) {  // TurboJPEG's scaled size, ceil(size / denom)
           ScaleGeometry(header->height, header->width, (header->height + denom - 1) / denom,
                         (header->width + denom - 1) / denom, g);

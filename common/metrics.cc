@@ -12,4 +12,9 @@ std::atomic<uint64_t>& DeliveredBytes(int device) {
   return bytes[device != 0 ? 1 : 0];
 }
 
+std::atomic<uint64_t>& Decodes(Decoder decoder) {
+  static std::atomic<uint64_t> decodes[kNumDecoders];
+  return decodes[static_cast<int>(decoder)];
+}
+
 }  // namespace gpufeed::metrics

@@ -63,4 +63,12 @@ class StageTimer {
 // Bytes of batches handed to consumers, by delivery kind (0 host, 1 device), since start-up.
 std::atomic<uint64_t>& DeliveredBytes(int device);
 
+// Images decoded since start-up, by decoder: the CPU's whole-file decodes (every PNG, and
+// every JPEG not cut to a box), its region decodes (only a random resized crop's box of a
+// JPEG, --region_decode) and the rows staged for nvJPEG.
+enum class Decoder { kCpu, kCpuRegion, kNvjpeg };
+inline constexpr int kNumDecoders = 3;
+inline constexpr const char* kDecoderNames[kNumDecoders] = {"cpu", "cpu_region", "nvjpeg"};
+std::atomic<uint64_t>& Decodes(Decoder decoder);
+
 }  // namespace gpufeed::metrics

@@ -106,6 +106,7 @@ class SourcedImageDataset final : public ImageDataset {
           record->device_offset = claim.device_offset;
           record->device_bytes = decoded;
           staged = true;
+          Count(metrics::Decoder::kNvjpeg);
         }
       }
       if (!staged) {
@@ -182,6 +183,9 @@ class SourcedImageDataset final : public ImageDataset {
         }
         absl::StatusOr<Image> image = Decode(bytes, denom, options.region);
         if (!image.ok()) return image;
+        const bool cut = image->height < (header->height + denom - 1) / denom ||
+                         image->width < (header->width + denom - 1) / denom;
+        Count(cut ? metrics::Decoder::kCpuRegion : metrics::Decoder::kCpu);
         g->src_height = image->height;
         g->src_width = image->width;
         g->crop_top -= image->top;
@@ -191,10 +195,15 @@ class SourcedImageDataset final : public ImageDataset {
     }
     absl::StatusOr<Image> image = Decode(bytes);
     if (!image.ok()) return image;
+    Count(metrics::Decoder::kCpu);
     absl::StatusOr<StagedGeometry> planned = PlanGeometry(image->height, image->width, random);
     if (!planned.ok()) return planned.status();
     *g = *planned;
     return image;
+  }
+
+  static void Count(metrics::Decoder decoder) {
+    metrics::Decodes(decoder).fetch_add(1, std::memory_order_relaxed);
   }
 
   // Maps a geometry planned on a height x width image onto the same image decoded at

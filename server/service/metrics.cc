@@ -92,6 +92,17 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
   Builder::Add(delivered, {{"delivery", "device"}},
                static_cast<double>(metrics::DeliveredBytes(1).load(std::memory_order_relaxed)));
 
+  auto& decodes = b.Family("gpufeed_decodes_total",
+                           "Images decoded, by decoder: cpu (whole files), cpu_region (only a "
+                           "random resized crop's box of a JPEG) and nvjpeg (rows staged for it)",
+                           MetricType::Counter);
+  for (int i = 0; i < metrics::kNumDecoders; ++i) {
+    Builder::Add(
+        decodes, {{"decoder", metrics::kDecoderNames[i]}},
+        static_cast<double>(
+            metrics::Decodes(static_cast<metrics::Decoder>(i)).load(std::memory_order_relaxed)));
+  }
+
   // Staging memory by state: the pool's unallocated bytes and rings' free slots are "free".
   double filling = 0, ready = 0, leased = 0, ring_free = 0;
   for (const SessionSnapshot& s : sessions) {

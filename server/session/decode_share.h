@@ -18,7 +18,10 @@
 // ms for 256 images on an H200) must both fit in one period, so the pool takes more only
 // under half of it and gives back over 0.8; with 3 slots or more the fills run that far ahead
 // of the consumer, the GPU work of one batch overlaps the next fill, and only the fill must
-// fit: 0.75 and 0.9. (The ring of 2 held the share to ~66 % with 12 threads on the H200 at
+// fit: 0.85 and 0.97. (At 0.75 and 0.9 the share settled where fills took ~0.75-0.8 of the
+// pace: 47 % with 4 threads on the H200 at ResNet-50's pace, where the pool's own rate
+// predicts ~55 % at 0.9; each nvJPEG row costs the training ~33 us, so the share is worth
+// having.) (The ring of 2 held the share to ~66 % with 12 threads on the H200 at
 // ResNet-50's pace, where the pool could decode every row: measured, 2026-12-01.) (A first
 // version grew the share when the ring filled and shrank it when the consumer waited; at
 // ResNet-50's pace on the H200 the ring of 2 large batches was never full and the consumer
@@ -39,7 +42,7 @@ class DecodeShare {
 
   // The bounds for a ring of `ring_slots` slots (above).
   explicit DecodeShare(int ring_slots)
-      : room_(ring_slots >= 3 ? 0.75 : 0.5), full_(ring_slots >= 3 ? 0.9 : 0.8) {}
+      : room_(ring_slots >= 3 ? 0.85 : 0.5), full_(ring_slots >= 3 ? 0.97 : 0.8) {}
 
   // The fraction of rows the CPU decodes, in [0, 1]; starts at 0 (nvJPEG for all).
   double share() const { return share_; }

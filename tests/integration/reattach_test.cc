@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/image_files.h"
 
 namespace gpufeed::testing {
 namespace {
@@ -201,6 +203,173 @@ INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTER
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::string(FaultName(info.param));
                          });
+
+// The image path under the same faults, on the CPU: 2 ranks of an ImageFolder job of noise
+// JPEGs (many sizes, four subsamplings) through a random resized crop, where the daemon
+// decodes only each crop box (--region_decode, the default). Three daemons in turn:
+// --noregion_decode (every file decoded whole: the reference path), the default, and the
+// default SIGKILLed twice mid-stream and started again. Every rank's ids and image checksum
+// equal the reference's, and the daemons' decode counters show which path ran.
+class ReattachImagesTest : public ::testing::Test {
+ protected:
+  static constexpr int kRanks = 2;
+  static constexpr int kImages = 160;
+  static constexpr int64_t kPerEpoch = kImages / (kRanks * kBatch);  // 20 steps
+  static constexpr int64_t kImageBatches = 2 * kPerEpoch;            // per rank
+
+  void SetUp() override {
+    const int kSubsampling[] = {TJSAMP_420, TJSAMP_422, TJSAMP_444, TJSAMP_440};
+    uint32_t state = 12345;
+    for (int i = 0; i < kImages; ++i) {
+      const int h = 40 + (i * 37) % 101, w = 40 + (i * 53) % 137;
+      std::vector<uint8_t> pixels(static_cast<size_t>(h) * w * 3);
+      for (uint8_t& p : pixels) {  // noise: a pixel taken from a wrong place shows
+        state = state * 1664525u + 1013904223u;
+        p = static_cast<uint8_t>(state >> 24);
+      }
+      WriteFileBytes(dir_.File(absl::StrCat("images/c", i % 3, "/", i, ".jpg")),
+                     EncodeJpeg(pixels, h, w, TJPF_RGB, kSubsampling[i % 4], 90));
+    }
+    std::ofstream(dir_.File("pipeline.json"))
+        << R"({"ops": [{"random_resized_crop": {"size": 24}}, {"flip": {"p": 0.5}},
+                       {"cast": {"dtype": "DTYPE_UINT8"}},
+                       {"layout": {"layout": "IMAGE_LAYOUT_NCHW"}}]})";
+  }
+
+  void StartDaemon(std::vector<std::string> flags) {
+    metrics_port_ = FreePort();
+    flags.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_));
+    daemon_.reset();
+    daemon_ = std::make_unique<Daemon>(dir_, flags);
+    ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
+  }
+
+  std::unique_ptr<Subprocess> Rank(const std::string& job, int rank,
+                                   std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"consume",
+                                     "--kind",
+                                     "image_folder",
+                                     "--dataset",
+                                     dir_.File("images"),
+                                     "--pipeline",
+                                     dir_.File("pipeline.json"),
+                                     "--job",
+                                     job,
+                                     "--rank",
+                                     absl::StrCat(rank),
+                                     "--world-size",
+                                     absl::StrCat(kRanks),
+                                     "--batch-size",
+                                     absl::StrCat(kBatch),
+                                     "--seed",
+                                     "5",
+                                     "--epochs",
+                                     "2",
+                                     "--ring-slots",
+                                     "3",
+                                     "--ids",
+                                     IdsPath(job, rank),
+                                     "--checksum",
+                                     "-o",
+                                     "json"};
+    args.insert(args.end(), more.begin(), more.end());
+    return std::make_unique<Subprocess>(CtlArgv(daemon_->socket(), args),
+                                        dir_.File(absl::StrCat(job, rank)));
+  }
+
+  std::string IdsPath(const std::string& job, int rank) const {
+    return dir_.File(absl::StrCat(job, rank, ".ids"));
+  }
+
+  // The job's ranks, run to the end: each one's stdout.
+  std::vector<std::string> RunJob(const std::string& job) {
+    std::vector<std::unique_ptr<Subprocess>> ranks;
+    for (int r = 0; r < kRanks; ++r) ranks.push_back(Rank(job, r));
+    std::vector<std::string> out;
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
+      out.push_back(ranks[r]->Stdout());
+    }
+    return out;
+  }
+
+  // gpufeed_decodes_total{decoder=...} of the daemon now.
+  int64_t Decodes(const std::string& decoder) {
+    return static_cast<int64_t>(
+        Sample(HttpGet(metrics_port_, "/metrics"),
+               absl::StrCat("gpufeed_decodes_total{decoder=\"", decoder, "\"}")));
+  }
+
+  // The fewest batches any rank of `job` has been sent; -1 until both are attached.
+  int64_t SlowestDelivered(const std::string& job) {
+    auto admin = client::AdminClient::Connect(daemon_->socket(), absl::Seconds(1));
+    if (!admin.ok()) return -1;
+    auto sessions = (*admin)->ListSessions();
+    if (!sessions.ok()) return -1;
+    int64_t slowest = kImageBatches, seen = 0;
+    for (const client::SessionSummary& s : *sessions) {
+      if (s.job != job) continue;
+      ++seen;
+      slowest = std::min(slowest, s.delivered.epoch * kPerEpoch + s.delivered.step);
+    }
+    return seen == kRanks ? slowest : -1;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Daemon> daemon_;
+  int metrics_port_ = 0;
+};
+
+TEST_F(ReattachImagesTest, RegionDecodedRanksResumeExactlyAndEqualWholeFileDecodes) {
+  constexpr int64_t kDecodes = kRanks * kImageBatches * kBatch;  // 320: each sample once a rank
+  // The reference: every file decoded whole.
+  StartDaemon({"--noregion_decode"});
+  const std::vector<std::string> whole = RunJob("whole");
+  EXPECT_EQ(Decodes("cpu"), kDecodes);
+  EXPECT_EQ(Decodes("cpu_region"), 0);
+
+  // The default: most crops are decoded as a region; the batches are the same bytes.
+  StartDaemon({});
+  const std::vector<std::string> region = RunJob("region");
+  const int64_t regions = Decodes("cpu_region");
+  EXPECT_EQ(regions + Decodes("cpu"), kDecodes);
+  EXPECT_GE(regions, kDecodes * 9 / 10)
+      << "the region decode hardly ran: the comparison shows little";
+  std::printf("%ld of %ld decodes cut to the crop box\n", static_cast<long>(regions),
+              static_cast<long>(kDecodes));
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(ReadFile(IdsPath("region", r)), ReadFile(IdsPath("whole", r))) << "rank " << r;
+    EXPECT_EQ(ReadIdsFile(IdsPath("whole", r)).size(), static_cast<size_t>(kImageBatches));
+    EXPECT_EQ(JsonInt(region[r], "checksum"), JsonInt(whole[r], "checksum"))
+        << "rank " << r << ": the region decode gave other pixels than the whole decode";
+  }
+
+  // The default under two SIGKILLs, 20 ms a batch so that they fall mid-epoch.
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < kRanks; ++r) ranks.push_back(Rank("f", r, {"--step-ms", "20"}));
+  for (const int64_t moment : {10, 25}) {
+    ASSERT_TRUE(Eventually([&] { return SlowestDelivered("f") >= moment; }, absl::Seconds(60)))
+        << "the ranks did not get past batch " << moment;
+    daemon_->process().Kill(SIGKILL);
+    ASSERT_NE(daemon_->process().Wait(absl::Seconds(20)), -1) << "the daemon did not exit";
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(ranks[r]->Running())
+          << "rank " << r << " ended before the kill at " << moment << "\n"
+          << ranks[r]->Stderr();
+    }
+    StartDaemon({});
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
+    EXPECT_EQ(ReadFile(IdsPath("f", r)), ReadFile(IdsPath("whole", r)))
+        << "rank " << r << ": another id stream after the kills";
+    EXPECT_EQ(JsonInt(ranks[r]->Stdout(), "checksum"), JsonInt(whole[r], "checksum"))
+        << "rank " << r << ": other pixels after the kills";
+  }
+  // The last daemon served the rest of both ranks' streams, mostly as regions.
+  EXPECT_GT(Decodes("cpu_region"), 0);
+  EXPECT_EQ(Sample(HttpGet(metrics_port_, "/metrics"), "gpufeed_resumed_sessions_total"), kRanks);
+}
 
 // The daemon at `socket` answers, and its first session has been sent a batch.
 // Past --reconnect-timeout, the consumer fails naming the socket and how long it waited.

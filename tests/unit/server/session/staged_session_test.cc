@@ -375,15 +375,15 @@ TEST(DecodeShareTest, FillTimeAgainstThePaceMovesTheShareWithinItsBounds) {
   EXPECT_EQ(share.share(), 1);
   share.Filled(absl::Milliseconds(81), absl::Milliseconds(100));
   EXPECT_DOUBLE_EQ(share.share(), 7.0 / 8);
-  // A ring of 3 or more runs fills that far ahead: room under 0.75, full over 0.9.
+  // A ring of 3 or more runs fills that far ahead: room under 0.85, full over 0.97.
   for (const int slots : {3, 4, 16}) {
     DecodeShare deep(slots);
-    deep.Filled(absl::Milliseconds(74), absl::Milliseconds(100));  // would hold with 2 slots
+    deep.Filled(absl::Milliseconds(84), absl::Milliseconds(100));  // would hold with 2 slots
     EXPECT_DOUBLE_EQ(deep.share(), 1.0 / 32) << slots;
-    deep.Filled(absl::Milliseconds(75), absl::Milliseconds(100));  // between: hold
-    deep.Filled(absl::Milliseconds(90), absl::Milliseconds(100));  // would shrink with 2 slots
+    deep.Filled(absl::Milliseconds(85), absl::Milliseconds(100));  // between: hold
+    deep.Filled(absl::Milliseconds(97), absl::Milliseconds(100));  // would shrink with 2 slots
     EXPECT_DOUBLE_EQ(deep.share(), 1.0 / 32) << slots;
-    deep.Filled(absl::Milliseconds(91), absl::Milliseconds(100));
+    deep.Filled(absl::Milliseconds(98), absl::Milliseconds(100));
     EXPECT_EQ(deep.share(), 0) << slots;
   }
   ReleasePace pace;

@@ -285,12 +285,12 @@ std::string FillWhat(Position p, int32_t rank) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode, double cpu_share,
-                                         std::byte* slot, std::span<int64_t> ids,
+absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode,
+                                         const CpuRows& cpu, std::byte* slot,
+                                         std::span<int64_t> ids,
                                          const ParallelFor& parallel) const {
-  return CallCatching(FillWhat(p, rank), [&] {
-    return FillStagedImpl(p, rank, mode, cpu_share, slot, ids, parallel);
-  });
+  return CallCatching(FillWhat(p, rank),
+                      [&] { return FillStagedImpl(p, rank, mode, cpu, slot, ids, parallel); });
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
@@ -299,14 +299,14 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
 }
 
 absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode mode,
-                                             double cpu_share, std::byte* slot,
+                                             const CpuRows& cpu, std::byte* slot,
                                              std::span<int64_t> ids,
                                              const ParallelFor& parallel) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
   metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   StageArena arena(*staged_layout_);
-  const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu_share};
+  const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu};
   std::vector<absl::Status> status(ids.size());
   auto stage = [&](int i) {
     const size_t k = static_cast<size_t>(i);

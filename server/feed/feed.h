@@ -103,9 +103,9 @@ class Feed {
   // without a staged form.
   const std::optional<StagedLayout>& staged_layout() const { return staged_layout_; }
   // As Fill, in staged form (`mode` kCpuDecode or kNvjpeg) into a slot of staged_layout():
-  // one sample per task of `parallel`. kNvjpeg leaves the share `cpu_share` of the rows
-  // (session/decode_share.h) to the CPU decoder.
-  absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, double cpu_share,
+  // one sample per task of `parallel`. kNvjpeg leaves the rows `cpu` takes (a share from
+  // session/decode_share.h, the cheapest for the CPU: pipeline/cpu_rows.h) to the CPU decoder.
+  absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, const CpuRows& cpu,
                                      std::byte* slot, std::span<int64_t> ids,
                                      const ParallelFor& parallel = nullptr) const;
 
@@ -122,9 +122,9 @@ class Feed {
        std::vector<std::pair<std::string, std::string>> identity);
   absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel) const;
-  absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode, double cpu_share,
-                                         std::byte* slot, std::span<int64_t> ids,
-                                         const ParallelFor& parallel) const;
+  absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode,
+                                         const CpuRows& cpu, std::byte* slot,
+                                         std::span<int64_t> ids, const ParallelFor& parallel) const;
   // Counts one batch filled, with `valid` real rows, in the produced counters.
   void CountProduced(int64_t valid) const;
 

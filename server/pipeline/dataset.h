@@ -17,6 +17,7 @@
 #include "server/augment/pipeline.h"
 #include "server/augment/stage_arena.h"
 #include "server/augment/staged.h"
+#include "server/pipeline/cpu_rows.h"
 #include "server/reader/dataset.h"
 #include "server/reader/image_folder.h"
 
@@ -55,19 +56,9 @@ struct StageTarget {
   const StagedLayout* layout = nullptr;
   std::byte* slot = nullptr;
   StageArena* arena = nullptr;
-  // kNvjpeg: the share of rows decoded on the CPU all the same (CpuDecodesRow).
-  double cpu_share = 0;
+  // kNvjpeg: the rows decoded on the CPU all the same (pipeline/cpu_rows.h).
+  CpuRows cpu;
 };
-
-// Whether row `row` of a batch goes to the CPU decoder at `share`: floor((row + 1) * share) >
-// floor(row * share), which spreads about batch * share CPU rows evenly over the batch (and
-// over the pool's threads, which take rows in order).
-inline bool CpuDecodesRow(int64_t row, double share) {
-  if (share <= 0) return false;
-  if (share >= 1) return true;
-  return std::floor(static_cast<double>(row + 1) * share) >
-         std::floor(static_cast<double>(row) * share);
-}
 
 // A dataset of images: finished on the CPU through ReadSampleAt, or staged for the GPU.
 class ImageDataset : public Dataset {

@@ -88,17 +88,22 @@ class SourcedImageDataset final : public ImageDataset {
       SampleRandom random(context.seed, context.epoch, sample);
       *record = StagedRecord{};
       bool staged = false;
-      if (target.mode == StageMode::kNvjpeg && !CpuDecodesRow(row, target.cpu_share)) {
+      if (target.mode == StageMode::kNvjpeg && target.cpu.share < 1) {
         DecodeOptions options;
         options.max_pixels = max_pixels_;
         absl::StatusOr<JpegHeader> header = InspectJpeg(*bytes, options);
         if (!header.ok()) return header.status();
+        // The geometry from a copy of the draws: a row the CPU takes draws them again.
+        SampleRandom draws = random;
+        absl::StatusOr<StagedGeometry> g = header->gpu_decodable
+                                               ? PlanGeometry(header->height, header->width, draws)
+                                               : StagedGeometry{};
+        if (!g.ok()) return g.status();
         StageArena::Claim claim;
         const uint64_t decoded = static_cast<uint64_t>(header->height) * header->width * 3;
-        if (header->gpu_decodable && target.arena->TryClaim(bytes->size(), decoded, &claim)) {
+        if (header->gpu_decodable && !target.cpu.Takes(row, CostBin(*header, *g, target.cpu)) &&
+            target.arena->TryClaim(bytes->size(), decoded, &claim)) {
           std::memcpy(arena + claim.host_offset, bytes->data(), bytes->size());
-          absl::StatusOr<StagedGeometry> g = PlanGeometry(header->height, header->width, random);
-          if (!g.ok()) return g.status();
           record->kind = StagedKind::kJpeg;
           record->geometry = *g;
           record->host_offset = claim.host_offset;
@@ -200,6 +205,20 @@ class SourcedImageDataset final : public ImageDataset {
     if (!planned.ok()) return planned.status();
     *g = *planned;
     return image;
+  }
+
+  // The bin of a region decode's estimated cost (cpu_rows.h) for a row of decode auto, recorded
+  // in the session's histogram; none where the CPU would decode the file whole.
+  std::optional<int> CostBin(const JpegHeader& header, const StagedGeometry& g,
+                             const CpuRows& cpu) const {
+    if (cpu.costs == nullptr || cpu.share <= 0 || !region_decode_ ||
+        !plan_.random_resized_crop.has_value()) {
+      return std::nullopt;
+    }
+    const int bin = RowCosts::BinOf(
+        RegionDecodeCost(header.height, header.width, g.crop_top, g.crop_height, g.crop_width));
+    cpu.costs->Record(bin);
+    return bin;
   }
 
   static void Count(metrics::Decoder decoder) {

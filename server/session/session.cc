@@ -268,7 +268,7 @@ Position Session::delivered() const {
 void Session::FillOne() {
   Slot* slot = nullptr;
   bool more;
-  double cpu_share = 0;
+  CpuRows cpu;
   {
     absl::MutexLock lock(&mu_);
     queued_ = false;
@@ -286,7 +286,11 @@ void Session::FillOne() {
     slot->batch.slot = static_cast<int32_t>(slot - slots_.data());
     slot->batch.generation = slot->generation;
     fill_position_ = feed_->sampler().Next(fill_position_);
-    cpu_share = params_.adaptive_decode ? decode_share_.share() : 0.0;
+    if (params_.adaptive_decode) {
+      cpu.share = decode_share_.share();
+      cpu.costs = &row_costs_;
+      cpu.bound = row_costs_.BoundFor(cpu.share);
+    }
     ++fills_in_flight_;
     more = WantScheduleLocked();
   }
@@ -310,8 +314,8 @@ void Session::FillOne() {
     valid = params_.stage == StageMode::kNone
                 ? feed_->Fill(slot->batch.position, params_.rank, data,
                               std::span<int64_t>(slot->batch.ids), parallel)
-                : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, cpu_share,
-                                    data, std::span<int64_t>(slot->batch.ids), parallel);
+                : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, cpu, data,
+                                    std::span<int64_t>(slot->batch.ids), parallel);
   }
 
   const absl::Duration fill = params_.clock() - fill_start;

@@ -26,6 +26,7 @@
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
 #include "server/feed/ids_budget.h"
+#include "server/pipeline/cpu_rows.h"
 #include "server/session/decode_share.h"
 #include "server/staging/staging_pool.h"
 
@@ -273,6 +274,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Duration consumer_wait_ ABSL_GUARDED_BY(mu_);
   DecodeShare decode_share_ ABSL_GUARDED_BY(mu_){params_.ring_slots};  // adaptive_decode
   ReleasePace release_pace_ ABSL_GUARDED_BY(mu_);
+  RowCosts row_costs_;  // adaptive_decode: which rows the CPU takes (atomics, no lock)
   absl::Time streaming_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time all_leased_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };

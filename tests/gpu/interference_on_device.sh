@@ -111,9 +111,12 @@ if want train; then
     done
     stop_daemon
   fi
-  python3 - "$out" "$step_ms" "$tags" <<'EOF' | tee -a "$out/summary.log"
+  # Under MPS when its control daemon runs (started by the caller, as for the MPS rows).
+  mps_on=no; pgrep -x nvidia-cuda-mps-control >/dev/null 2>&1 && mps_on=yes
+  python3 - "$out" "$step_ms" "$tags" "$mps_on" <<'EOF' | tee -a "$out/summary.log"
 import json, pathlib, sys
 out, step, tags = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split()
+under = "under MPS" if sys.argv[4] == "yes" else "no MPS"
 def load(tag):
     try:
         return json.loads((out / f"{tag}.json").read_text())
@@ -132,7 +135,7 @@ rows = ([("training alone", "alone")] + [(label(t), t) for t in tags] +
         [(f"gpufeedd nvJPEG + kernel, consume --step-ms {step}", "daemon_nvjpeg"),
          (f"gpufeedd CPU decode + kernel, consume --step-ms {step}", "daemon_cpu_decode_gpu_kernel"),
          (f"gpufeedd decode auto (adaptive CPU share), consume --step-ms {step}", "daemon_auto")])
-print("\n| beside synthetic ResNet-50 training, 1 GPU, no MPS | training images/s | vs alone | decode images/s |")
+print(f"\n| beside synthetic ResNet-50 training, 1 GPU, {under} | training images/s | vs alone | decode images/s |")
 print("|---|---:|---:|---:|")
 summary = {"bench": "interference"}
 for name, tag in rows:

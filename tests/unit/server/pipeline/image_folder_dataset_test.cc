@@ -365,5 +365,116 @@ TEST_F(ImageFolderDatasetTest, RegionDecodesGiveTheRowsOfWholeDecodes) {
   }
 }
 
+// decode auto's rows for the CPU (cpu_rows.h): with a known histogram, the CPU takes the
+// rows whose crop boxes cost a region decode least, about `share` of them; before it, and
+// without a random resized crop, rows spread evenly by index as before.
+TEST_F(ImageFolderDatasetTest, DecodeAutoGivesTheCpuTheRowsWhoseBoxesCostItLeast) {
+  std::filesystem::remove_all(root_);
+  constexpr int kRows = 48;
+  for (int i = 0; i < kRows; ++i) {
+    const int h = 64 + (i * 29) % 90, w = 64 + (i * 41) % 110;
+    WriteFileBytes(absl::StrCat(root_, "/c", i % 2, "/", 100 + i, ".jpg"),
+                   EncodeJpeg(Picture(h, w, 3, i), h, w, TJPF_RGB, TJSAMP_420, 90));
+  }
+  auto opened = Open({RandomResizedCropStep{16, {}}, FlipStep{0.5}});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const auto& ds = dynamic_cast<const ImageDataset&>(**opened);
+  const StagedLayout layout = ds.StagedLayoutFor(kRows);
+  std::vector<std::byte> slot(layout.stride_bytes);
+  // Stages every row under `cpu`; returns which rows the CPU decoded, and each JPEG record.
+  auto stage = [&](const CpuRows& cpu, std::vector<StagedRecord>* records) {
+    StageArena arena(layout);
+    const StageTarget target{StageMode::kNvjpeg, &layout, slot.data(), &arena, cpu};
+    std::vector<bool> on_cpu;
+    for (int row = 0; row < kRows; ++row) {
+      EXPECT_TRUE(ds.StageSampleAt(static_cast<uint64_t>(row), {5, 0}, row, target).ok());
+      const auto& r =
+          reinterpret_cast<const StagedRecord*>(slot.data() + layout.records_offset)[row];
+      on_cpu.push_back(r.kind != StagedKind::kJpeg);
+      if (records != nullptr) records->push_back(r);
+    }
+    return on_cpu;
+  };
+  // Share 0: nvJPEG takes every row; its records give each row's box, hence its cost.
+  std::vector<StagedRecord> all;
+  RowCosts costs;
+  for (bool c : stage({0.0, &costs, {}}, &all)) ASSERT_FALSE(c);
+  EXPECT_FALSE(costs.BoundFor(0.5).known) << "nothing is recorded at share 0";
+  std::vector<int> bins;
+  for (const StagedRecord& r : all) {
+    const StagedGeometry& g = r.geometry;
+    bins.push_back(RowCosts::BinOf(
+        RegionDecodeCost(g.src_height, g.src_width, g.crop_top, g.crop_height, g.crop_width)));
+  }
+  // Before kMinRows rows are recorded: by index, the rows CpuDecodesRow names.
+  std::vector<bool> even = stage({0.5, &costs, costs.BoundFor(0.5)}, nullptr);
+  for (int row = 0; row < kRows; ++row) EXPECT_EQ(even[row], CpuDecodesRow(row, 0.5)) << row;
+  ASSERT_FALSE(costs.BoundFor(0.5).known);  // 48 of 64 rows
+  stage({0.5, &costs, {}}, nullptr);        // 96: known
+  const RowCosts::Bound bound = costs.BoundFor(0.5);
+  ASSERT_TRUE(bound.known);
+  const std::vector<bool> cheap = stage({0.5, &costs, bound}, nullptr);
+  int taken = 0, max_taken = -1, min_left = RowCosts::kBins;
+  for (int row = 0; row < kRows; ++row) {
+    if (cheap[row]) {
+      ++taken;
+      max_taken = std::max(max_taken, bins[row]);
+    } else {
+      min_left = std::min(min_left, bins[row]);
+    }
+  }
+  EXPECT_LE(max_taken, min_left) << "the CPU took a row dearer than one it left to nvJPEG";
+  EXPECT_NEAR(taken, kRows / 2, 3);
+  EXPECT_NE(cheap, even) << "the cost made no difference: the test shows nothing";
+  // Without a random resized crop there is no estimate: by index again.
+  auto centre = Open({ResizeStep{20}, CenterCropStep{16}});
+  ASSERT_TRUE(centre.ok());
+  const auto& cds = dynamic_cast<const ImageDataset&>(**centre);
+  const StagedLayout clayout = cds.StagedLayoutFor(kRows);
+  std::vector<std::byte> cslot(clayout.stride_bytes);
+  StageArena carena(clayout);
+  const StageTarget ctarget{
+      StageMode::kNvjpeg, &clayout, cslot.data(), &carena, {0.5, &costs, bound}};
+  for (int row = 0; row < kRows; ++row) {
+    ASSERT_TRUE(cds.StageSampleAt(static_cast<uint64_t>(row), {5, 0}, row, ctarget).ok());
+    const auto& r =
+        reinterpret_cast<const StagedRecord*>(cslot.data() + clayout.records_offset)[row];
+    EXPECT_EQ(r.kind != StagedKind::kJpeg, CpuDecodesRow(row, 0.5)) << row;
+  }
+}
+
+TEST(RowCostsTest, TheBoundTakesTheCheapestShareOfTheRecordedRows) {
+  RowCosts costs;
+  for (int i = 0; i < 63; ++i) costs.Record(10);
+  EXPECT_FALSE(costs.BoundFor(0.5).known) << "63 rows: too few";
+  for (int i = 0; i < 37; ++i) costs.Record(10);  // 100 at bin 10
+  for (int i = 0; i < 100; ++i) costs.Record(20);
+  for (int i = 0; i < 200; ++i) costs.Record(40);
+  RowCosts::Bound b = costs.BoundFor(0.25);
+  EXPECT_TRUE(b.known);
+  EXPECT_EQ(b.bin, 10);
+  EXPECT_DOUBLE_EQ(b.part, 1.0);
+  b = costs.BoundFor(0.375);  // 150 of 400: all of bin 10, half of bin 20
+  EXPECT_EQ(b.bin, 20);
+  EXPECT_DOUBLE_EQ(b.part, 0.5);
+  EXPECT_FALSE(costs.BoundFor(0).known);  // 0 and 1 are exact by index
+  EXPECT_FALSE(costs.BoundFor(1).known);
+  const CpuRows cpu{0.375, &costs, b};
+  int in_bin = 0;
+  for (int row = 0; row < 100; ++row) {
+    EXPECT_TRUE(cpu.Takes(row, 10));
+    EXPECT_FALSE(cpu.Takes(row, 40));
+    in_bin += cpu.Takes(row, 20);
+    EXPECT_EQ(cpu.Takes(row, std::nullopt), CpuDecodesRow(row, 0.375));
+  }
+  EXPECT_EQ(in_bin, 50);
+  // The estimate: a box near the top costs less than the same box at the bottom, and the
+  // whole image about a whole decode.
+  EXPECT_LT(RegionDecodeCost(400, 400, 0, 100, 100), RegionDecodeCost(400, 400, 300, 100, 100));
+  EXPECT_NEAR(RegionDecodeCost(400, 400, 0, 400, 400), 1.0, 0.05);
+  EXPECT_EQ(RowCosts::BinOf(1.02), RowCosts::kBins - 1);
+  EXPECT_EQ(RowCosts::BinOf(-1), 0);
+}
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -65,7 +65,8 @@ std::atomic<uint64_t>& DeliveredBytes(int device);
 
 // Images decoded since start-up, by decoder: the CPU's whole-file decodes (every PNG, and
 // every JPEG not cut to a box), its region decodes (only a random resized crop's box of a
-// JPEG, --region_decode) and the rows staged for nvJPEG.
+// JPEG, --region_decode) and the rows staged for nvJPEG (less those the GPU refused, which
+// the CPU redoes and counts: Session::RedoRows).
 enum class Decoder { kCpu, kCpuRegion, kNvjpeg };
 inline constexpr int kNumDecoders = 3;
 inline constexpr const char* kDecoderNames[kNumDecoders] = {"cpu", "cpu_region", "nvjpeg"};

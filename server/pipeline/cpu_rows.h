@@ -16,7 +16,8 @@
 // histogram of its rows' estimates (RowCosts) and at each fill's start turns the share into
 // a bound (a bin, and the part of that bin's rows the CPU takes). Rows without an estimate
 // (no random resized crop, --noregion_decode) and sessions whose histogram holds too few rows
-// are spread evenly by index (CpuDecodesRow), as before.
+// (rows are recorded only while the share is above 0, and only those nvJPEG could take) are
+// spread evenly by index (CpuDecodesRow), as before.
 #pragma once
 
 #include <algorithm>

@@ -94,7 +94,7 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
 
   auto& decodes = b.Family("gpufeed_decodes_total",
                            "Images decoded, by decoder: cpu (whole files), cpu_region (only a "
-                           "random resized crop's box of a JPEG) and nvjpeg (rows staged for it)",
+                           "random resized crop's box of a JPEG) and nvjpeg (rows it decoded)",
                            MetricType::Counter);
   for (int i = 0; i < metrics::kNumDecoders; ++i) {
     Builder::Add(

@@ -64,7 +64,9 @@ void Session::CopyOne(Slot* slot) {
 
 void Session::RedoRows(Slot* slot, std::vector<int> rows) {
   // A row the GPU could not decode: the CPU path, which applies the bad-image policy (a
-  // replacement sample has its own label and id).
+  // replacement sample has its own label and id). Every such row was counted as staged for
+  // nvJPEG; the CPU's decode counts it again, so gpufeed_decodes_total counts each image once.
+  metrics::Decodes(metrics::Decoder::kNvjpeg).fetch_sub(rows.size(), std::memory_order_relaxed);
   const StagedOutput output = StagedOutputOf(feed_->layout());
   auto images = std::make_shared<std::vector<std::byte>>(rows.size() * output.image_row_bytes);
   auto labels = std::make_shared<std::vector<int64_t>>(rows.size());

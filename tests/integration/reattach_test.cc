@@ -213,8 +213,8 @@ INSTANTIATE_TEST_SUITE_P(Faults, ReattachTest, ::testing::Values(SIGKILL, SIGTER
 class ReattachImagesTest : public ::testing::Test {
  protected:
   static constexpr int kRanks = 2;
-  static constexpr int kImages = 160;
-  static constexpr int64_t kPerEpoch = kImages / (kRanks * kBatch);  // 20 steps
+  static constexpr int kImages = 240;
+  static constexpr int64_t kPerEpoch = kImages / (kRanks * kBatch);  // 30 steps
   static constexpr int64_t kImageBatches = 2 * kPerEpoch;            // per rank
 
   void SetUp() override {
@@ -321,7 +321,7 @@ class ReattachImagesTest : public ::testing::Test {
 };
 
 TEST_F(ReattachImagesTest, RegionDecodedRanksResumeExactlyAndEqualWholeFileDecodes) {
-  constexpr int64_t kDecodes = kRanks * kImageBatches * kBatch;  // 320: each sample once a rank
+  constexpr int64_t kDecodes = kRanks * kImageBatches * kBatch;  // 480: each sample once a rank
   // The reference: every file decoded whole.
   StartDaemon({"--noregion_decode"});
   const std::vector<std::string> whole = RunJob("whole");
@@ -344,10 +344,12 @@ TEST_F(ReattachImagesTest, RegionDecodedRanksResumeExactlyAndEqualWholeFileDecod
         << "rank " << r << ": the region decode gave other pixels than the whole decode";
   }
 
-  // The default under two SIGKILLs, 20 ms a batch so that they fall mid-epoch.
+  // The default under two SIGKILLs, 20 ms a batch so that they fall mid-epoch: at the slowest
+  // rank's batches 12 and 30 of 60, so that even the fastest (the ranks re-attach on their own
+  // backoff, up to ~200 ms apart) has batches left to re-attach for.
   std::vector<std::unique_ptr<Subprocess>> ranks;
   for (int r = 0; r < kRanks; ++r) ranks.push_back(Rank("f", r, {"--step-ms", "20"}));
-  for (const int64_t moment : {10, 25}) {
+  for (const int64_t moment : {12, 30}) {
     ASSERT_TRUE(Eventually([&] { return SlowestDelivered("f") >= moment; }, absl::Seconds(60)))
         << "the ranks did not get past batch " << moment;
     daemon_->process().Kill(SIGKILL);
@@ -358,6 +360,8 @@ TEST_F(ReattachImagesTest, RegionDecodedRanksResumeExactlyAndEqualWholeFileDecod
           << ranks[r]->Stderr();
     }
     StartDaemon({});
+    ASSERT_TRUE(Eventually([&] { return SlowestDelivered("f") >= 0; }, absl::Seconds(30)))
+        << "the ranks did not re-attach after the kill at " << moment;
   }
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/session/decode_share.h"
@@ -378,7 +379,7 @@ TEST(DecodeShareTest, FillTimeAgainstThePaceMovesTheShareWithinItsBounds) {
   // A ring of 3 or more runs fills that far ahead: room under 0.85, full over 0.97.
   for (const int slots : {3, 4, 16}) {
     DecodeShare deep(slots);
-    deep.Filled(absl::Milliseconds(84), absl::Milliseconds(100));  // would hold with 2 slots
+    deep.Filled(absl::Milliseconds(84), absl::Milliseconds(100));  // would shrink with 2 slots
     EXPECT_DOUBLE_EQ(deep.share(), 1.0 / 32) << slots;
     deep.Filled(absl::Milliseconds(85), absl::Milliseconds(100));  // between: hold
     deep.Filled(absl::Milliseconds(97), absl::Milliseconds(100));  // would shrink with 2 slots
@@ -514,11 +515,24 @@ TEST_F(StagedSessionTest, ImagesBeyondTheArenaAreFinishedOnTheCpu) {
 
 TEST_F(StagedSessionTest, RowsNvjpegRefusesAreRedoneOnTheCpu) {
   devices_.refuse_jpeg = true;
+  auto decodes = [] {
+    uint64_t cpu = 0;
+    for (auto d : {metrics::Decoder::kCpu, metrics::Decoder::kCpuRegion}) {
+      cpu += metrics::Decodes(d).load();
+    }
+    return std::pair{metrics::Decodes(metrics::Decoder::kNvjpeg).load(), cpu};
+  };
+  const auto before = decodes();
   AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
   absl::StatusOr<Attachment> a = manager_->Attach(spec);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(ConsumeAndCompare(spec, *a), 4);
   EXPECT_EQ(devices_.last->redone.load(), 8);
+  // gpufeed_decodes_total counts each image once, by the decoder that made it: the 8 refused
+  // rows as the CPU's, as the 4 it took from the start; and the comparison's own 12 reads.
+  const auto after = decodes();
+  EXPECT_EQ(after.first - before.first, 0u);
+  EXPECT_EQ(after.second - before.second, 12u + 12u);
 }
 
 TEST_F(StagedSessionTest, ACorruptJpegFoundOnTheGpuFollowsTheBadSamplePolicy) {

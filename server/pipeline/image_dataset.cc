@@ -99,10 +99,13 @@ class SourcedImageDataset final : public ImageDataset {
                                                ? PlanGeometry(header->height, header->width, draws)
                                                : StagedGeometry{};
         if (!g.ok()) return g.status();
+        // CostBin records the row's estimate in the session's histogram: once, for the rows
+        // nvJPEG could take.
+        const bool to_nvjpeg =
+            header->gpu_decodable && !target.cpu.Takes(row, CostBin(*header, *g, target.cpu));
         StageArena::Claim claim;
         const uint64_t decoded = static_cast<uint64_t>(header->height) * header->width * 3;
-        if (header->gpu_decodable && !target.cpu.Takes(row, CostBin(*header, *g, target.cpu)) &&
-            target.arena->TryClaim(bytes->size(), decoded, &claim)) {
+        if (to_nvjpeg && target.arena->TryClaim(bytes->size(), decoded, &claim)) {
           std::memcpy(arena + claim.host_offset, bytes->data(), bytes->size());
           record->kind = StagedKind::kJpeg;
           record->geometry = *g;
@@ -179,17 +182,17 @@ class SourcedImageDataset final : public ImageDataset {
                              g->crop_width / denom < g->resize_width)) {
           denom /= 2;
         }
-        if (denom != 1) {  // TurboJPEG's scaled size, ceil(size / denom)
-          ScaleGeometry(header->height, header->width, (header->height + denom - 1) / denom,
-                        (header->width + denom - 1) / denom, g);
-        }
+        // TurboJPEG's scaled size, ceil(size / denom).
+        const int scaled_height = (header->height + denom - 1) / denom;
+        const int scaled_width = (header->width + denom - 1) / denom;
+        if (denom != 1)
+          ScaleGeometry(header->height, header->width, scaled_height, scaled_width, g);
         if (region) {
           options.region = {g->crop_top, g->crop_left, g->crop_height, g->crop_width};
         }
         absl::StatusOr<Image> image = Decode(bytes, denom, options.region);
         if (!image.ok()) return image;
-        const bool cut = image->height < (header->height + denom - 1) / denom ||
-                         image->width < (header->width + denom - 1) / denom;
+        const bool cut = image->height < scaled_height || image->width < scaled_width;
         Count(cut ? metrics::Decoder::kCpuRegion : metrics::Decoder::kCpu);
         g->src_height = image->height;
         g->src_width = image->width;

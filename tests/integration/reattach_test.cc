@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,32 @@ constexpr int64_t kBatch = 4;
 constexpr size_t kTokens = 20000;  // 1249 samples
 constexpr int64_t kSteps = (kTokens - 1) / kSeqLen / (kWorld * kBatch);  // 104 per epoch
 constexpr int64_t kBatches = 2 * kSteps;  // per rank
+
+// The sessions of `job` at the daemon on `socket` now (empty when it does not answer).
+std::vector<client::SessionSummary> JobSessions(const std::string& socket, const std::string& job) {
+  std::vector<client::SessionSummary> out;
+  auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
+  if (!admin.ok()) return out;
+  auto sessions = (*admin)->ListSessions();
+  if (!sessions.ok()) return out;
+  for (const client::SessionSummary& s : *sessions) {
+    if (s.job == job) out.push_back(s);
+  }
+  return out;
+}
+
+// The fewest batches any of the `world` ranks of `job` has been sent (absolute: epoch *
+// steps_per_epoch + step); -1 until all of them are attached.
+int64_t SlowestRank(const std::string& socket, const std::string& job, int world,
+                    int64_t steps_per_epoch) {
+  const std::vector<client::SessionSummary> sessions = JobSessions(socket, job);
+  if (sessions.size() != static_cast<size_t>(world)) return -1;
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const client::SessionSummary& s : sessions) {
+    slowest = std::min(slowest, s.delivered.epoch * steps_per_epoch + s.delivered.step);
+  }
+  return slowest;
+}
 
 class ReattachTest : public ::testing::TestWithParam<int> {
  protected:
@@ -70,28 +97,11 @@ class ReattachTest : public ::testing::TestWithParam<int> {
     return dir_.File(absl::StrCat(job, rank, ".ids"));
   }
 
-  // The job's sessions at the daemon now (empty when it does not answer).
   std::vector<client::SessionSummary> Sessions(const std::string& job) {
-    std::vector<client::SessionSummary> out;
-    auto admin = client::AdminClient::Connect(daemon_->socket(), absl::Seconds(1));
-    if (!admin.ok()) return out;
-    auto sessions = (*admin)->ListSessions();
-    if (!sessions.ok()) return out;
-    for (const client::SessionSummary& s : *sessions) {
-      if (s.job == job) out.push_back(s);
-    }
-    return out;
+    return JobSessions(daemon_->socket(), job);
   }
-
-  // The fewest batches any rank of `job` has been sent (absolute: epoch * steps + step).
   int64_t SlowestDelivered(const std::string& job) {
-    const std::vector<client::SessionSummary> sessions = Sessions(job);
-    if (sessions.size() != static_cast<size_t>(kWorld)) return -1;
-    int64_t slowest = kBatches;
-    for (const client::SessionSummary& s : sessions) {
-      slowest = std::min(slowest, s.delivered.epoch * kSteps + s.delivered.step);
-    }
-    return slowest;
+    return SlowestRank(daemon_->socket(), job, kWorld, kSteps);
   }
 
   TempDir dir_;
@@ -300,19 +310,8 @@ class ReattachImagesTest : public ::testing::Test {
                absl::StrCat("gpufeed_decodes_total{decoder=\"", decoder, "\"}")));
   }
 
-  // The fewest batches any rank of `job` has been sent; -1 until both are attached.
   int64_t SlowestDelivered(const std::string& job) {
-    auto admin = client::AdminClient::Connect(daemon_->socket(), absl::Seconds(1));
-    if (!admin.ok()) return -1;
-    auto sessions = (*admin)->ListSessions();
-    if (!sessions.ok()) return -1;
-    int64_t slowest = kImageBatches, seen = 0;
-    for (const client::SessionSummary& s : *sessions) {
-      if (s.job != job) continue;
-      ++seen;
-      slowest = std::min(slowest, s.delivered.epoch * kPerEpoch + s.delivered.step);
-    }
-    return seen == kRanks ? slowest : -1;
+    return SlowestRank(daemon_->socket(), job, kRanks, kPerEpoch);
   }
 
   TempDir dir_;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Clang's thread-safety analysis over every C++ translation unit of the daemon, the clients
 # and common/ (GCC, the CI compiler, ignores ABSL_GUARDED_BY). -fsyntax-only: no code is
-# generated, so the pass costs a fraction of a build. Uses the compile commands of a CMake
-# build directory (generated protos must exist there: run after the build).
+# generated, so the pass costs a fraction of a build (one unit per core at a time). Uses the
+# compile commands of a CMake build directory (generated protos must exist: run after the build).
 #
 #   .ci/thread-safety.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
@@ -38,17 +38,30 @@ for entry in json.load(open(db)):
         keep.append(a)
     print(f + "\t" + " ".join(shlex.quote(a) for a in keep))
 PY
+# One translation unit per core at a time; each writes its findings to its own file.
+jobs="${GPUFEED_JOBS:-$(nproc)}"
+out=$build/thread-safety.d
+rm -rf "$out"
+mkdir -p "$out"
 count=0
-fail=0
 while IFS=$'\t' read -r file flags; do
   count=$((count + 1))
-  if ! eval clang++ "$flags" -fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror \
-      -Wno-unknown-warning-option -Wno-unused-command-line-argument "$file" \
-      >"$build/thread-safety.out" 2>&1; then
-    fail=$((fail + 1))
-    echo "thread-safety: ${file#$root/}:"
-    grep -E "warning|error" "$build/thread-safety.out" | head -20
-  fi
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  (
+    if ! eval clang++ "$flags" -fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror \
+        -Wno-unknown-warning-option -Wno-unused-command-line-argument "$file" \
+        >"$out/$count.log" 2>&1; then
+      { echo "thread-safety: ${file#$root/}:"; grep -E "warning|error" "$out/$count.log" | head -20; } \
+        >"$out/$count.fail"
+    fi
+  ) &
 done <"$build/thread-safety.list"
+wait
+fail=0
+for f in "$out"/*.fail; do
+  [ -f "$f" ] || continue
+  fail=$((fail + 1))
+  cat "$f"
+done
 echo "thread-safety: $count translation units, $fail with findings"
 [ "$fail" -eq 0 ]

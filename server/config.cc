@@ -101,6 +101,10 @@ ABSL_FLAG(bool, adaptive_decode, DaemonConfig().adaptive_decode,
 ABSL_FLAG(bool, region_decode, DaemonConfig().region_decode,
           "a random resized crop decodes only the rows and columns of a JPEG its crop box "
           "reads, on the CPU (the same pixels as a whole decode, less work); off: every pixel");
+ABSL_FLAG(bool, cheapest_cpu_rows, DaemonConfig().cheapest_cpu_rows,
+          "adaptive_decode with region_decode: the CPU pool takes the rows whose crop boxes "
+          "are estimated cheapest for it, nvJPEG the others; off: the CPU's rows are spread "
+          "evenly over the batch");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");
@@ -240,6 +244,7 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(nvjpeg_interpolation, nvjpeg_interpolation, file.nvjpeg_interpolation());
   GPUFEED_FROM_FILE(adaptive_decode, adaptive_decode, file.adaptive_decode());
   GPUFEED_FROM_FILE(region_decode, region_decode, file.region_decode());
+  GPUFEED_FROM_FILE(cheapest_cpu_rows, cheapest_cpu_rows, file.cheapest_cpu_rows());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
   GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
@@ -312,6 +317,7 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_nvjpeg_interpolation, &c->nvjpeg_interpolation);
   apply(FLAGS_adaptive_decode, &c->adaptive_decode);
   apply(FLAGS_region_decode, &c->region_decode);
+  apply(FLAGS_cheapest_cpu_rows, &c->cheapest_cpu_rows);
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);

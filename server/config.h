@@ -50,6 +50,9 @@ struct DaemonConfig {
   bool adaptive_decode = true;
   // A random resized crop decodes only its crop box of a CPU-decoded JPEG (bit-equal).
   bool region_decode = true;
+  // adaptive_decode: the CPU takes the rows cheapest for it (pipeline/cpu_rows.h); off: by
+  // index.
+  bool cheapest_cpu_rows = true;
   // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);
   spdlog::level::level_enum log_level = spdlog::level::info;

@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.max_sessions = c.max_sessions;
   options.default_ring_slots = c.ring_slots;
   options.adaptive_decode = c.adaptive_decode;
+  options.cheapest_cpu_rows = c.cheapest_cpu_rows;
   options.attach_timeout = c.attach_timeout;
   options.feed_limits.max_samples = c.max_samples_per_feed;
   options.feed_limits.max_image_bytes = c.max_image_bytes;

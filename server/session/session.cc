@@ -288,8 +288,10 @@ void Session::FillOne() {
     fill_position_ = feed_->sampler().Next(fill_position_);
     if (params_.adaptive_decode) {
       cpu.share = decode_share_.share();
-      cpu.costs = &row_costs_;
-      cpu.bound = row_costs_.BoundFor(cpu.share);
+      if (params_.cheapest_cpu_rows) {
+        cpu.costs = &row_costs_;
+        cpu.bound = row_costs_.BoundFor(cpu.share);
+      }
     }
     ++fills_in_flight_;
     more = WantScheduleLocked();

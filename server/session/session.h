@@ -111,6 +111,8 @@ struct SessionParams {
   // kNvjpeg from decode auto with --adaptive_decode: the CPU pool decodes the share of each
   // batch it keeps up with (DecodeShare), nvJPEG the rest.
   bool adaptive_decode = false;
+  // adaptive_decode: the CPU takes the rows cheapest for it (RowCosts); off: by index.
+  bool cheapest_cpu_rows = true;
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
   std::shared_ptr<const IdsBudget::Charge> ids_charge;

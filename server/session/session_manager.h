@@ -118,6 +118,9 @@ struct SessionManagerOptions {
   // decode auto: the CPU pool decodes the share of each batch it keeps up with, nvJPEG the
   // rest (session/decode_share.h); off: nvJPEG for every row it can.
   bool adaptive_decode = false;
+  // adaptive_decode: the CPU takes the rows estimated cheapest for it (pipeline/cpu_rows.h);
+  // off: its rows are spread evenly by index.
+  bool cheapest_cpu_rows = true;
   // A session whose stream is not open this long after Attach is ended.
   absl::Duration attach_timeout = absl::Seconds(10);
   // How often leases are checked.

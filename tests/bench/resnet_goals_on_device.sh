@@ -13,7 +13,9 @@
 # slots (tags gpufeed-tT[-rR] past the first; the first is the plain gpufeed row);
 # MPS_FLAGS="--ring-slots 4": train_ddp.py flags for the MPS gpufeed rows; MPS_THREADS: the
 # daemon's --threads under MPS (4); MPS_DECODE_CPU=1 adds an MPS row with --decode cpu. IMAGES=N: a dataset of N images.
-# DAEMON_FLAGS="--adaptive_decode": more gpufeedd flags.
+# DAEMON_FLAGS="--adaptive_decode": more gpufeedd flags. AB="--nocheapest_cpu_rows": an A/B of
+# daemon flags on one host, after the plain gpufeed row: AB_ROUNDS (2) rounds of a row with
+# those flags (gpufeed-abN-flags) and one without (gpufeed-abN-base), at the first THREADS.
 set -u
 steps=${1:-300}
 final=${OUT:-/tmp/gpufeed-out}
@@ -73,6 +75,14 @@ for tr in ${THREADS:-4}; do  # T or T:R (R ring slots, the consumer's --ring-slo
   first=0
   start "$t" && { train "$tag" gpufeed ${ring:+--ring-slots "$ring"}; stop_daemon; }
 done
+if [ -n "${AB:-}" ]; then
+  t=${THREADS:-4}; t=${t%% *}; t=${t%%:*}
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    # shellcheck disable=SC2086  # AB splits on purpose
+    DAEMON_FLAGS="${DAEMON_FLAGS:-} $AB" start "$t" && { train "gpufeed-ab$r-flags" gpufeed; stop_daemon; }
+    start "$t" && { train "gpufeed-ab$r-base" gpufeed; stop_daemon; }
+  done
+fi
 train dataloader torch --workers 15
 mps=/tmp/gpufeed-goals-mps; rm -rf "$mps"; mkdir -p "$mps/pipe" "$mps/log"
 export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
@@ -103,6 +113,7 @@ print(f"\n| {gpus}xH200, ResNet-50, {steps} steps | images/s | vs synthetic | da
 print("|---|---:|---:|---:|")
 summary = {"bench": "resnet_goals", "gpus": int(gpus), "steps": int(steps)}
 for f in sorted({*out.glob("*-ring*.json"), *out.glob("gpufeed-t*.json"),  # RINGS, THREADS
+                 *out.glob("gpufeed-ab*.json"),  # AB
                  *out.glob("mps_gpufeed-*.json")}):  # MPS_DECODE_CPU
     tag = f.stem
     if tag.endswith(".stats"):  # the mid-run gpufeedctl stats, not a training run

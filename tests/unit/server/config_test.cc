@@ -173,6 +173,7 @@ TEST_F(ConfigTest, FlagsGivenOverrideTheFileWhichOverridesTheDefaults) {
                                 "read_mode: \"pread\"\n"
                                 "nvjpeg_interpolation: true\n"
                                 "region_decode: false\n"
+                                "cheapest_cpu_rows: false\n"
                                 "metrics_listen: \"0.0.0.0:9090\"\n");
   absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -185,17 +186,19 @@ TEST_F(ConfigTest, FlagsGivenOverrideTheFileWhichOverridesTheDefaults) {
   EXPECT_EQ(c->read_mode, ReadMode::kPread);
   EXPECT_EQ(c->max_sessions, 256);  // the file does not set it: the default
   EXPECT_FALSE(c->region_decode);
+  EXPECT_FALSE(c->cheapest_cpu_rows);
 
   // Flags win, in every spelling absl accepts, even where the flag's value is its default.
   c = Load({"--config=" + file, "--threads", "0", "-attach_threads=1", "--log_format=text",
             "--nonvjpeg_interpolation", "--metrics_listen=", "--staging_slab_bytes=4194304",
-            "--listen=unix:///tmp/g.sock", "--region_decode"});
+            "--listen=unix:///tmp/g.sock", "--region_decode", "--cheapest_cpu_rows"});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->threads, Cores());
   EXPECT_EQ(c->attach_threads, 1);
   EXPECT_EQ(c->log_format, LogFormat::kText);
   EXPECT_FALSE(c->nvjpeg_interpolation);
   EXPECT_TRUE(c->region_decode);
+  EXPECT_TRUE(c->cheapest_cpu_rows);
   EXPECT_EQ(c->metrics_listen, "");
   EXPECT_EQ(c->staging_slab_bytes, uint64_t{4} << 20);
   EXPECT_EQ(c->listen, "unix:///tmp/g.sock");

@@ -57,6 +57,7 @@ fuzz_one() {
   if ! "$bin" "${flags[@]}" -max_total_time="$seconds" -print_final_stats=1 \
       "$work" "$seeds" >"$artifacts/fuzz.log" 2>&1; then
     tail -n 60 "$artifacts/fuzz.log"
+    echo "fuzz: $t: FAILED (the fuzzer's log: $artifacts/fuzz.log)"
     for f in "$artifacts"/*; do
       case "$f" in *.log) continue ;; esac
       echo "fuzz: $t: FOUND $f ($(stat -c %s "$f") bytes): reproduce with $bin $f"

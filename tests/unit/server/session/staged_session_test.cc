@@ -467,6 +467,88 @@ TEST_F(StagedSessionTest, AnAdaptiveShareUnderMpsTooButNoneForAnExplicitNvjpeg) 
   devices_.mps = false;
 }
 
+// --nocheapest_cpu_rows: in every batch decode auto's CPU rows are those CpuDecodesRow picks
+// at the fill's share, by index. With the default, once the session has recorded 64 rows'
+// estimates, some batches' CPU rows differ from that rule: they follow the crop boxes' costs.
+TEST_F(StagedSessionTest, CheapestCpuRowsOffSpreadsTheCpuRowsByIndex) {
+  const std::string root = dir_.path() + "/many";
+  for (int i = 0; i < 32; ++i) {  // colour baseline JPEGs of varied sizes: nvJPEG takes any
+    const int h = 40 + (i * 7) % 50, w = 40 + (i * 11) % 60;
+    WriteFileBytes(absl::StrCat(root, "/c/", i, ".jpg"),
+                   EncodeJpeg(Picture(h, w, 3, 100 + i), h, w, TJPF_RGB, TJSAMP_420, 90));
+  }
+  for (const bool cheapest : {false, true}) {
+    SCOPED_TRACE(cheapest ? "cheapest_cpu_rows" : "nocheapest_cpu_rows");
+    SessionManagerOptions options;
+    options.threads = 2;
+    options.adaptive_decode = true;
+    options.cheapest_cpu_rows = cheapest;
+    options.clock = clock_.AsClock();
+    manager_.reset();
+    manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
+    absl::Mutex mu;
+    std::vector<std::vector<StagedKind>> fills;  // each staged batch's rows' kinds, in order
+    devices_.before_stage = [&](std::byte* host, const StagedLayout& layout) {
+      const auto* records = reinterpret_cast<const StagedRecord*>(host + layout.records_offset);
+      std::vector<StagedKind> kinds;
+      for (int64_t r = 0; r < layout.batch; ++r) kinds.push_back(records[r].kind);
+      absl::MutexLock lock(&mu);
+      fills.push_back(std::move(kinds));
+    };
+    AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+    spec.job = absl::StrCat("rows-", cheapest);
+    spec.feed.dataset.path = root;
+    spec.feed.batch_size = 8;
+    spec.stop_epoch = 0;
+    absl::StatusOr<Attachment> a = manager_->Attach(spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_EQ(a->stage, StageMode::kNvjpeg);
+    auto session = manager_->Find(a->session_id, a->token);
+    ASSERT_TRUE(session.ok());
+    ASSERT_TRUE((*session)->BindStream([] {}).ok());
+    int by_index = 0, by_cost = 0;
+    for (int b = 0; b < 30; ++b) {
+      // With both slots full no fill runs: the share now is the one the fill this release
+      // starts reads (DecodeShare moves when a fill ends, before its slot is ready).
+      WaitForFullRing(**session);
+      const double share = (*session)->Snapshot().cpu_decode_share;
+      size_t seen;
+      {
+        absl::MutexLock lock(&mu);
+        seen = fills.size();
+      }
+      StreamEvent e = Next(**session);
+      ASSERT_EQ(e.kind, StreamEvent::kBatch) << e.status;
+      clock_.Advance(absl::Milliseconds(100));  // a pace the share grows at (fills take 0)
+      ASSERT_TRUE((*session)->Release(e.batch.slot, e.batch.generation).ok());
+      WaitForFullRing(**session);
+      std::vector<StagedKind> kinds;
+      {
+        absl::MutexLock lock(&mu);
+        ASSERT_EQ(fills.size(), seen + 1);
+        kinds = fills.back();
+      }
+      if (share <= 0 || share >= 1) continue;
+      bool index_rule = true;
+      for (size_t r = 0; r < kinds.size(); ++r) {
+        ASSERT_NE(kinds[r], StagedKind::kFinal) << "row " << r << " did not fit the arena";
+        index_rule &=
+            (kinds[r] == StagedKind::kRaw) == CpuDecodesRow(static_cast<int64_t>(r), share);
+      }
+      ++(index_rule ? by_index : by_cost);
+    }
+    if (cheapest) {
+      EXPECT_GT(by_cost, 0) << "the CPU's rows never followed the estimated costs";
+    } else {
+      EXPECT_EQ(by_cost, 0);
+      EXPECT_GE(by_index, 20);  // the share is in (0, 1) from the third release on
+    }
+    ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+    manager_.reset();  // its rings go while `fills` and `mu` are alive
+    devices_.before_stage = nullptr;
+  }
+}
+
 TEST(DecodeShareTest, CpuRowsSpreadEvenlyOverTheBatch) {
   auto cpu_rows = [](double share, int batch) {
     std::vector<int> rows;

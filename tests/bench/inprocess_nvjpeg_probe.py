@@ -36,7 +36,8 @@ def check(rc, what):
 
 
 class Decoder:
-    """nvjpegDecodeBatched of `batch` files at a time, cycling over the files, on `stream`."""
+    """nvjpegDecodeBatched of `batch` files at a time on `stream`: batches of consecutive
+    files, used in turn."""
 
     def __init__(self, paths, batch, stream):
         lib = os.environ.get("GPUFEED_NVJPEG_LIBRARY") or "libnvjpeg.so.13"
@@ -51,19 +52,17 @@ class Decoder:
         files = [open(p, "rb").read() for p in paths]
         # Every file in one pinned buffer, as the daemon's staging slots are.
         self.pinned = torch.empty(sum(len(f) for f in files), dtype=torch.uint8, pin_memory=True)
-        self.pointers, self.lengths, sizes, at = [], [], [], 0
+        pointers, sizes, at = [], [], 0
         for f in files:
             self.pinned[at:at + len(f)] = torch.frombuffer(bytearray(f), dtype=torch.uint8)
-            self.pointers.append(self.pinned.data_ptr() + at)
-            self.lengths.append(len(f))
+            pointers.append(self.pinned.data_ptr() + at)
             comps, sub = ctypes.c_int(), ctypes.c_int()
             w, h = (ctypes.c_int * 4)(), (ctypes.c_int * 4)()
-            check(self.nv.nvjpegGetImageInfo(self.handle, ctypes.c_void_p(self.pointers[-1]),
+            check(self.nv.nvjpegGetImageInfo(self.handle, ctypes.c_void_p(pointers[-1]),
                                              ctypes.c_size_t(len(f)), ctypes.byref(comps),
                                              ctypes.byref(sub), w, h), "nvjpegGetImageInfo")
             sizes.append((h[0], w[0]))
             at += len(f)
-        self.sizes = sizes
         self.batch, self.stream = batch, stream
         biggest = max(h * w * 3 for h, w in sizes)
         self.out = torch.empty((batch, biggest), dtype=torch.uint8, device="cuda")
@@ -76,8 +75,8 @@ class Decoder:
             for row, i in enumerate(idx):
                 images[row].channel[0] = self.out[row].data_ptr()
                 images[row].pitch[0] = sizes[i][1] * 3
-            self.calls.append(((ctypes.c_void_p * batch)(*[self.pointers[i] for i in idx]),
-                               (ctypes.c_size_t * batch)(*[self.lengths[i] for i in idx]),
+            self.calls.append(((ctypes.c_void_p * batch)(*[pointers[i] for i in idx]),
+                               (ctypes.c_size_t * batch)(*[len(files[i]) for i in idx]),
                                images))
         if not self.calls:
             raise SystemExit(f"--files: fewer than {batch} JPEGs")

@@ -24,9 +24,7 @@ rm -rf "$out"; mkdir -p "$out" "$final"
 source "$(dirname "$0")/../gpu/device_env.sh"
 gpus=$(nvidia-smi -L | wc -l)
 data=/tmp/gpufeed-images
-python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images "${IMAGES:-20000}" --classes 100 \
-    --seed 0 >"$out/make_dataset.log" 2>&1
-find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+image_dataset "$data" "${IMAGES:-20000}"
 export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
 sock=/tmp/gf-goals.sock
 export GPUFEED_SOCKET=$sock

@@ -28,4 +28,12 @@ start_daemon() {
   log "gpufeedd did not start: $(tail -3 "$logfile" | tr '\n' ' ')"; return 1
 }
 stop_daemon() { kill -TERM "$daemon"; wait "$daemon" 2>/dev/null; }
+# image_dataset DIR N: N ImageNet-like JPEGs in 100 classes under DIR
+# (tests/bench/image/make_dataset.py, seed 0; its log: $out/make_dataset.log), then read once
+# so that they sit in the page cache.
+image_dataset() {
+  python3 "$root/tests/bench/image/make_dataset.py" --out "$1" --images "$2" --classes 100 \
+      --seed 0 >"$out/make_dataset.log" 2>&1
+  find "$1" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+}
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"

@@ -23,9 +23,7 @@ bench=$bundle/bin/image_bench
 steps=${STEPS:-150}
 step_ms=${STEP_MS:-59}
 data=/tmp/gpufeed-images
-python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images "${IMAGES:-5000}" \
-    --classes 100 --seed 0 >"$out/make_dataset.log" 2>&1
-find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+image_dataset "$data" "${IMAGES:-5000}"
 export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
 pipeline=$root/deploy/pipelines/imagenet_train.json
 sock=/tmp/gf-interference.sock

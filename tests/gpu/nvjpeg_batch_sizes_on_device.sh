@@ -16,9 +16,7 @@ source "$(dirname "$0")/device_env.sh"
 bench=$bundle/bin/image_bench
 data=/tmp/gpufeed-images
 stall_s=${STALL_S:-8}
-python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images "${IMAGES:-5000}" \
-    --classes 100 --seed 0 >"$out/make_dataset.log" 2>&1
-find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+image_dataset "$data" "${IMAGES:-5000}"
 export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
 results=$out/results.tsv; : >"$results"
 

@@ -113,6 +113,15 @@ ABSL_FLAG(uint64_t, max_image_bytes, DaemonConfig().max_image_bytes,
 ABSL_FLAG(uint64_t, max_ids_bytes, DaemonConfig().max_ids_bytes,
           "bytes all sessions' per-slot sample-id arrays (batch x slots x 8) may take together; "
           "an Attach beyond it is refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(uint64_t, max_ids_bytes_per_uid, DaemonConfig().max_ids_bytes_per_uid,
+          "of --max_ids_bytes, the most one uid's sessions may hold together; 0 = half "
+          "(admins are not capped)");
+ABSL_FLAG(uint64_t, max_index_bytes, DaemonConfig().max_index_bytes,
+          "bytes all datasets' attach-time indexes (webdataset samples and member names, image "
+          "folder paths) may hold together; an Attach beyond it is refused (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(uint64_t, max_index_bytes_per_uid, DaemonConfig().max_index_bytes_per_uid,
+          "of --max_index_bytes, the most the indexes one uid's attaches built may hold; 0 = "
+          "half (admins are not capped)");
 
 namespace gpufeed::server {
 namespace {
@@ -250,6 +259,10 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
   GPUFEED_FROM_FILE(max_image_bytes, max_image_bytes, file.max_image_bytes());
   GPUFEED_FROM_FILE(max_ids_bytes, max_ids_bytes, file.max_ids_bytes());
+  GPUFEED_FROM_FILE(max_ids_bytes_per_uid, max_ids_bytes_per_uid, file.max_ids_bytes_per_uid());
+  GPUFEED_FROM_FILE(max_index_bytes, max_index_bytes, file.max_index_bytes());
+  GPUFEED_FROM_FILE(max_index_bytes_per_uid, max_index_bytes_per_uid,
+                    file.max_index_bytes_per_uid());
   GPUFEED_FROM_FILE(mem_request_timeout_ms, mem_request_timeout,
                     absl::Milliseconds(file.mem_request_timeout_ms()));
   GPUFEED_FROM_FILE(max_folder_entries, max_folder_entries, file.max_folder_entries());
@@ -262,10 +275,10 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
                     absl::Milliseconds(file.idle_lease_timeout_ms()));
 #undef GPUFEED_FROM_FILE
   // Lists: a file that names one replaces the default (empty) list.
-#define GPUFEED_LIST_FROM_FILE(field)                                   \
-  if (file.field##_size() > 0) {                                        \
-    c->field.assign(file.field().begin(), file.field().end());          \
-    from_file(#field, #field);                                          \
+#define GPUFEED_LIST_FROM_FILE(field)                          \
+  if (file.field##_size() > 0) {                               \
+    c->field.assign(file.field().begin(), file.field().end()); \
+    from_file(#field, #field);                                 \
   }
   GPUFEED_LIST_FROM_FILE(allow_uids);
   GPUFEED_LIST_FROM_FILE(allow_gids);
@@ -321,6 +334,9 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);
+  apply(FLAGS_max_ids_bytes_per_uid, &c->max_ids_bytes_per_uid);
+  apply(FLAGS_max_index_bytes, &c->max_index_bytes);
+  apply(FLAGS_max_index_bytes_per_uid, &c->max_index_bytes_per_uid);
   apply(FLAGS_max_sessions_per_uid, &c->max_sessions_per_uid);
   apply(FLAGS_max_staging_bytes_per_uid, &c->max_staging_bytes_per_uid);
   apply(FLAGS_idle_lease_timeout, &c->idle_lease_timeout);
@@ -400,6 +416,17 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   }
   if (c.max_image_bytes < 1) return Invalid(sources, "max_image_bytes", "must be > 0");
   if (c.max_ids_bytes < 1) return Invalid(sources, "max_ids_bytes", "must be > 0");
+  if (c.max_ids_bytes_per_uid > c.max_ids_bytes) {
+    return Invalid(sources, "max_ids_bytes_per_uid",
+                   absl::StrCat("at most max_ids_bytes (", c.max_ids_bytes, "), got ",
+                                c.max_ids_bytes_per_uid));
+  }
+  if (c.max_index_bytes < 1) return Invalid(sources, "max_index_bytes", "must be > 0");
+  if (c.max_index_bytes_per_uid > c.max_index_bytes) {
+    return Invalid(sources, "max_index_bytes_per_uid",
+                   absl::StrCat("at most max_index_bytes (", c.max_index_bytes, "), got ",
+                                c.max_index_bytes_per_uid));
+  }
   for (const std::string& root : c.dataset_roots) {
     if (root.empty() || root[0] != '/') {
       return Invalid(sources, "dataset_roots",
@@ -410,8 +437,7 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
     return Invalid(sources, "mem_request_timeout", "must be > 0");
   }
   if (c.max_folder_entries < 1) {
-    return Invalid(sources, "max_folder_entries",
-                   absl::StrCat(">= 1, got ", c.max_folder_entries));
+    return Invalid(sources, "max_folder_entries", absl::StrCat(">= 1, got ", c.max_folder_entries));
   }
   if (c.folder_walk_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "folder_walk_timeout", "must be > 0");

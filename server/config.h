@@ -82,6 +82,10 @@ struct DaemonConfig {
   uint64_t max_samples_per_feed = uint64_t{1} << 40;
   uint64_t max_image_bytes = uint64_t{64} << 20;
   uint64_t max_ids_bytes = uint64_t{256} << 20;
+  uint64_t max_ids_bytes_per_uid = 0;  // 0: half of max_ids_bytes
+  // The datasets' attach-time indexes, in all and per uid (0: half).
+  uint64_t max_index_bytes = uint64_t{4} << 30;
+  uint64_t max_index_bytes_per_uid = 0;
   // docs/SECURITY.md sections 2 and 4: directories a dataset must lie beneath (empty:
   // anywhere), the memory socket's deadline for a whole request, and the image_folder walk's
   // bounds.

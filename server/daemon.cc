@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.feed_limits.max_image_bytes = c.max_image_bytes;
   options.feed_limits.region_decode = c.region_decode;
   options.max_ids_bytes = c.max_ids_bytes;
+  options.max_ids_bytes_per_uid = c.max_ids_bytes_per_uid;
+  options.access.walk.index_bytes = ByteBudget::Create(
+      "max_index_bytes", c.max_index_bytes, "max_index_bytes_per_uid", c.max_index_bytes_per_uid,
+      "use fewer or smaller shards (or folders), or ask the node's admin to raise it");
   options.access.dataset_roots = c.dataset_roots;
   options.access.walk.max_entries = c.max_folder_entries;
   options.access.walk.timeout = c.folder_walk_timeout;

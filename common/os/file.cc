@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/os/fd.h"
 #include "common/os/file_lease.h"
 #include "common/os/guarded_copy.h"
@@ -17,6 +19,12 @@
 
 namespace gpufeed {
 namespace {
+
+std::optional<std::pair<uint64_t, uint64_t>> IdentityOf(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  return std::make_pair(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+}
 
 // fstat's st_mtim in ns; 0 when fstat fails.
 int64_t ModifiedNsOf(int fd) {
@@ -32,6 +40,9 @@ class PosixFile final : public RandomAccessFile {
 
   uint64_t size() const override { return size_; }
   int64_t modified_ns() const override { return ModifiedNsOf(fd_.get()); }
+  std::optional<std::pair<uint64_t, uint64_t>> identity() const override {
+    return IdentityOf(fd_.get());
+  }
   const std::string& path() const override { return path_; }
 
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
@@ -44,9 +55,9 @@ class PosixFile final : public RandomAccessFile {
         return ErrnoToStatus(errno, absl::StrCat("reading ", path_, " at offset ", offset + done));
       }
       if (n == 0) {
-        return absl::DataLossError(absl::StrCat(
-            "reading ", path_, ": file shrank (wanted ", dst.size(), " bytes at offset ",
-            offset, ", file ends after ", offset + done, ")"));
+        return absl::DataLossError(absl::StrCat("reading ", path_, ": file shrank (wanted ",
+                                                dst.size(), " bytes at offset ", offset,
+                                                ", file ends after ", offset + done, ")"));
       }
       done += static_cast<size_t>(n);
     }
@@ -61,12 +72,12 @@ class PosixFile final : public RandomAccessFile {
 
 class MappedFile final : public RandomAccessFile {
  public:
-  MappedFile(std::string path, UniqueFd fd, Mapping mapping, uint64_t size)
+  MappedFile(std::string path, UniqueFd fd, Mapping mapping, uint64_t size, bool own_description)
       : path_(std::move(path)),
         fd_(std::move(fd)),
         mapping_(std::move(mapping)),
         size_(size),
-        leased_(WatchByLease(fd_.get())) {}
+        leased_(own_description && WatchByLease(fd_.get())) {}
   ~MappedFile() override {
     if (leased_) EndLease(fd_.get());
   }
@@ -86,6 +97,9 @@ class MappedFile final : public RandomAccessFile {
 
   uint64_t size() const override { return size_; }
   int64_t modified_ns() const override { return ModifiedNsOf(fd_.get()); }
+  std::optional<std::pair<uint64_t, uint64_t>> identity() const override {
+    return IdentityOf(fd_.get());
+  }
   const std::string& path() const override { return path_; }
 
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
@@ -117,6 +131,9 @@ class MappedFile final : public RandomAccessFile {
 struct Opened {
   UniqueFd fd;
   uint64_t size = 0;
+  // Whether `fd` is an open file description of the daemon's alone, which may carry a read
+  // lease (file_lease.h): false for a client's descriptor the daemon could only dup.
+  bool own_description = true;
 };
 
 absl::StatusOr<Opened> OpenRegular(const std::string& path) {
@@ -125,16 +142,82 @@ absl::StatusOr<Opened> OpenRegular(const std::string& path) {
   return Opened{std::move(fd), size};
 }
 
-absl::StatusOr<Opened> FromClientFd(int fd, const std::string& path) {
-  GPUFEED_ASSIGN_OR_RETURN(UniqueFd own, DupFd(fd));
-  GPUFEED_ASSIGN_OR_RETURN(uint64_t size, CheckFileKind(own.get(), FileKind::kRegular, path));
-  return Opened{std::move(own), size};
+// Whether two descriptors name one file (device and inode).
+bool SameFile(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
-absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative,
-                                   const std::string& path, const PeerCred* reader) {
-  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd,
-                           OpenBeneath(dirfd, relative, path, /*follow_links=*/reader == nullptr));
+// A client's descriptor is one open file description shared with the client, which can set
+// its lease signal and owner (F_SETSIG, F_SETOWN) or its flags at will. So the daemon reads
+// through a description of its own: the file reopened through /proc/self/fd (the client's
+// right to read it was checked by the kernel when the client opened it, and the mem server
+// refused O_PATH and write-only descriptors). Only on the local file systems leases are
+// taken on: there an open cannot wait on another process, as a FUSE server's could. Where
+// the reopen fails (a daemon without the right to open the file itself) the dup is read,
+// without a lease.
+absl::StatusOr<Opened> FromClientFd(int fd, const std::string& path) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd dup, DupFd(fd));
+  GPUFEED_ASSIGN_OR_RETURN(uint64_t size, CheckFileKind(dup.get(), FileKind::kRegular, path));
+  if (OnLeasableFileSystem(dup.get())) {
+    UniqueFd reopened(::open(absl::StrCat("/proc/self/fd/", dup.get()).c_str(), kDatasetOpenFlags));
+    if (reopened.valid() && SameFile(dup.get(), reopened.get())) {
+      return Opened{std::move(reopened), size, /*own_description=*/true};
+    }
+  }
+  return Opened{std::move(dup), size, /*own_description=*/false};
+}
+
+// PERMISSION_DENIED unless the mode bits of the directory `fd` let `reader` search it.
+absl::Status CheckSearchable(int fd, absl::string_view dir, const std::string& path,
+                             const PeerCred& reader) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", dir));
+  if (!ModeLetsSearch(st.st_uid, st.st_gid, st.st_mode, reader)) {
+    return absl::PermissionDeniedError(absl::StrCat("opening ", path,
+                                                    ": the mode bits of its directory ", dir,
+                                                    " do not let uid ", reader.uid, " search it"));
+  }
+  return absl::OkStatus();
+}
+
+// Opens `relative` beneath `dirfd` as `reader` would reach it: every directory on the way,
+// `dirfd` itself included, must let `reader` search it now, by its mode bits, as the kernel
+// would ask of the reader's own open (issue 30: a 0744 directory, or one made 0700 after the
+// client opened it, hides its files from the daemon too). Checked at each open, not once at
+// Attach, so a chmod later takes effect on the next read. No links anywhere on the way.
+absl::StatusOr<UniqueFd> OpenBeneathAs(int dirfd, const std::string& relative,
+                                       const std::string& path, const PeerCred& reader) {
+  std::vector<absl::string_view> parts = absl::StrSplit(relative, '/', absl::SkipEmpty());
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("opening ", path, ": no file name"));
+  }
+  GPUFEED_RETURN_IF_ERROR(CheckSearchable(dirfd, "(the dataset folder)", path, reader));
+  UniqueFd dir;  // the directory reached so far, when below dirfd
+  std::string reached;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    absl::StrAppend(&reached, reached.empty() ? "" : "/", parts[i]);
+    open_how how{};
+    how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    const std::string part(parts[i]);
+    UniqueFd next(static_cast<int>(
+        ::syscall(SYS_openat2, dir.valid() ? dir.get() : dirfd, part.c_str(), &how, sizeof(how))));
+    if (!next.valid()) return ErrnoToStatus(errno, absl::StrCat("opening ", path));
+    GPUFEED_RETURN_IF_ERROR(CheckSearchable(next.get(), reached, path, reader));
+    dir = std::move(next);
+  }
+  return OpenBeneath(dir.valid() ? dir.get() : dirfd, std::string(parts.back()), path,
+                     /*follow_links=*/false);
+}
+
+absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative, const std::string& path,
+                                   const PeerCred* reader) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd fd, reader == nullptr
+                                            ? OpenBeneath(dirfd, relative, path)
+                                            : OpenBeneathAs(dirfd, relative, path, *reader));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", path));
   if (!S_ISREG(st.st_mode)) {
@@ -143,8 +226,7 @@ absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative,
   }
   if (reader != nullptr && !ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader)) {
     return absl::PermissionDeniedError(
-        absl::StrCat("opening ", path, ": its mode bits do not let uid ", reader->uid,
-                     " read it"));
+        absl::StrCat("opening ", path, ": its mode bits do not let uid ", reader->uid, " read it"));
   }
   return Opened{std::move(fd), static_cast<uint64_t>(st.st_size)};
 }
@@ -157,8 +239,8 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> Mapped(const std::string& path
     GPUFEED_ASSIGN_OR_RETURN(mapping, Mapping::Map(opened->fd.get(), 0, opened->size,
                                                    /*writable=*/false));
   }
-  return std::unique_ptr<RandomAccessFile>(
-      new MappedFile(path, std::move(opened->fd), std::move(mapping), opened->size));
+  return std::unique_ptr<RandomAccessFile>(new MappedFile(
+      path, std::move(opened->fd), std::move(mapping), opened->size, opened->own_description));
 }
 
 absl::StatusOr<std::unique_ptr<RandomAccessFile>> Pread(const std::string& path,
@@ -170,12 +252,11 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> Pread(const std::string& path,
 
 class MappedFileSystemImpl final : public FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
     return Mapped(path, OpenRegular(path));
   }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
-      int fd, const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
+                                                               const std::string& path) override {
     return Mapped(path, FromClientFd(fd, path));
   }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
@@ -187,12 +268,11 @@ class MappedFileSystemImpl final : public FileSystem {
 
 class PosixFileSystemImpl final : public FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
     return Pread(path, OpenRegular(path));
   }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
-      int fd, const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
+                                                               const std::string& path) override {
     return Pread(path, FromClientFd(fd, path));
   }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
@@ -206,14 +286,22 @@ class PosixFileSystemImpl final : public FileSystem {
 
 const char* FileTypeName(unsigned mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFIFO: return "a FIFO";
-    case S_IFSOCK: return "a socket";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFLNK: return "a symbolic link";
-    default: return "of an unknown type";
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFLNK:
+      return "a symbolic link";
+    default:
+      return "of an unknown type";
   }
 }
 
@@ -223,9 +311,9 @@ absl::StatusOr<uint64_t> CheckFileKind(int fd, FileKind want, absl::string_view 
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", display));
   const bool ok = want == FileKind::kRegular ? S_ISREG(st.st_mode) : S_ISDIR(st.st_mode);
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", display, " is ", FileTypeName(st.st_mode), ", not ",
-        want == FileKind::kRegular ? "a regular file" : "a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", display, " is ", FileTypeName(st.st_mode), ", not ",
+                     want == FileKind::kRegular ? "a regular file" : "a directory"));
   }
   return want == FileKind::kRegular ? static_cast<uint64_t>(st.st_size) : 0;
 }
@@ -245,6 +333,11 @@ bool ModeLetsRead(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who
   if (who.uid == uid) return (mode & S_IRUSR) != 0;
   if (who.InGroup(gid)) return (mode & S_IRGRP) != 0;
   return (mode & S_IROTH) != 0;
+}
+
+bool ModeLetsSearch(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who) {
+  // The execute bits shifted into the read bits' places: owner, group, others alike.
+  return ModeLetsRead(uid, gid, (mode & 0111) << 2, who);
 }
 
 absl::StatusOr<UniqueFd> DupFd(int fd) {

@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +43,8 @@ absl::StatusOr<UniqueFd> OpenChecked(const std::string& path, FileKind want,
 // `who` read it, as the kernel decides for an open without ACLs: the owner's bits for the
 // owner, else the group's for a member, else the others'; root reads anything.
 bool ModeLetsRead(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who);
+// The same for searching (x) a directory: a path beneath it is reachable only through it.
+bool ModeLetsSearch(uint32_t uid, uint32_t gid, unsigned mode, const PeerCred& who);
 
 // A dup (F_DUPFD_CLOEXEC) of `fd`: INTERNAL naming the errno when the table is full.
 absl::StatusOr<UniqueFd> DupFd(int fd);
@@ -75,6 +79,9 @@ class RandomAccessFile {
   // The file's modification time now (st_mtim, in ns), for a feed's fingerprint; 0 where the
   // file system keeps none (a test's fake).
   virtual int64_t modified_ns() const { return 0; }
+  // The file's (device, inode), to know two names of one file (hard links); nullopt where
+  // the file system keeps none (a test's fake).
+  virtual std::optional<std::pair<uint64_t, uint64_t>> identity() const { return std::nullopt; }
   virtual const std::string& path() const = 0;
 };
 
@@ -88,14 +95,15 @@ class FileSystem {
   // Reads through `fd`, a descriptor a client opened with its own rights (the file keeps a
   // dup; the caller keeps `fd`): INVALID_ARGUMENT unless it is a regular file. `path` is the
   // display name, for messages only.
-  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
-      int fd, const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
+                                                                       const std::string& path) = 0;
   // Opens `relative` beneath the directory `dirfd` (OpenBeneath above) and checks it is a
-  // regular file; with `reader`, a file whose mode bits would not let `reader` read it is
-  // PERMISSION_DENIED, as if the reader had opened it. `path` is the display name.
+  // regular file; with `reader`, as if the reader had opened it: a directory on the way
+  // (`dirfd` included) whose mode bits would not let `reader` search it, or a file they would
+  // not let it read, is PERMISSION_DENIED, and no symbolic link is followed. `path` is the
+  // display name.
   virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
-      int dirfd, const std::string& relative, const std::string& path,
-      const PeerCred* reader) = 0;
+      int dirfd, const std::string& relative, const std::string& path, const PeerCred* reader) = 0;
 };
 
 // The real file system, reading with pread(2): a file that shrinks underneath gives DATA_LOSS.

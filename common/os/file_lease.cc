@@ -53,7 +53,19 @@ bool HandlerInstalled() {
   return installed;
 }
 
-bool OnLocalFileSystem(int fd) {
+// $GPUFEED_FILE_LEASES=0 turns leases off (every check an fstat): for comparison, or where
+// a writer must never wait on the daemon's signal handler.
+bool LeasesWanted() {
+  static const bool wanted = [] {
+    const char* v = std::getenv("GPUFEED_FILE_LEASES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return wanted;
+}
+
+}  // namespace
+
+bool OnLeasableFileSystem(int fd) {
   struct statfs fs {};
   if (::fstatfs(fd, &fs) != 0) return false;
   switch (static_cast<uint64_t>(fs.f_type)) {
@@ -67,20 +79,8 @@ bool OnLocalFileSystem(int fd) {
   }
 }
 
-// $GPUFEED_FILE_LEASES=0 turns leases off (every check an fstat): for comparison, or where
-// a writer must never wait on the daemon's signal handler.
-bool LeasesWanted() {
-  static const bool wanted = [] {
-    const char* v = std::getenv("GPUFEED_FILE_LEASES");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return wanted;
-}
-
-}  // namespace
-
 bool WatchByLease(int fd) {
-  if (fd < 0 || fd >= kMaxWatchedFd || !LeasesWanted() || !OnLocalFileSystem(fd) ||
+  if (fd < 0 || fd >= kMaxWatchedFd || !LeasesWanted() || !OnLeasableFileSystem(fd) ||
       !SignalDeliverable() || !HandlerInstalled()) {
     return false;
   }

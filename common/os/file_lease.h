@@ -17,7 +17,11 @@
 
 namespace gpufeed {
 
-// Takes a read lease on `fd` (opened read-only) and returns whether it holds now. Installs
+// Takes a read lease on `fd` (opened read-only) and returns whether it holds now. `fd` must be
+// an open file description of this process alone: the lease's signal and owner (F_SETSIG,
+// F_SETOWN) belong to the description, so a client that shares it could make the kernel
+// send any signal to the daemon, or one it ignores, leaving writers waiting out the kernel's
+// lease-break-time (issue 30). A client's descriptor is reopened first (file.cc). Installs
 // the process-wide handler of the lease signal (SIGRTMIN + 7) on first use.
 bool WatchByLease(int fd);
 
@@ -25,8 +29,11 @@ bool WatchByLease(int fd);
 // truncate broke it. Lock-free, async-signal-safe to race with the break.
 bool LeaseHolds(int fd);
 
-// Releases the lease on `fd` (before the descriptor is closed: a client may keep the same
-// open file description, and with it the lease, after the daemon closes its copy).
+// Releases the lease on `fd` (before the descriptor is closed).
 void EndLease(int fd);
+
+// Whether `fd` is on a file system WatchByLease trusts (ext4, xfs, btrfs, tmpfs): a local one,
+// where reopening a descriptor cannot wait on another process (a FUSE server) either.
+bool OnLeasableFileSystem(int fd);
 
 }  // namespace gpufeed

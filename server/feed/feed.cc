@@ -467,6 +467,7 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
   }
   d.walk = access_.walk;
   d.walk.cancel = &cancel_;
+  if (!caller.admin) d.walk.charge_uid = caller.uid();
   // Two descriptors of one file share a feed as two paths of it do. A folder's files are read
   // with its reader's rights: only callers of the same uid and groups share its feed.
   std::string identity = absl::StrCat(";dev=", st.st_dev, ";ino=", st.st_ino);

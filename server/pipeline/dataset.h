@@ -38,9 +38,8 @@ struct DatasetSpec : FileDatasetSpec {
   bool region_decode = true;
   // Set by the feed registry, never from a request (not part of the key): a dataset with a
   // directory descriptor (fd >= 0) reads the files beneath it only where their mode bits let
-  // `reader` read them; the walk's (and a tar index's) bounds.
+  // `reader` read them.
   std::optional<PeerCred> reader;
-  FolderWalkLimits walk;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

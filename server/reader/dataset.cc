@@ -200,8 +200,7 @@ absl::Status CheckVocabulary(const FileDatasetSpec& spec, const RandomAccessFile
 absl::Status CheckTokenSpec(const FileDatasetSpec& spec) {
   if (spec.token_dtype != DType::kUnspecified && !IsTokenDType(spec.token_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.token_dtype: tokens must be uint16 or uint32, got ",
-        DTypeName(spec.token_dtype)));
+        "dataset.token_dtype: tokens must be uint16 or uint32, got ", DTypeName(spec.token_dtype)));
   }
   if (spec.seq_len == 0) {
     return absl::InvalidArgumentError(
@@ -238,9 +237,12 @@ constexpr char kMegatronMagic[] = "MMIDIDX\0\0";  // a Megatron-LM indexed datas
 // Megatron-LM's .idx beside a .bin: magic, version 1 (uint64), the dtype code (uint8),
 // the sequence count and the document count (uint64 each), then the sequences' sizes (int32,
 // in tokens), their byte offsets (int64) and the document index. Returns the token type and
-// the token count, which the .bin must hold exactly.
+// the token count, which the .bin must hold exactly. The sizes are summed under `walk`'s
+// deadline and cancel flag (issue 30: a sparse .idx promising 10^12 sequences kept both attach
+// threads busy ~23 minutes).
 absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const RandomAccessFile& idx,
-                                                             const std::string& name) {
+                                                             const std::string& name,
+                                                             const WalkBudget& walk) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, ": ", why));
   };
@@ -277,6 +279,7 @@ absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const RandomAccessF
   uint64_t tokens = 0;
   std::vector<std::byte> sizes(std::min<uint64_t>(sequences, 1 << 16) * 4);
   for (uint64_t done = 0; done < sequences;) {
+    GPUFEED_RETURN_IF_ERROR(walk.Poll());
     const uint64_t n = std::min<uint64_t>(sequences - done, sizes.size() / 4);
     GPUFEED_RETURN_IF_ERROR(
         idx.ReadAt(kFixed + done * 4, std::span<std::byte>(sizes.data(), n * 4)));
@@ -293,11 +296,11 @@ absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const RandomAccessF
 
 // One shard's format, checked: llm.c (magic 20240520, version 1 uint16 / 2 uint32, the token
 // count in its header, which the file size must agree with), .npy (the dtype from its
-// header), Megatron (`idx`: its .idx, read above), else raw tokens of token_dtype (uint16 when
-// unset).
+// header), Megatron (`idx`: its .idx, read above under `walk`), else raw tokens of
+// token_dtype (uint16 when unset).
 absl::StatusOr<TokenShard> ProbeShard(const FileDatasetSpec& spec,
                                       std::unique_ptr<RandomAccessFile> file, std::string name,
-                                      const RandomAccessFile* idx) {
+                                      const RandomAccessFile* idx, const WalkBudget& walk) {
   if (file->size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is empty"));
   }
@@ -308,7 +311,7 @@ absl::StatusOr<TokenShard> ProbeShard(const FileDatasetSpec& spec,
       0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
   shard.dtype = spec.token_dtype == DType::kUnspecified ? DType::kUInt16 : spec.token_dtype;
   if (idx != nullptr) {
-    GPUFEED_ASSIGN_OR_RETURN(const auto index, ReadMegatronIndex(*idx, name));
+    GPUFEED_ASSIGN_OR_RETURN(const auto index, ReadMegatronIndex(*idx, name, walk));
     GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, index.first, "a Megatron dataset"));
     shard.dtype = index.first;
     shard.format = "megatron";
@@ -424,6 +427,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
                                     ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0;
                            }));
   std::vector<TokenShard> shards;
+  const WalkBudget walk(spec.walk, spec.path, "indexing");
   for (const std::string& name : names) {
     if (absl::EndsWith(name, ".idx")) continue;
     const std::string display = absl::StrCat(dir, "/", name);
@@ -438,7 +442,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
       }
     }
     GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
-                             ProbeShard(spec, std::move(file), display, idx.get()));
+                             ProbeShard(spec, std::move(file), display, idx.get(), walk));
     shards.push_back(std::move(shard));
   }
   if (shards.empty()) {
@@ -623,7 +627,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
   if (spec.kind == DatasetKind::kTokens) {
     std::vector<TokenShard> one;
     GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
-                             ProbeShard(spec, std::move(file), spec.path, nullptr));
+                             ProbeShard(spec, std::move(file), spec.path, nullptr,
+                                        WalkBudget(spec.walk, spec.path, "indexing")));
     one.push_back(std::move(shard));
     return MakeTokens(spec, std::move(one), /*sharded=*/false);
   }

@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/os/file.h"
 #include "common/os/peer_cred.h"
+#include "server/reader/image_folder.h"
 
 namespace gpufeed::server {
 
@@ -69,6 +70,9 @@ struct FileDatasetSpec {
   // through (borrowed for the open; readers keep a dup); -1: open `path` with the daemon's
   // rights (an admin's attach by path). `path` is then the display name only.
   int fd = -1;
+  // Set by the feed registry, never from a request: the bounds of every attach-time scan
+  // (an image folder's walk, a tar's index, a Megatron .idx's sizes) and of the index kept.
+  FolderWalkLimits walk;
 };
 
 // What a sample's random augmentation depends on, besides its id.
@@ -92,7 +96,8 @@ class Dataset {
   virtual const std::vector<SampleTensor>& tensors() const = 0;
   // Writes sample `id` (< num_samples) into rows[t] for each tensor t; rows[t] has exactly
   // tensors()[t].byte_size bytes. One copy from the page cache, no more. Thread-safe.
-  virtual absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const = 0;
+  virtual absl::Status ReadSample(uint64_t id,
+                                  std::span<const std::span<std::byte>> rows) const = 0;
   // As ReadSample, for the sample's augmentation as of `context`; returns the id actually
   // written: a dataset whose policy skips bad samples writes a replacement instead.
   virtual absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,

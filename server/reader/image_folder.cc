@@ -51,8 +51,8 @@ class Walker {
       open_how how{};
       how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
       how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-      fd = UniqueFd(static_cast<int>(
-          ::syscall(SYS_openat2, root_fd_, relative.c_str(), &how, sizeof(how))));
+      fd = UniqueFd(
+          static_cast<int>(::syscall(SYS_openat2, root_fd_, relative.c_str(), &how, sizeof(how))));
     }
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
     struct stat st {};
@@ -62,12 +62,12 @@ class Walker {
     std::vector<Entry> out;
     if (!visited_.insert({st.st_dev, st.st_ino}).second) return out;
     // The reader must be able to list (r) and search (x) it, as its own walk would.
-    if (reader_ != nullptr &&
-        !(ModeLets(st, *reader_, S_IRUSR) && ModeLets(st, *reader_, S_IXUSR))) {
+    if (reader_ != nullptr && !(ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader_) &&
+                                ModeLetsSearch(st.st_uid, st.st_gid, st.st_mode, *reader_))) {
       if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
-      return absl::PermissionDeniedError(absl::StrCat(
-          "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,
-          " list and search it"));
+      return absl::PermissionDeniedError(absl::StrCat("dataset.path: the mode bits of ", display,
+                                                      " do not let uid ", reader_->uid,
+                                                      " list and search it"));
     }
     DIR* dir = ::fdopendir(fd.get());
     if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
@@ -101,14 +101,6 @@ class Walker {
   }
 
  private:
-  // Whether `who` has the permission `user_bit` (S_IRUSR or S_IXUSR) on `st` by its mode
-  // bits, as ModeLetsRead decides for reading.
-  static bool ModeLets(const struct stat& st, const PeerCred& who, unsigned user_bit) {
-    // Shift the bit into the read position for ModeLetsRead: owner, group, others alike.
-    const unsigned shift = user_bit == S_IXUSR ? 2 : 0;
-    return ModeLetsRead(st.st_uid, st.st_gid, (st.st_mode & 0777) << shift, who);
-  }
-
   const int root_fd_;
   const std::string root_;
   const PeerCred* const reader_;
@@ -125,15 +117,17 @@ absl::Status WalkBudget::Count() {
                                                      limits_.max_entries,
                                                      " entries (gpufeedd's max_folder_entries)"));
   }
-  if (entries_ % 256 == 1) {
-    if (limits_.cancel != nullptr && limits_.cancel->load(std::memory_order_relaxed)) {
-      return absl::CancelledError("gpufeedd is shutting down");
-    }
-    if (absl::Now() > deadline_) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("dataset.path: ", verb_, " ", root_, " took longer than ",
-                       absl::FormatDuration(limits_.timeout), " (gpufeedd's folder_walk_timeout)"));
-    }
+  return entries_ % 256 == 1 ? Poll() : absl::OkStatus();
+}
+
+absl::Status WalkBudget::Poll() const {
+  if (limits_.cancel != nullptr && limits_.cancel->load(std::memory_order_relaxed)) {
+    return absl::CancelledError("gpufeedd is shutting down");
+  }
+  if (absl::Now() > deadline_) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("dataset.path: ", verb_, " ", root_, " took longer than ",
+                     absl::FormatDuration(limits_.timeout), " (gpufeedd's folder_walk_timeout)"));
   }
   return absl::OkStatus();
 }
@@ -178,9 +172,9 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
     // by path components, which would put a sub-folder's files before its parent's).
     std::sort(files.begin(), files.end());
     if (files.empty()) {  // torchvision's ImageFolder refuses such a tree too
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.path: class folder ", index.classes[label], " under ", root,
-          " holds no .jpg, .jpeg or .png file"));
+      return absl::InvalidArgumentError(absl::StrCat("dataset.path: class folder ",
+                                                     index.classes[label], " under ", root,
+                                                     " holds no .jpg, .jpeg or .png file"));
     }
     for (const auto& [dir, name] : files) {
       index.paths.push_back(absl::StrCat(root, "/", dir, "/", name));

@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/byte_budget.h"
 #include "common/os/peer_cred.h"
 
 namespace gpufeed::server {
@@ -31,12 +34,18 @@ struct ImageFolderIndex {
   std::string Relative(uint64_t id) const { return paths[id].substr(root.size() + 1); }
 };
 
-// What bounds a walk (docs/SECURITY.md section 4): every directory entry seen counts.
+// What bounds a walk, and every other attach-time scan of a dataset (docs/SECURITY.md
+// section 4): every directory entry seen counts; the time and the cancel flag bound a scan of
+// a Megatron .idx too.
 struct FolderWalkLimits {
-  int64_t max_entries = 10'000'000;          // max_folder_entries
+  int64_t max_entries = 10'000'000;             // max_folder_entries
   absl::Duration timeout = absl::Seconds(120);  // folder_walk_timeout
   // Polled during the walk: true ends it with CANCELLED (the daemon is shutting down).
   const std::atomic<bool>* cancel = nullptr;
+  // The bytes an index kept past the walk may hold (max_index_bytes), charged to
+  // `charge_uid`'s share (nullopt: an admin's attach). Null: not bounded (tests).
+  std::shared_ptr<ByteBudget> index_bytes;
+  std::optional<uint32_t> charge_uid;
 };
 
 // What a walk (or a tar's indexing) has spent of its FolderWalkLimits.
@@ -50,9 +59,11 @@ class WalkBudget {
         deadline_(absl::Now() + limits.timeout) {}
 
   // One more entry seen (a directory entry, a tar member): RESOURCE_EXHAUSTED past
-  // max_entries; every 256 entries, CANCELLED on the cancel flag and DEADLINE_EXCEEDED past
-  // the timeout.
+  // max_entries; every 256 entries, Poll().
   absl::Status Count();
+  // CANCELLED on the cancel flag, DEADLINE_EXCEEDED past the timeout: for scans that count
+  // no entries (a Megatron .idx's sizes), between chunks of work.
+  absl::Status Poll() const;
 
  private:
   const FolderWalkLimits limits_;

@@ -34,6 +34,8 @@ inline constexpr uint64_t kTarBlock = 512;
 // A member whose data is at most this long carries it (a WebDataset .cls), read with its
 // header at no extra cost.
 inline constexpr uint64_t kTarInlineBytes = 64;
+// The longest member path kept (PATH_MAX): a longer one is INVALID_ARGUMENT.
+inline constexpr uint64_t kTarMaxMemberPath = 4096;
 
 // One parsed 512-byte header block.
 struct TarHeader {

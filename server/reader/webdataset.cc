@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -70,10 +71,21 @@ absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& s
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: more than ", kMaxShards, " shards"));
   }
+  // Each file once (issue 30: one tar hard-linked 700 times was indexed 700 times): a second
+  // name of a shard is refused, not read again.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> seen;
   for (const std::string& name : names) {
     const std::string display = absl::StrCat(dir->dir == "/" ? "" : dir->dir, "/", name);
     GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
                              fs->OpenForReadBeneath(dir->fd, name, display, reader));
+    if (const auto id = file->identity(); id.has_value()) {
+      const auto [it, fresh] = seen.emplace(*id, out.size());
+      if (!fresh) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dataset.path: ", display, " is the same file as ", out[it->second].name,
+                         " (hard links): each shard may appear once"));
+      }
+    }
     out.push_back({std::move(file), display});
   }
   return out;
@@ -98,7 +110,22 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
   WebDatasetIndex index;
   GPUFEED_ASSIGN_OR_RETURN(index.shards, OpenShards(spec, fs, reader));
   WalkBudget budget(walk, spec.path, "indexing");
+  if (walk.index_bytes != nullptr) {
+    GPUFEED_ASSIGN_OR_RETURN(index.charge, walk.index_bytes->Take(walk.charge_uid, 0, ""));
+  }
+  // What the index holds so far is charged after each shard: its growth is bounded by one
+  // shard's members, themselves bounded by the shard's size and max_folder_entries.
+  const auto charge_index = [&]() -> absl::Status {
+    if (index.charge == nullptr) return absl::OkStatus();
+    const uint64_t held =
+        index.samples.capacity() * sizeof(WebDatasetSample) + index.names.capacity();
+    if (held <= index.charge->bytes()) return absl::OkStatus();
+    return index.charge->Grow(
+        held - index.charge->bytes(),
+        absl::StrCat("the index of ", spec.path, " (", index.samples.size(), " samples so far)"));
+  };
   for (size_t k = 0; k < index.shards.size(); ++k) {
+    GPUFEED_RETURN_IF_ERROR(charge_index());
     const WebDatasetShard& shard = index.shards[k];
     GPUFEED_ASSIGN_OR_RETURN(const std::vector<TarMember> members,
                              IndexTar(*shard.file, shard.name, &budget));
@@ -137,7 +164,7 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
       s.shard = static_cast<uint32_t>(k);
       index.names += g.image->path;
       index.samples.push_back(s);
-      return absl::OkStatus();
+      return index.samples.size() % 4096 == 0 ? charge_index() : absl::OkStatus();
     };
     Group group;
     for (const TarMember& m : members) {
@@ -165,6 +192,7 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
     }
     GPUFEED_RETURN_IF_ERROR(finish(group));
   }
+  GPUFEED_RETURN_IF_ERROR(charge_index());
   if (index.samples.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: ", spec.path, ": the ", index.shards.size(),

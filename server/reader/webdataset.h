@@ -44,6 +44,9 @@ struct WebDatasetIndex {
   std::vector<WebDatasetSample> samples;
   std::string names;          // every image member's path, one after another
   int64_t without_image = 0;  // keys skipped for want of an image
+  // The bytes of `samples` and `names` in max_index_bytes (FolderWalkLimits::index_bytes),
+  // returned with the index; null where the walk has no budget.
+  std::unique_ptr<ByteBudget::Charge> charge;
 
   absl::string_view member(uint64_t id) const {
     return absl::string_view(names).substr(samples[id].name_at, samples[id].name_bytes);

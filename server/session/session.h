@@ -115,7 +115,7 @@ struct SessionParams {
   bool cheapest_cpu_rows = true;
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
-  std::shared_ptr<const IdsBudget::Charge> ids_charge;
+  std::shared_ptr<const ByteBudget::Charge> ids_charge;
   // What attached_at, streaming_for, all_leased_since and the blocked times are read from
   // (the SessionManager's clock): the reaper compares them with its own "now".
   Clock clock = RealClock();

@@ -135,7 +135,7 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
     : options_(options),
       pool_(pool),
       devices_(devices),
-      ids_budget_(IdsBudget::Create(options.max_ids_bytes)),
+      ids_budget_(CreateIdsBudget(options.max_ids_bytes, options.max_ids_bytes_per_uid)),
       feeds_(fs,
              [&options] {
                FeedAccessOptions access = options.access;
@@ -300,8 +300,11 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
     allocated = allocate(slots);
   }
   GPUFEED_RETURN_IF_ERROR(allocated);
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<const IdsBudget::Charge> ids_charge,
-                           IdsBudget::Take(ids_budget_, spec.feed.batch_size, slots));
+  GPUFEED_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ByteBudget::Charge> ids_charge,
+      TakeIds(*ids_budget_,
+              spec.caller.admin ? std::nullopt : std::optional<uint32_t>(spec.caller.uid()),
+              spec.feed.batch_size, slots));
 
   SessionParams params;
   params.token = NewToken();

@@ -129,6 +129,7 @@ struct SessionManagerOptions {
   // daemon-wide bytes of the sessions' per-slot sample-id arrays.
   FeedLimits feed_limits;
   uint64_t max_ids_bytes = uint64_t{256} << 20;
+  uint64_t max_ids_bytes_per_uid = 0;  // of max_ids_bytes, for one non-admin uid; 0: half
   // dataset_roots and the image_folder walk's bounds; handles live attach_timeout.
   FeedAccessOptions access;
   // Per-uid quotas (docs/SECURITY.md section 4): sessions attached at once, and bytes of
@@ -245,7 +246,7 @@ class SessionManager final : public FillScheduler {
   const SessionManagerOptions options_;
   StagingPool* const pool_;
   DeviceBackend* const devices_;
-  const std::shared_ptr<IdsBudget> ids_budget_;
+  const std::shared_ptr<ByteBudget> ids_budget_;
   FeedRegistry feeds_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;

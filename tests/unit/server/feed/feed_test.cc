@@ -189,7 +189,8 @@ TEST(FeedLimitsTest, A4GiBTokenFileWithSeqLen1OpensAndSamplesWithoutAPermutation
   EXPECT_EQ((*feed)->sampler().RankSlice(last, 0, std::span<int64_t>(ids)), 8);
   const EpochOrder order((uint64_t{1} << 31) - 1, 5, 7, true);
   const uint64_t first = static_cast<uint64_t>(last.step) * 8;
-  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], static_cast<int64_t>(order.At(first + i)));
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(ids[i], static_cast<int64_t>(order.At(first + i)));
 }
 
 TEST(FeedLimitsTest, TheSeqLenMessageDoesNotOverflow) {
@@ -204,29 +205,54 @@ TEST(FeedLimitsTest, TheSeqLenMessageDoesNotOverflow) {
 }
 
 TEST(IdsBudgetTest, ChargesNameTheBytesAndReturnThemWhenDestroyed) {
-  std::shared_ptr<IdsBudget> budget = IdsBudget::Create(1000);
-  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> a = IdsBudget::Take(budget, 10, 8);
+  std::shared_ptr<ByteBudget> budget = CreateIdsBudget(1000, 1000);
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> a = TakeIds(*budget, 7, 10, 8);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ((*a)->bytes(), 640u);
   EXPECT_EQ(budget->used(), 640u);
-  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> b = IdsBudget::Take(budget, 10, 5);
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> b = TakeIds(*budget, 7, 10, 5);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(b.status().message(),
             "sample ids of 5 slots x 10 rows need 400 bytes; 640 of max_ids_bytes 1000 are in "
             "use: lower batch_size or ring_slots, or retry later");
-  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> exact = IdsBudget::Take(budget, 45, 1);
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> exact = TakeIds(*budget, 7, 45, 1);
   ASSERT_TRUE(exact.ok()) << exact.status();  // 360: exactly the rest
   EXPECT_EQ(budget->used(), 1000u);
   a->reset();
   EXPECT_EQ(budget->used(), 360u);
   // Sizes whose product wraps 64 bits are refused, not charged as a small number.
-  absl::StatusOr<std::shared_ptr<const IdsBudget::Charge>> huge =
-      IdsBudget::Take(budget, int64_t{1} << 62, 64);  // 2^71 bytes, 0 mod 2^64
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> huge =
+      TakeIds(*budget, 7, int64_t{1} << 62, 64);  // 2^71 bytes, 0 mod 2^64
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(huge.status().message(),
               HasSubstr("sample ids of 64 slots x 4611686018427387904 rows need more than 2^64 "
                         "bytes; 360 of max_ids_bytes 1000"));
   EXPECT_EQ(budget->used(), 360u);
+}
+
+TEST(IdsBudgetTest, OneUidTakesAtMostItsShareAndAdminsOnlyTheTotal) {
+  // Issue 30: max_ids_bytes was daemon-wide, so one uid's sessions inside its own quotas
+  // could leave every other uid's Attach RESOURCE_EXHAUSTED.
+  std::shared_ptr<ByteBudget> budget = CreateIdsBudget(1000);  // 500 a uid
+  EXPECT_EQ(budget->per_uid(), 500u);
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> a = TakeIds(*budget, 7, 50, 1);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> over = TakeIds(*budget, 7, 20, 1);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            "sample ids of 1 slots x 20 rows need 160 bytes; uid 7 holds 400 of its share of "
+            "max_ids_bytes (max_ids_bytes_per_uid 500): lower batch_size or ring_slots, or "
+            "retry later");
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> other = TakeIds(*budget, 8, 50, 1);
+  EXPECT_TRUE(other.ok());  // another uid has its own share
+  absl::StatusOr<std::shared_ptr<const ByteBudget::Charge>> admin =
+      TakeIds(*budget, std::nullopt, 25, 1);  // 200: past no share, within the total
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_EQ(budget->used(), 1000u);
+  EXPECT_EQ(budget->used_by(7), 400u);
+  a->reset();
+  EXPECT_EQ(budget->used_by(7), 0u);
+  EXPECT_TRUE(TakeIds(*budget, 7, 50, 1).ok());
 }
 
 class FeedExceptionTest : public ::testing::Test {
@@ -239,7 +265,8 @@ class FeedExceptionTest : public ::testing::Test {
 
 TEST_F(FeedExceptionTest, AnExceptionOpeningTheDatasetIsTheAttachsError) {
   fs_.open = ThrowingFileSystem::What::kBadAlloc;
-  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
+  absl::StatusOr<std::shared_ptr<Feed>> feed =
+      Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
   EXPECT_EQ(feed.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(feed.status().message(),
             "opening dataset /data/t.bin: out of memory (std::bad_alloc): the request needs more "
@@ -269,8 +296,8 @@ TEST_F(FeedExceptionTest, AnExceptionInAFillChunkOnAnyThreadIsTheFillsStatus) {
   fs_.read = ThrowingFileSystem::What::kBadAlloc;
   fs_.throw_at_or_after = uint64_t{1024} * 1023 * 2;  // row 1024 on: the second chunk only
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<int64_t> filled = (*feed)->Fill(
-        {0, 0}, 0, slot.data(), std::span<int64_t>(ids), attempt == 0 ? parallel : nullptr);
+    absl::StatusOr<int64_t> filled = (*feed)->Fill({0, 0}, 0, slot.data(), std::span<int64_t>(ids),
+                                                   attempt == 0 ? parallel : nullptr);
     EXPECT_EQ(filled.status().code(), absl::StatusCode::kResourceExhausted) << attempt;
     EXPECT_EQ(filled.status().message(),
               "sample 1024 of epoch 0 step 0: reading it: out of memory (std::bad_alloc): the "
@@ -291,7 +318,8 @@ TEST_F(FeedExceptionTest, AnExceptionInAFillChunkOnAnyThreadIsTheFillsStatus) {
 // The parallel-for itself throwing (here: a ParallelFor that allocates and fails) is caught at
 // the fill's own boundary.
 TEST_F(FeedExceptionTest, AnExceptionOutsideTheChunksIsCaughtAtTheFillBoundary) {
-  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 2048), &fs_);
+  absl::StatusOr<std::shared_ptr<Feed>> feed =
+      Feed::Create(TokensSpec("/data/t.bin", 1023, 2048), &fs_);
   ASSERT_TRUE(feed.ok()) << feed.status();
   std::vector<std::byte> slot((*feed)->layout().stride_bytes);
   std::vector<int64_t> ids(2048);

@@ -40,10 +40,11 @@ RUN apt-get update -qq \
       $(cat /tmp/runtime-packages) python3 python3-numpy \
  && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages
 
-# The user the systemd unit and the DaemonSet run as. Fixed ids: the DaemonSet's
-# runAsUser/runAsGroup and the training pods' supplementalGroups name 10001.
+# The user the DaemonSet runs as. Fixed ids: the DaemonSet's runAsUser and its config's
+# admin_uids name uid 10000 (the daemon's alone: no training pod runs as it), its runAsGroup
+# and the training pods' supplementalGroups name gid 10001 (the sockets' group).
 RUN groupadd --system --gid 10001 gpufeed \
- && useradd --system --uid 10001 --gid gpufeed --no-create-home --home-dir /nonexistent \
+ && useradd --system --uid 10000 --gid gpufeed --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin gpufeed \
  && install -d -o gpufeed -g gpufeed -m 0750 /run/gpufeed
 

@@ -80,9 +80,18 @@ ABSL_FLAG(std::vector<std::string>, allow_uids, {},
 ABSL_FLAG(std::vector<std::string>, allow_gids, {},
           "gids whose members (primary or supplementary group) may consume");
 ABSL_FLAG(std::vector<std::string>, admin_uids, {},
-          "uids that are admins besides root and the daemon's own uid: may drain, see every "
-          "session and feed, detach any session");
+          "uids that are admins besides root and the daemon's own uid (--root_is_admin, "
+          "--daemon_uid_is_admin): may drain, see every session and feed, detach any session");
 ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "gids whose members are admins");
+ABSL_FLAG(bool, root_is_admin, DaemonConfig().root_is_admin,
+          "uid 0 is an admin; off where a peer's uid 0 may be a container's root (a pod "
+          "without a user namespace on a hostPath socket)");
+ABSL_FLAG(bool, daemon_uid_is_admin, DaemonConfig().daemon_uid_is_admin,
+          "the daemon's own effective uid is an admin (systemd's ExecStop drains as it); off: "
+          "only --admin_uids, --admin_gids and, per --root_is_admin, root");
+ABSL_FLAG(bool, metrics_job_labels, DaemonConfig().metrics_job_labels,
+          "/metrics labels the per-consumer series with the job's name and its owner's uid, "
+          "which anyone who can reach --metrics_listen then sees; off: an opaque label per job");
 ABSL_FLAG(int, max_sessions_per_uid, DaemonConfig().max_sessions_per_uid,
           "sessions one uid may hold at once (admins are not capped)");
 ABSL_FLAG(uint64_t, max_staging_bytes_per_uid, DaemonConfig().max_staging_bytes_per_uid,
@@ -255,6 +264,9 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(region_decode, region_decode, file.region_decode());
   GPUFEED_FROM_FILE(cheapest_cpu_rows, cheapest_cpu_rows, file.cheapest_cpu_rows());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
+  GPUFEED_FROM_FILE(metrics_job_labels, metrics_job_labels, file.metrics_job_labels());
+  GPUFEED_FROM_FILE(root_is_admin, root_is_admin, file.root_is_admin());
+  GPUFEED_FROM_FILE(daemon_uid_is_admin, daemon_uid_is_admin, file.daemon_uid_is_admin());
   GPUFEED_FROM_FILE(health_listen, health_listen, file.health_listen());
   GPUFEED_FROM_FILE(max_samples_per_feed, max_samples_per_feed, file.max_samples_per_feed());
   GPUFEED_FROM_FILE(max_image_bytes, max_image_bytes, file.max_image_bytes());
@@ -323,6 +335,9 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_attach_timeout, &c->attach_timeout);
   apply(FLAGS_device_bytes, &c->device_bytes);
   apply(FLAGS_metrics_listen, &c->metrics_listen);
+  apply(FLAGS_metrics_job_labels, &c->metrics_job_labels);
+  apply(FLAGS_root_is_admin, &c->root_is_admin);
+  apply(FLAGS_daemon_uid_is_admin, &c->daemon_uid_is_admin);
   apply(FLAGS_health_listen, &c->health_listen);
   apply(FLAGS_stall_timeout, &c->stall_timeout);
   apply(FLAGS_shutdown_grace, &c->shutdown_grace);

@@ -65,12 +65,20 @@ struct DaemonConfig {
   std::string metrics_listen;
   std::string health_listen;
   // Access and quotas (docs/SECURITY.md; config.proto fields 20-26). Who may consume: these
-  // uids and members of these gids; both empty: anyone who can connect. Admins (root, the
-  // daemon's effective uid, admin_uids, members of admin_gids) always may.
+  // uids and members of these gids; both empty: anyone who can connect. Admins (root and the
+  // daemon's effective uid unless turned off below, admin_uids, members of admin_gids) always
+  // may.
   std::vector<uint32_t> allow_uids;
   std::vector<uint32_t> allow_gids;
   std::vector<uint32_t> admin_uids;
   std::vector<uint32_t> admin_gids;
+  // uid 0 is an admin, and the daemon's own effective uid is (fields 46, 47). The shipped
+  // Kubernetes config sets both false: a root pod reaches the hostPath socket as uid 0.
+  bool root_is_admin = true;
+  bool daemon_uid_is_admin = true;
+  // /metrics: the per-consumer series carry the job's name and its owner's uid (field 48);
+  // false: an opaque per-job label instead, which shows no name or uid to a scraper.
+  bool metrics_job_labels = false;
   int max_sessions_per_uid = 64;
   // 0: half of staging_bytes (StagingBytesPerUid).
   uint64_t max_staging_bytes_per_uid = 0;

@@ -103,9 +103,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
                    : c.read_mode == ReadMode::kPread ? PosixFileSystem()
                                                      : MappedFileSystem();
   d->sessions_ = std::make_unique<SessionManager>(options, d->pool_.get(), fs, d->devices_.get());
+  MemServerOptions mem_options{c.mem_request_timeout};
+  // Root and the daemon's uid skip the per-uid connection cap only where they are admins by
+  // themselves: where a root pod reaches the socket (root_is_admin false) it is capped.
+  mem_options.exempt_root_and_daemon = c.root_is_admin && c.daemon_uid_is_admin;
   GPUFEED_ASSIGN_OR_RETURN(d->mem_server_,
-                           MemServer::Start(c.mem_socket, d->sessions_.get(),
-                                            MemServerOptions{c.mem_request_timeout}));
+                           MemServer::Start(c.mem_socket, d->sessions_.get(), mem_options));
 
   AccessPolicy policy;
   policy.allow_uids = c.allow_uids;
@@ -113,6 +116,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   policy.admin_uids = c.admin_uids;
   policy.admin_gids = c.admin_gids;
   policy.daemon_uid = static_cast<uint32_t>(::geteuid());
+  policy.root_is_admin = c.root_is_admin;
+  policy.daemon_uid_is_admin = c.daemon_uid_is_admin;
   PeerListener* listener = d->listener_.get();
   d->callers_ = std::make_unique<CallerResolver>(
       [listener](absl::string_view peer) { return listener->Lookup(peer); }, std::move(policy));
@@ -179,7 +184,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   }
   if (!c.metrics_listen.empty()) {
     MetricsSources sources{kVersion, d->devices_ != nullptr, d->sessions_.get(), d->pool_.get(),
-                           d->devices_.get()};
+                           d->devices_.get(), c.metrics_job_labels};
     GPUFEED_ASSIGN_OR_RETURN(d->metrics_, MetricsServer::Start(c.metrics_listen, sources));
   }
   // Liveness ("") and readiness ("gpufeed.v1.Feed") go SERVING once both sockets are bound and
@@ -196,13 +201,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   {
     const AccessPolicy& p = d->callers_->policy();
     spdlog::info(
-        "access: consumers {}; admins root, uid {}{}{}; per uid at most {} sessions and {} "
+        "access: consumers {}; admins {}{}{}; per uid at most {} sessions and {} "
         "bytes of staging; idle leases end after {}",
         p.allow_uids.empty() && p.allow_gids.empty()
             ? std::string("anyone who can connect")
             : absl::StrCat("uids [", absl::StrJoin(p.allow_uids, ","), "] and groups [",
                            absl::StrJoin(p.allow_gids, ","), "]"),
-        p.daemon_uid,
+        absl::StrCat(p.root_is_admin ? "root" : "not root (root_is_admin: false)",
+                     p.daemon_uid == 0 ? ""
+                     : p.daemon_uid_is_admin
+                         ? absl::StrCat(", uid ", p.daemon_uid, " (the daemon's)")
+                         : absl::StrCat(", not the daemon's uid ", p.daemon_uid,
+                                        " (daemon_uid_is_admin: false)")),
         p.admin_uids.empty() ? "" : absl::StrCat(", uids ", absl::StrJoin(p.admin_uids, ",")),
         p.admin_gids.empty() ? "" : absl::StrCat(", groups ", absl::StrJoin(p.admin_gids, ",")),
         c.max_sessions_per_uid, StagingBytesPerUid(c),

@@ -10,11 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/os/fd.h"
+#include "common/os/peer_cred.h"
 
 namespace gpufeed::client::internal {
 
@@ -27,11 +31,61 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view context) {
 absl::Status CheckSocket(const std::string& socket) {
   struct stat st {};
   if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
-    return absl::UnavailableError(absl::StrCat(
-        "no gpufeedd socket at ", socket, " (is gpufeedd running? set the socket path with "
-        "--socket or GPUFEED_SOCKET)"));
+    return absl::UnavailableError(absl::StrCat("no gpufeedd socket at ", socket,
+                                               " (is gpufeedd running? set the socket path with "
+                                               "--socket or GPUFEED_SOCKET)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status TrustDaemonUid(uint32_t peer_uid, uint32_t self_uid, std::optional<uint32_t> dir_owner,
+                            const char* env, const std::string& socket) {
+  const bool named = env != nullptr && *env != '\0';
+  std::vector<uint32_t> trusted;
+  if (named) {
+    for (absl::string_view part : absl::StrSplit(env, ',')) {
+      uint32_t uid = 0;
+      if (!absl::SimpleAtoi(part, &uid) || part.empty() || part[0] == '+' || part[0] == '-') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "GPUFEED_DAEMON_UID: want numeric uids separated by commas (e.g. 998), got '", env,
+            "'"));
+      }
+      trusted.push_back(uid);
+    }
+  } else if (dir_owner.has_value()) {
+    trusted.push_back(*dir_owner);
+  }
+  if (peer_uid == 0 || peer_uid == self_uid ||
+      std::find(trusted.begin(), trusted.end(), peer_uid) != trusted.end()) {
+    return absl::OkStatus();
+  }
+  const size_t slash = socket.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : socket.substr(0, slash);
+  return absl::PermissionDeniedError(absl::StrCat(
+      "memory socket ", socket, " is served by uid ", peer_uid,
+      ", which this client does not trust with its dataset descriptors: it trusts root, its "
+      "own uid (",
+      self_uid, ") and ",
+      named ? absl::StrCat("GPUFEED_DAEMON_UID (", env, ")")
+            : absl::StrCat("the owner of ", dir,
+                           dir_owner.has_value() ? absl::StrCat(" (uid ", *dir_owner, ")")
+                                                 : std::string(" (not readable)")),
+      "; if uid ", peer_uid, " runs your node's gpufeedd, set GPUFEED_DAEMON_UID=", peer_uid));
+}
+
+absl::Status CheckDaemonPeer(int fd, const std::string& socket) {
+  absl::StatusOr<PeerCred> peer = GetPeerCred(fd);
+  if (!peer.ok()) {
+    return absl::Status(peer.status().code(),
+                        absl::StrCat("memory socket ", socket, ": ", peer.status().message()));
+  }
+  const size_t slash = socket.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : socket.substr(0, slash);
+  struct stat st {};
+  std::optional<uint32_t> owner;
+  if (::stat(dir.empty() ? "/" : dir.c_str(), &st) == 0) owner = st.st_uid;
+  return TrustDaemonUid(peer->uid, static_cast<uint32_t>(::geteuid()), owner,
+                        std::getenv("GPUFEED_DAEMON_UID"), socket);
 }
 
 absl::Status ProbeSocket(const std::string& socket) {
@@ -47,9 +101,10 @@ absl::Status ProbeSocket(const std::string& socket) {
   }
   const int error = errno;
   if (error == ECONNREFUSED) {
-    return absl::UnavailableError(absl::StrCat(
-        "nothing listens on ", socket, ": a stale socket file (gpufeedd stopped or crashed?); "
-        "start gpufeedd, or set the socket with --socket or GPUFEED_SOCKET"));
+    return absl::UnavailableError(
+        absl::StrCat("nothing listens on ", socket,
+                     ": a stale socket file (gpufeedd stopped or crashed?); "
+                     "start gpufeedd, or set the socket with --socket or GPUFEED_SOCKET"));
   }
   if (error == EACCES || error == EPERM) {
     struct stat st {};

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -25,6 +27,19 @@ absl::Status CheckSocket(const std::string& socket);
 // owner and group when this process may not connect. For a first Attach and the admin client;
 // a re-attach retries through CheckSocket alone.
 absl::Status ProbeSocket(const std::string& socket);
+
+// Whether the server at the other end of a connected memory socket is one this client hands
+// its dataset descriptors and session tokens to (docs/SECURITY.md section 2): its uid
+// (SO_PEERCRED) is root, this process's own, or the owner of the socket's directory (the
+// daemon owns its socket directory: systemd's RuntimeDirectory, the DaemonSet's init
+// container). GPUFEED_DAEMON_UID (`env`, uids separated by commas) replaces the directory's
+// owner. PERMISSION_DENIED naming the uid seen and how to trust it; INVALID_ARGUMENT for a
+// malformed GPUFEED_DAEMON_UID. `dir_owner`: nullopt when the directory cannot be stat'ed.
+absl::Status TrustDaemonUid(uint32_t peer_uid, uint32_t self_uid, std::optional<uint32_t> dir_owner,
+                            const char* env, const std::string& socket);
+
+// TrustDaemonUid for the peer of `fd`, connected to `socket`, and this process.
+absl::Status CheckDaemonPeer(int fd, const std::string& socket);
 
 // A channel to gpufeedd's gRPC socket at `socket`. `fresh`: with its own connection (a
 // re-attach's: gRPC's shared one may sit in its reconnect backoff, seconds after the daemon

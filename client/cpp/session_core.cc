@@ -275,6 +275,11 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
 
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+  // The descriptor goes only to a server this client trusts to be gpufeedd (a socket planted
+  // at the path by another user would get a dataset this process can read).
+  if (absl::Status s = CheckDaemonPeer(conn.get(), mem_socket_); !s.ok()) {
+    return Annotate(s, "attach");
+  }
   GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
   v1::MemRequest mem;
   mem.set_open_dataset(true);
@@ -308,6 +313,7 @@ absl::Status SessionCore::MapRing() {
     return absl::OkStatus();
   }
   GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+  GPUFEED_RETURN_IF_ERROR(CheckDaemonPeer(conn.get(), mem_socket_));  // before the token
   GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
   v1::MemRequest request;
   request.set_session_id(session_id_);

@@ -20,9 +20,20 @@ bool InAnyGroup(const PeerCred& cred, const std::vector<uint32_t>& gids) {
 Caller MakeCaller(const PeerCred& cred, const AccessPolicy& policy) {
   Caller caller;
   caller.cred = cred;
-  caller.admin = cred.uid == 0 || cred.uid == policy.daemon_uid ||
-                 Contains(policy.admin_uids, cred.uid) || InAnyGroup(cred, policy.admin_gids);
+  const bool implicit = cred.uid == 0 ? policy.root_is_admin
+                                      : policy.daemon_uid_is_admin && cred.uid == policy.daemon_uid;
+  caller.admin =
+      implicit || Contains(policy.admin_uids, cred.uid) || InAnyGroup(cred, policy.admin_gids);
   return caller;
+}
+
+std::string DescribeAdmins(const AccessPolicy& policy) {
+  std::string out;
+  if (policy.root_is_admin) out = "root, ";
+  if (policy.daemon_uid_is_admin && policy.daemon_uid != 0) {
+    absl::StrAppend(&out, "uid ", policy.daemon_uid, ", ");
+  }
+  return absl::StrCat(out, "admin_uids/admin_gids");
 }
 
 absl::Status CheckMayConsume(const Caller& caller, const AccessPolicy& policy) {
@@ -31,10 +42,13 @@ absl::Status CheckMayConsume(const Caller& caller, const AccessPolicy& policy) {
   if (Contains(policy.allow_uids, caller.uid()) || InAnyGroup(caller.cred, policy.allow_gids)) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "uid ", caller.uid(), " may not use gpufeedd: its config allows only allow_uids and "
-      "members of allow_gids; an admin can add uid ", caller.uid(), " to allow_uids (or a group "
-      "of it to allow_gids)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("uid ", caller.uid(),
+                   " may not use gpufeedd: its config allows only allow_uids and "
+                   "members of allow_gids; an admin can add uid ",
+                   caller.uid(),
+                   " to allow_uids (or a group "
+                   "of it to allow_gids)"));
 }
 
 absl::StatusOr<Caller> CallerResolver::Identify(absl::string_view peer) const {

@@ -1,6 +1,6 @@
 // Who may do what, from the peer's credentials (docs/SECURITY.md section 1): who may
-// consume (allow_uids / allow_gids), who is an admin (root, the daemon's effective uid,
-// admin_uids, members of admin_gids), and the identity of a gRPC call.
+// consume (allow_uids / allow_gids), who is an admin (root and the daemon's effective uid as
+// configured, admin_uids, members of admin_gids), and the identity of a gRPC call.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +24,23 @@ struct AccessPolicy {
   std::vector<uint32_t> allow_gids;
   std::vector<uint32_t> admin_uids;
   std::vector<uint32_t> admin_gids;
-  // The daemon's effective uid (geteuid()): always an admin, as root is.
+  // The daemon's effective uid (geteuid()).
   uint32_t daemon_uid = 0;
+  // uid 0 is an admin; the daemon's uid is an admin (config root_is_admin,
+  // daemon_uid_is_admin). A daemon running as root with root_is_admin false does not make
+  // uid 0 an admin through daemon_uid_is_admin: uid 0 is root_is_admin's alone.
+  bool root_is_admin = true;
+  bool daemon_uid_is_admin = true;
 };
 
-// The caller `cred` is under `policy`: admin = uid 0, the daemon's uid, admin_uids, or a
-// member (primary or supplementary group) of one of admin_gids.
+// The caller `cred` is under `policy`: admin = uid 0 (root_is_admin), the daemon's uid
+// (daemon_uid_is_admin), admin_uids, or a member (primary or supplementary group) of one of
+// admin_gids.
 Caller MakeCaller(const PeerCred& cred, const AccessPolicy& policy);
+
+// Who the admins are, for refusals: "root, uid 998, admin_uids/admin_gids" (what is not
+// an admin under `policy` is left out).
+std::string DescribeAdmins(const AccessPolicy& policy);
 
 // OK when `caller` may consume; PERMISSION_DENIED naming its uid and the config that would
 // allow it otherwise.

@@ -404,8 +404,8 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
   }
   if (!caller->admin) {
     reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        "drain: only an admin may drain gpufeedd (root, uid ", callers_->policy().daemon_uid,
-        ", admin_uids/admin_gids)"))));
+        "drain: only an admin may drain gpufeedd (", DescribeAdmins(callers_->policy()),
+        ")"))));
     return reactor;
   }
   if (request->timeout_ms() < 0) {

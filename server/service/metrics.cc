@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,14 +12,16 @@
 #include <deque>
 #include <limits>
 #include <map>
-#include <sstream>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
-#include "prometheus/text_serializer.h"
+#include "prometheus/metric_family.h"
 #include "server/device/device_backend.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
@@ -50,17 +53,56 @@ struct Builder {
   }
 };
 
-std::vector<MetricFamily> Collect(const MetricsSources& src) {
+// Opaque job labels (metrics_job_labels false): a random id per (owner uid, job) while the
+// job has sessions, so that a scraper can follow one job's ranks without learning its name
+// or owner. Ids are the kernel's random bytes (getrandom), never derived from the name.
+class OpaqueJobIds {
+ public:
+  // The id of each of `sessions`' jobs; forgets the jobs no session has now.
+  std::vector<std::string> Assign(const std::vector<SessionSnapshot>& sessions) {
+    absl::MutexLock lock(&mu_);
+    std::map<std::pair<uint32_t, std::string>, std::string> live;
+    std::vector<std::string> out;
+    out.reserve(sessions.size());
+    for (const SessionSnapshot& s : sessions) {
+      const auto key = std::make_pair(s.owner_uid, s.job);
+      auto it = live.find(key);
+      if (it == live.end()) {
+        auto known = ids_.find(key);
+        it = live.emplace(key, known != ids_.end() ? known->second : Fresh()).first;
+      }
+      out.push_back(it->second);
+    }
+    ids_ = std::move(live);
+    return out;
+  }
+
+ private:
+  static std::string Fresh() {
+    unsigned char bytes[8];
+    size_t got = 0;
+    while (got < sizeof(bytes)) {
+      const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+    }
+    return absl::StrCat("job-", absl::BytesToHexString(absl::string_view(
+                                    reinterpret_cast<const char*>(bytes), sizeof(bytes))));
+  }
+  absl::Mutex mu_;
+  std::map<std::pair<uint32_t, std::string>, std::string> ids_ ABSL_GUARDED_BY(mu_);
+};
+
+std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaque) {
   Builder b;
-  Builder::Add(b.Family("gpufeed_build_info", "gpufeedd's version and whether it was built with CUDA",
-                        MetricType::Gauge),
+  Builder::Add(b.Family("gpufeed_build_info",
+                        "gpufeedd's version and whether it was built with CUDA", MetricType::Gauge),
                {{"version", src.version}, {"cuda", src.cuda ? "yes" : "no"}}, 1);
 
   const std::vector<SessionSnapshot> sessions = src.sessions->ListSessions();
   const std::vector<FeedSnapshot> feeds = src.sessions->ListFeeds();
 
-  auto& by_delivery = b.Family("gpufeed_sessions", "Sessions attached, by delivery kind",
-                               MetricType::Gauge);
+  auto& by_delivery =
+      b.Family("gpufeed_sessions", "Sessions attached, by delivery kind", MetricType::Gauge);
   int host = 0, device = 0;
   for (const SessionSnapshot& s : sessions) (s.delivery == DeliveryKind::kDevice ? device : host)++;
   Builder::Add(by_delivery, {{"delivery", "host"}}, host);
@@ -69,14 +111,14 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
                         MetricType::Gauge),
                {}, static_cast<double>(feeds.size()));
 
-  auto& batches = b.Family("gpufeed_batches_produced_total",
-                           "Per-rank batches read (and decoded, augmented) by the feed",
-                           MetricType::Counter);
+  auto& batches =
+      b.Family("gpufeed_batches_produced_total",
+               "Per-rank batches read (and decoded, augmented) by the feed", MetricType::Counter);
   auto& samples = b.Family("gpufeed_samples_produced_total",
                            "Valid (unpadded) samples of those batches", MetricType::Counter);
-  auto& bad = b.Family("gpufeed_bad_samples_total",
-                       "Samples that could not be used (image datasets), by reason",
-                       MetricType::Counter);
+  auto& bad =
+      b.Family("gpufeed_bad_samples_total",
+               "Samples that could not be used (image datasets), by reason", MetricType::Counter);
   for (const FeedSnapshot& f : feeds) {
     Builder::Add(batches, {{"feed", f.key}}, static_cast<double>(f.batches_produced));
     Builder::Add(samples, {{"feed", f.key}}, static_cast<double>(f.samples_produced));
@@ -84,9 +126,9 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
       Builder::Add(bad, {{"feed", f.key}, {"reason", reason}}, static_cast<double>(count));
     }
   }
-  auto& delivered = b.Family("gpufeed_delivered_bytes_total",
-                             "Bytes of batches handed to consumers, by delivery kind",
-                             MetricType::Counter);
+  auto& delivered =
+      b.Family("gpufeed_delivered_bytes_total",
+               "Bytes of batches handed to consumers, by delivery kind", MetricType::Counter);
   Builder::Add(delivered, {{"delivery", "host"}},
                static_cast<double>(metrics::DeliveredBytes(0).load(std::memory_order_relaxed)));
   Builder::Add(delivered, {{"delivery", "device"}},
@@ -112,10 +154,12 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
     leased += slot * s.slots_leased;
     ring_free += slot * (s.ring_slots - s.slots_filling - s.slots_ready - s.slots_leased);
   }
-  auto& staging = b.Family("gpufeed_staging_bytes",
-                           "Host staging memory by state (free: unallocated, or a ring's free slots)",
-                           MetricType::Gauge);
-  Builder::Add(staging, {{"state", "free"}}, static_cast<double>(src.pool->free_bytes()) + ring_free);
+  auto& staging =
+      b.Family("gpufeed_staging_bytes",
+               "Host staging memory by state (free: unallocated, or a ring's free slots)",
+               MetricType::Gauge);
+  Builder::Add(staging, {{"state", "free"}},
+               static_cast<double>(src.pool->free_bytes()) + ring_free);
   Builder::Add(staging, {{"state", "filling"}}, filling);
   Builder::Add(staging, {{"state", "ready"}}, ready);
   Builder::Add(staging, {{"state", "leased"}}, leased);
@@ -135,7 +179,8 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
     }
     for (const DeviceBackend::GpuMemory& g : src.devices->memory()) {
       Builder::Add(dev, {{"gpu", g.uuid}, {"state", "used"}}, static_cast<double>(g.used));
-      Builder::Add(dev, {{"gpu", g.uuid}, {"state", "free"}}, static_cast<double>(g.budget - g.used));
+      Builder::Add(dev, {{"gpu", g.uuid}, {"state", "free"}},
+                   static_cast<double>(g.budget - g.used));
     }
   }
   Builder::Add(b.Family("gpufeed_resumed_sessions_total",
@@ -157,7 +202,9 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
   // Per consumer: the producer-blocked time (the consumer holds every slot), the consumer's
   // own reported wait for batches (the data stall), and its streaming wall time; the stall
   // share is rate(wait) / rate(wall). Labels: job, rank and the owner's uid (bounded by the
-  // sessions; jobs are per uid, so uid 1000's "train" rank 0 and uid 1001's are two series).
+  // sessions; jobs are per uid, so uid 1000's "train" rank 0 and uid 1001's are two series);
+  // without job_labels, job is an opaque id per (uid, job) and there is no uid: anyone who
+  // can reach the port scrapes, and another user's job names and uids are theirs.
   auto& blocked = b.Family("gpufeed_producer_blocked_seconds_total",
                            "Time the session's ring was full of ready or leased batches: the "
                            "producer waited for the consumer",
@@ -171,9 +218,16 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
                          "decode auto with --adaptive_decode: the share of each batch's rows "
                          "the CPU pool decodes now, nvJPEG the rest",
                          MetricType::Gauge);
-  for (const SessionSnapshot& s : sessions) {
-    const std::vector<ClientMetric::Label> labels = {
-        {"job", s.job}, {"rank", absl::StrCat(s.rank)}, {"uid", absl::StrCat(s.owner_uid)}};
+  const std::vector<std::string> opaque_jobs =
+      src.job_labels ? std::vector<std::string>() : opaque->Assign(sessions);
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const SessionSnapshot& s = sessions[i];
+    const std::vector<ClientMetric::Label> labels =
+        src.job_labels ? std::vector<ClientMetric::Label>{{"job", s.job},
+                                                          {"rank", absl::StrCat(s.rank)},
+                                                          {"uid", absl::StrCat(s.owner_uid)}}
+                       : std::vector<ClientMetric::Label>{{"job", opaque_jobs[i]},
+                                                          {"rank", absl::StrCat(s.rank)}};
     Builder::Add(blocked, labels, absl::ToDoubleSeconds(s.producer_blocked));
     Builder::Add(wait, labels, absl::ToDoubleSeconds(s.consumer_wait));
     Builder::Add(wall, labels, absl::ToDoubleSeconds(s.streaming_for));
@@ -192,10 +246,9 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
     uint64_t cumulative = 0;
     for (size_t k = 0; k < counts.size(); ++k) {
       cumulative += counts[k];
-      m.histogram.bucket.push_back(
-          {cumulative, k < metrics::StageHistogram::kBounds.size()
-                           ? metrics::StageHistogram::kBounds[k]
-                           : std::numeric_limits<double>::infinity()});
+      m.histogram.bucket.push_back({cumulative, k < metrics::StageHistogram::kBounds.size()
+                                                    ? metrics::StageHistogram::kBounds[k]
+                                                    : std::numeric_limits<double>::infinity()});
     }
     m.histogram.sample_count = cumulative;
     m.histogram.sample_sum = h.sum_seconds();
@@ -207,10 +260,11 @@ std::vector<MetricFamily> Collect(const MetricsSources& src) {
 class Collector final : public prometheus::Collectable {
  public:
   explicit Collector(MetricsSources sources) : sources_(std::move(sources)) {}
-  std::vector<MetricFamily> Collect() const override { return server::Collect(sources_); }
+  std::vector<MetricFamily> Collect() const override { return server::Collect(sources_, &opaque_); }
 
  private:
   const MetricsSources sources_;
+  mutable OpaqueJobIds opaque_;
 };
 
 }  // namespace
@@ -224,9 +278,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->host_ = listen.substr(0, listen.rfind(':'));
   try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(listen, 2);
+    // civetweb's options (prometheus-cpp's Exposer(bind_address) sets only the first four):
+    // a worker per connection, so an idle connection that sent half a request held one of 2
+    // workers for civetweb's default 30 s and a few of them stopped every scrape.
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", listen, "num_threads", absl::StrCat(kMetricsHttpThreads),
+        "request_timeout_ms", absl::StrCat(kMetricsRequestTimeoutMs)});
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics_listen: cannot serve on ", listen, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("metrics_listen: cannot serve on ", listen, ": ", e.what()));
   }
   auto collector = std::make_shared<Collector>(std::move(sources));
   server->exposer_->RegisterCollectable(collector);
@@ -283,12 +343,6 @@ MetricsServer::~MetricsServer() {
 int MetricsServer::port() const {
   const std::vector<int> ports = exposer_->GetListeningPorts();
   return ports.empty() ? 0 : ports.front();
-}
-
-std::string MetricsServer::Render(const MetricsSources& sources) {
-  std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, Collect(sources));
-  return out.str();
 }
 
 }  // namespace gpufeed::server

@@ -24,7 +24,17 @@ struct MetricsSources {
   const SessionManager* sessions = nullptr;
   const StagingPool* pool = nullptr;
   const DeviceBackend* devices = nullptr;  // may be null
+  // The per-consumer series' labels: job (the name), rank and uid (the owner's); false
+  // (config metrics_job_labels' default): job is an opaque id per (uid, job), no uid.
+  bool job_labels = false;
 };
+
+// The metrics HTTP server's bounds (docs/SECURITY.md section 4): civetweb worker threads,
+// each serving one connection at a time, and how long a connection may take to send its
+// request (or to read the reply) before it is closed. An idle or trickling client holds a
+// worker for at most kMetricsRequestTimeoutMs.
+inline constexpr int kMetricsHttpThreads = 16;
+inline constexpr int kMetricsRequestTimeoutMs = 5000;
 
 class MetricsServer {
  public:
@@ -35,9 +45,6 @@ class MetricsServer {
 
   // The TCP port it listens on (the one bound when `listen` asked for port 0).
   int port() const;
-
-  // The text a scrape returns (for tests and gpufeedctl).
-  static std::string Render(const MetricsSources& sources);
 
  private:
   MetricsServer() = default;

@@ -78,6 +78,9 @@ def check_query(where: str, expr: str, series: Dict[str, metrics_contract.Family
             if label not in series[name].labels | TARGET_LABELS:
                 problems.append(f"{where}: {name} has no label {label!r} "
                                 f"(it has {sorted(series[name].labels | TARGET_LABELS)})")
+            elif label in series[name].optional:
+                problems.append(f"{where}: {name}'s label {label!r} is there only with "
+                                "metrics_job_labels (off by default): the panel would be empty")
             matcher_labels.append((name, label))
     bare = STRING.sub('""', SELECTOR.sub(lambda m: m.group(1), expr))
     for word in IDENT.findall(bare):
@@ -88,7 +91,9 @@ def check_query(where: str, expr: str, series: Dict[str, metrics_contract.Family
             problems.append(f"{where}: {word!r} is not a gpufeedd metric (metrics.txt)")
     if not used:
         problems.append(f"{where}: queries no gpufeedd metric")
-    known = set().union(*(f.labels for f in used)) | TARGET_LABELS | ({"le"} if buckets else set())
+    # Without the opt-in labels (metrics_job_labels is off by default).
+    known = (set().union(*(f.labels - f.optional for f in used)) | TARGET_LABELS
+             | ({"le"} if buckets else set()))
     for group in GROUPING.findall(bare):
         labels = [s.strip() for s in group.split(",") if s.strip()]
         for label in labels:
@@ -158,7 +163,7 @@ def check_dashboard(path: pathlib.Path) -> List[str]:
         if match:
             names = [n for n in SELECTOR.findall(match.group(1))] or [(match.group(1).strip(), "")]
             family = series.get(names[0][0])
-            if family and match.group(2) not in family.labels | TARGET_LABELS:
+            if family and match.group(2) not in (family.labels - family.optional) | TARGET_LABELS:
                 problems.append(f"variable {var['name']}: {family.name} has no label "
                                 f"{match.group(2)!r}")
     # The headline: the data stall share is rate(wait) / rate(wall) per job and rank.

@@ -35,15 +35,30 @@ def expect(condition: bool, message: str) -> bool:
     return condition
 
 
+# DaemonConfig's repeated fields this test reads: a list, one value a line or [a, b].
+REPEATED = ("admin_uids", "admin_gids", "allow_uids", "allow_gids")
+
+
 def textproto_scalars(text: str) -> Dict[str, object]:
-    """`field: value` lines of a flat text-format message (what DaemonConfig is)."""
+    """`field: value` lines of a flat text-format message (what DaemonConfig is): strings,
+    integers, true/false, and lists for the REPEATED fields."""
     fields: Dict[str, object] = {}
     for line in text.splitlines():
-        match = re.match(r'^\s*([a-z_][a-z0-9_]*)\s*:\s*("(?:[^"\\]|\\.)*"|[-0-9]+)\s*(#.*)?$',
-                         line)
+        match = re.match(r'^\s*([a-z_][a-z0-9_]*)\s*:\s*("(?:[^"\\]|\\.)*"|[-0-9]+|true|false|'
+                         r'\[[-0-9, ]*\])\s*(#.*)?$', line)
         if match:
-            raw = match.group(2)
-            fields[match.group(1)] = raw[1:-1] if raw.startswith('"') else int(raw)
+            name, raw = match.group(1), match.group(2)
+            if raw.startswith("["):
+                value: object = [int(v) for v in raw[1:-1].split(",") if v.strip()]
+            elif raw in ("true", "false"):
+                value = raw == "true"
+            else:
+                value = raw[1:-1] if raw.startswith('"') else int(raw)
+            if name in REPEATED:
+                fields.setdefault(name, [])
+                fields[name] += value if isinstance(value, list) else [value]
+            else:
+                fields[name] = value
         elif line.strip() and not line.strip().startswith("#"):
             problems.append(f"config line not understood by this test: {line!r}")
     return fields
@@ -205,11 +220,41 @@ def check_daemonset(ds: dict, configmaps: Dict[str, dict], version: str) -> dict
     security = pod.get("securityContext", {})
     expect(security.get("runAsNonRoot") is True and security.get("runAsUser", 0) != 0,
            "the pod does not run as a non-root user")
+    expect(not pod.get("hostNetwork"),
+           "the DaemonSet uses hostNetwork: its 0.0.0.0 metrics and health ports would be the "
+           "node's")
+
+    # Admins by explicit uid only (docs/SECURITY.md section 1): a root pod is uid 0 on the
+    # hostPath socket and any pod may choose the daemon's uid, so neither is an admin by
+    # itself; the config names the daemon's uid, for the preStop drain, and nothing else.
+    daemon_uid = security.get("runAsUser")
+    expect(config.get("root_is_admin") is False,
+           f"config root_is_admin is {config.get('root_is_admin', 'unset (true)')}: every root "
+           "pod on the node would be an admin")
+    expect(config.get("daemon_uid_is_admin") is False,
+           f"config daemon_uid_is_admin is {config.get('daemon_uid_is_admin', 'unset (true)')}: "
+           "name the daemon's uid in admin_uids instead")
+    expect(config.get("admin_uids") == [daemon_uid],
+           f"config admin_uids {config.get('admin_uids')} is not exactly the DaemonSet's "
+           f"runAsUser [{daemon_uid}] (the preStop drain runs as it)")
+    expect(not config.get("admin_gids"),
+           f"config admin_gids {config.get('admin_gids')}: a pod joins any group it names in "
+           "supplementalGroups")
+    expect(daemon_uid != security.get("runAsGroup"),
+           f"the daemon's uid {daemon_uid} equals its group, which training pods join")
+    init = by_name(pod.get("initContainers", [])).get("socket-dir", {})
+    expect(f"chown {daemon_uid}:{security.get('runAsGroup')} {SOCKET_DIR}"
+           in " ".join(init.get("command", [])),
+           f"the init container does not hand {SOCKET_DIR} to the daemon's uid and group "
+           f"{daemon_uid}:{security.get('runAsGroup')} (clients trust its owner): "
+           f"{init.get('command')}")
     expect(c.get("securityContext", {}).get("allowPrivilegeEscalation") is False,
            "gpufeedd may escalate privileges")
     datasets = [m["mountPath"] for m in c.get("volumeMounts", [])
                 if "hostPath" in volumes[m["name"]] and m["mountPath"] != SOCKET_DIR]
     return {"selector": selector, "socket": socket, "gid": security.get("runAsGroup"),
+            "uid": daemon_uid, "admin_uids": config.get("admin_uids", []),
+            "admin_gids": config.get("admin_gids", []),
             "ports": ports, "datasets": {m: volumes[mounts[m]["name"]]["hostPath"]["path"]
                                          for m in datasets}}
 
@@ -244,6 +289,20 @@ def check_job(job: dict, ds: dict) -> None:
            f"{ds['socket']!r}")
     expect(ds["gid"] in pod.get("securityContext", {}).get("supplementalGroups", []),
            f"the Job is not in the daemon's group {ds['gid']}, which owns the sockets")
+    # Not an admin: its own explicit non-root uid, neither the daemon's nor an admin's, and no
+    # admin group (a uid the image chooses could be anything, root or the daemon's included).
+    security = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
+    uid = security.get("runAsUser")
+    expect(isinstance(uid, int) and uid != 0,
+           f"the Job does not name a non-root runAsUser ({uid}): it would run as whatever the "
+           "image says, root or the daemon's uid included")
+    expect(security.get("runAsNonRoot") is True, "the Job does not set runAsNonRoot: true")
+    expect(uid != ds["uid"], f"the Job runs as the daemon's uid {uid}")
+    expect(uid not in ds["admin_uids"], f"the Job's uid {uid} is in admin_uids")
+    groups = set(pod.get("securityContext", {}).get("supplementalGroups", []))
+    groups.add(security.get("runAsGroup"))
+    expect(not groups & set(ds["admin_gids"]),
+           f"the Job is in admin group(s) {sorted(groups & set(ds['admin_gids']))}")
     for path, host in ds["datasets"].items():
         mount = mounts.get(path)
         expect(mount is not None and volumes[mount["name"]].get("hostPath", {}).get("path") == host,

@@ -14,7 +14,12 @@ TYPES = ("counter", "gauge", "histogram")
 class Family:
     name: str
     type: str
-    labels: FrozenSet[str]
+    labels: FrozenSet[str]  # every label it may carry (the opt-in ones too)
+    optional: FrozenSet[str] = frozenset()  # those only an opt-in adds (`uid?` in metrics.txt)
+
+    def label_sets(self) -> FrozenSet[FrozenSet[str]]:
+        """The label names a sample may carry: without the opt-in labels, or with them."""
+        return frozenset([self.labels - self.optional, self.labels])
 
     def series_names(self) -> FrozenSet[str]:
         """The names its samples carry: a histogram's _bucket, _sum and _count series."""
@@ -36,7 +41,8 @@ def load(path: pathlib.Path = METRICS_TXT) -> Dict[str, Family]:
             raise ValueError(f"{path}:{number}: {name} listed twice")
         if (kind == "counter") != name.endswith("_total"):
             raise ValueError(f"{path}:{number}: {name}: counters, and only they, end in _total")
-        families[name] = Family(name, kind, frozenset(labels))
+        optional = frozenset(l[:-1] for l in labels if l.endswith("?"))
+        families[name] = Family(name, kind, frozenset(l.rstrip("?") for l in labels), optional)
     return families
 
 

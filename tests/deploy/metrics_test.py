@@ -7,12 +7,16 @@ Grafana dashboard and the README are held to.
 Starts gpufeedd with --metrics_listen on a loopback port, attaches one consumer (gpufeedctl
 consume on a small token file) so that the per-consumer families have samples, scrapes
 /metrics, and compares: the gpufeed_* families and their types equal metrics.txt, and every
-sample's label names equal its family's. Exit 0 when all holds, 1 with one line per problem.
+sample's label names equal its family's. Twice: by default (the per-consumer series show
+neither the job's name nor its uid, only an opaque job id), and with --metrics_job_labels
+(the name and the uid, metrics.txt's `uid?`). Exit 0 when all holds, 1 with one line per
+problem.
 """
 
 from __future__ import annotations
 
 import array
+import os
 import pathlib
 import re
 import socket
@@ -47,8 +51,19 @@ def main(argv: List[str]) -> int:
     contract = metrics_contract.load()
     series = metrics_contract.by_series_name(contract)
     problems: List[str] = []
-    text = scrape_with_consumer(gpufeedd, gpufeedctl, problems)
-    compare(text, contract, series, problems)
+    text = scrape_with_consumer(gpufeedd, gpufeedctl, problems, [])
+    compare(text, contract, series, problems, with_opt_in=False)
+    if JOB in text or f'uid="{os.geteuid()}"' in text:
+        problems.append("by default /metrics shows the consumer's job name or uid: "
+                        + "; ".join(l for l in text.splitlines() if JOB in l or 'uid="' in l))
+    if not re.search(r'^gpufeed_consumer_wall_seconds_total\{job="job-[0-9a-f]{16}",rank="0"\}',
+                     text, re.M):
+        problems.append("by default the per-consumer series have no opaque job id")
+    labelled = scrape_with_consumer(gpufeedd, gpufeedctl, problems, ["--metrics_job_labels"])
+    compare(labelled, contract, series, problems, with_opt_in=True)
+    if f'gpufeed_consumer_wall_seconds_total{{job="{JOB}",rank="0",uid="{os.geteuid()}"}}' \
+            not in labelled:
+        problems.append("with --metrics_job_labels the consumer's series lack its job and uid")
     for p in problems:
         print("FAIL:", p)
     if not problems:
@@ -58,7 +73,8 @@ def main(argv: List[str]) -> int:
     return 1 if problems else 0
 
 
-def scrape_with_consumer(gpufeedd: str, gpufeedctl: str, problems: List[str]) -> str:
+def scrape_with_consumer(gpufeedd: str, gpufeedctl: str, problems: List[str],
+                         flags: List[str]) -> str:
     """/metrics of a daemon serving one consumer ("" if it did not start)."""
     port = free_port()
     text = ""
@@ -69,7 +85,7 @@ def scrape_with_consumer(gpufeedd: str, gpufeedctl: str, problems: List[str]) ->
         try:
             with daemon_util.running(gpufeedd, gpufeedctl,
                                      [f"--metrics_listen=127.0.0.1:{port}",
-                                      f"--staging_bytes={64 << 20}"]) as daemon:
+                                      f"--staging_bytes={64 << 20}", *flags]) as daemon:
                 consumer = subprocess.Popen(
                     [gpufeedctl, "--socket", str(daemon.socket), "consume", "--job", JOB,
                      "--rank", "0", "--world-size", "1", "--dataset", str(dataset),
@@ -79,7 +95,7 @@ def scrape_with_consumer(gpufeedd: str, gpufeedctl: str, problems: List[str]) ->
                 try:
                     deadline = time.monotonic() + 15
                     text = scrape(port)
-                    while (f'job="{JOB}"' not in text
+                    while ("gpufeed_consumer_wall_seconds_total{" not in text
                            or "gpufeed_batches_produced_total{" not in text):
                         if consumer.poll() is not None or time.monotonic() > deadline:
                             why = consumer.stderr.read() if consumer.poll() is not None else ""
@@ -97,7 +113,8 @@ def scrape_with_consumer(gpufeedd: str, gpufeedctl: str, problems: List[str]) ->
 
 
 def compare(text: str, contract: Dict[str, metrics_contract.Family],
-            series: Dict[str, metrics_contract.Family], problems: List[str]) -> None:
+            series: Dict[str, metrics_contract.Family], problems: List[str],
+            with_opt_in: bool) -> None:
     types: Dict[str, str] = {}
     labels: Dict[str, Set[frozenset]] = {}
     for line in text.splitlines():
@@ -120,10 +137,13 @@ def compare(text: str, contract: Dict[str, metrics_contract.Family],
     for name in sorted(set(types) & set(contract)):
         if types[name] != contract[name].type:
             problems.append(f"{name} is a {types[name]}, metrics.txt says {contract[name].type}")
+        family = contract[name]
+        want = family.labels if with_opt_in else family.labels - family.optional
         for names in labels.get(name, ()):
-            if names != contract[name].labels:
+            if names != want:
                 problems.append(f"{name} has labels {sorted(names)}, metrics.txt says "
-                                f"{sorted(contract[name].labels)}")
+                                f"{sorted(want)} {'with' if with_opt_in else 'without'} "
+                                "--metrics_job_labels")
 
 
 if __name__ == "__main__":

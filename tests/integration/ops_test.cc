@@ -80,7 +80,8 @@ class OpsTest : public ::testing::Test {
 
 TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   const int port = FreePort();
-  Daemon daemon(dir_, {absl::StrCat("--metrics_listen=127.0.0.1:", port)});
+  // With the job's name and uid as labels (off by default: tests/security/test_15_metrics.py).
+  Daemon daemon(dir_, {absl::StrCat("--metrics_listen=127.0.0.1:", port), "--metrics_job_labels"});
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
   // One epoch: 2047 samples / 8 = 255 batches of 8 x 33 uint16 = 528 bytes each.
   CtlResult run = RunCtl(daemon.socket(), Consume({"--job", "train", "--rank", "0"}),

@@ -66,6 +66,9 @@ TEST_F(ConfigTest, DefaultsAreValidatedAndDerivedFieldsFilled) {
   EXPECT_TRUE(c->allow_gids.empty());
   EXPECT_TRUE(c->admin_uids.empty());
   EXPECT_TRUE(c->admin_gids.empty());
+  EXPECT_TRUE(c->root_is_admin);
+  EXPECT_TRUE(c->daemon_uid_is_admin);
+  EXPECT_FALSE(c->metrics_job_labels);
   EXPECT_EQ(c->max_sessions_per_uid, 64);
   EXPECT_EQ(c->max_staging_bytes_per_uid, 0u);
   EXPECT_EQ(StagingBytesPerUid(*c), uint64_t{512} << 20);
@@ -124,6 +127,27 @@ TEST_F(ConfigTest, AccessAndQuotasFromTheFileAndFlags) {
   EXPECT_EQ(c->allow_uids, (std::vector<uint32_t>{5}));
   EXPECT_EQ(c->admin_gids, (std::vector<uint32_t>{6}));
   EXPECT_EQ(c->idle_lease_timeout, absl::Seconds(1));
+}
+
+TEST_F(ConfigTest, ImplicitAdminsAndMetricsJobLabelsFromTheFileAndFlags) {
+  const google::protobuf::Descriptor* d = v1::DaemonConfig().GetDescriptor();
+  EXPECT_EQ(d->FindFieldByName("root_is_admin")->number(), 46);
+  EXPECT_EQ(d->FindFieldByName("daemon_uid_is_admin")->number(), 47);
+  EXPECT_EQ(d->FindFieldByName("metrics_job_labels")->number(), 48);
+  const std::string file = File("admins.textproto",
+                                "root_is_admin: false\n"
+                                "daemon_uid_is_admin: false\n"
+                                "metrics_job_labels: true\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->root_is_admin);
+  EXPECT_FALSE(c->daemon_uid_is_admin);
+  EXPECT_TRUE(c->metrics_job_labels);
+  c = Load({"--config=" + file, "--root_is_admin", "--nometrics_job_labels"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->root_is_admin);
+  EXPECT_FALSE(c->daemon_uid_is_admin);  // still the file's
+  EXPECT_FALSE(c->metrics_job_labels);
 }
 
 TEST_F(ConfigTest, IdListsInFlagsAreNumbers) {

@@ -90,3 +90,46 @@ TEST_F(PassDatasetTest, ADaemonOfAnOlderProtocolIsRefusedNamingBothVersions) {
 
 }  // namespace
 }  // namespace gpufeed::client::internal
+
+namespace gpufeed::client::internal {
+namespace {
+
+// docs/SECURITY.md section 2: the client hands a dataset descriptor (and a session token)
+// only to root, itself, the owner of the socket's directory, or GPUFEED_DAEMON_UID's uids.
+TEST(TrustDaemonUidTest, RootItselfAndTheDirectorysOwnerAreTrustedByDefault) {
+  const std::string socket = "/run/gpufeed/gpufeed.mem.sock";
+  EXPECT_TRUE(TrustDaemonUid(0, 1000, 998, nullptr, socket).ok());
+  EXPECT_TRUE(TrustDaemonUid(1000, 1000, 998, nullptr, socket).ok());
+  EXPECT_TRUE(TrustDaemonUid(998, 1000, 998, nullptr, socket).ok());
+  EXPECT_TRUE(TrustDaemonUid(998, 1000, 998, "", socket).ok());  // empty: unset
+  const absl::Status refused = TrustDaemonUid(10002, 1000, 0, nullptr, socket);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            "memory socket /run/gpufeed/gpufeed.mem.sock is served by uid 10002, which this "
+            "client does not trust with its dataset descriptors: it trusts root, its own uid "
+            "(1000) and the owner of /run/gpufeed (uid 0); if uid 10002 runs your node's "
+            "gpufeedd, set GPUFEED_DAEMON_UID=10002");
+  EXPECT_EQ(TrustDaemonUid(10002, 1000, std::nullopt, nullptr, socket).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(TrustDaemonUidTest, GpufeedDaemonUidReplacesTheDirectorysOwner) {
+  const std::string socket = "/run/gpufeed/gpufeed.mem.sock";
+  EXPECT_TRUE(TrustDaemonUid(10000, 1000, 10001, "10000", socket).ok());
+  EXPECT_TRUE(TrustDaemonUid(10000, 1000, 10001, "998,10000", socket).ok());
+  EXPECT_TRUE(TrustDaemonUid(0, 1000, 10001, "998", socket).ok());
+  const absl::Status refused = TrustDaemonUid(10001, 1000, 10001, "10000", socket);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("served by uid 10001, which this client does not trust with "
+                                   "its dataset descriptors: it trusts root, its own uid (1000) "
+                                   "and GPUFEED_DAEMON_UID (10000)"));
+  for (const char* bad : {"x", "10000,", "-1", "+5", "99999999999"}) {
+    const absl::Status s = TrustDaemonUid(10000, 1000, 0, bad, socket);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("GPUFEED_DAEMON_UID")) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace gpufeed::client::internal

@@ -40,6 +40,45 @@ TEST(AccessPolicyTest, AdminsAreRootTheDaemonsUidAdminUidsAndAdminGroupMembers) 
   EXPECT_EQ(c.cred.pid, 42);
 }
 
+// The shipped Kubernetes config: a root pod reaches the hostPath socket as uid 0, and a pod
+// may run as any uid, so neither root nor the daemon's uid is an admin by itself; the
+// admins are the uids and groups the config names.
+TEST(AccessPolicyTest, RootAndTheDaemonsUidAreAdminsOnlyAsConfigured) {
+  AccessPolicy policy;
+  policy.daemon_uid = 10000;
+  policy.root_is_admin = false;
+  policy.daemon_uid_is_admin = false;
+  EXPECT_FALSE(MakeCaller(Cred(0, 0), policy).admin);
+  EXPECT_FALSE(MakeCaller(Cred(10000, 10000), policy).admin);
+  EXPECT_EQ(DescribeAdmins(policy), "admin_uids/admin_gids");
+  policy.admin_uids = {10000};
+  EXPECT_TRUE(MakeCaller(Cred(10000, 10001), policy).admin);
+  EXPECT_FALSE(MakeCaller(Cred(0, 0), policy).admin);
+  // Explicitly named, uid 0 is an admin again.
+  policy.admin_uids = {0};
+  EXPECT_TRUE(MakeCaller(Cred(0, 0), policy).admin);
+
+  // Each switch alone.
+  AccessPolicy root_only;
+  root_only.daemon_uid = 998;
+  root_only.daemon_uid_is_admin = false;
+  EXPECT_TRUE(MakeCaller(Cred(0, 0), root_only).admin);
+  EXPECT_FALSE(MakeCaller(Cred(998, 998), root_only).admin);
+  EXPECT_EQ(DescribeAdmins(root_only), "root, admin_uids/admin_gids");
+  AccessPolicy daemon_only;
+  daemon_only.daemon_uid = 998;
+  daemon_only.root_is_admin = false;
+  EXPECT_FALSE(MakeCaller(Cred(0, 0), daemon_only).admin);
+  EXPECT_TRUE(MakeCaller(Cred(998, 998), daemon_only).admin);
+  EXPECT_EQ(DescribeAdmins(daemon_only), "uid 998, admin_uids/admin_gids");
+  // A daemon running as root: uid 0 follows root_is_admin alone.
+  AccessPolicy root_daemon;
+  root_daemon.daemon_uid = 0;
+  root_daemon.root_is_admin = false;
+  EXPECT_FALSE(MakeCaller(Cred(0, 0), root_daemon).admin);
+  EXPECT_EQ(DescribeAdmins(PolicyOf(998)), "root, uid 998, admin_uids/admin_gids");
+}
+
 TEST(AccessPolicyTest, EmptyAllowListsLetAnyoneConsume) {
   AccessPolicy policy;
   policy.daemon_uid = 998;

@@ -177,13 +177,18 @@ void UnopenedStreams::Loop() {
     std::vector<std::function<void()>> due;
     {
       absl::MutexLock lock(&mu_);
-      const auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (!entries_.empty() && entries_.begin()->second.deadline <= absl::Now());
+      // Sleeps until the first entry's deadline, or until another entry is first (one
+      // admitted into an empty map, or the first removed), then looks again.
+      const auto first_id = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return entries_.empty() ? uint64_t{0} : entries_.begin()->first;
       };
-      // The first entry is the next due; one admitted meanwhile is due later still.
-      const absl::Time until =
-          entries_.empty() ? absl::Now() + absl::Seconds(1) : entries_.begin()->second.deadline;
-      mu_.AwaitWithDeadline(absl::Condition(&wake), until);
+      const uint64_t first = first_id();
+      const auto wake = [this, first, &first_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || first_id() != first;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&wake), entries_.empty()
+                                                        ? absl::InfiniteFuture()
+                                                        : entries_.begin()->second.deadline);
       if (stopping_) return;
       const absl::Time now = absl::Now();
       while (!entries_.empty() && entries_.begin()->second.deadline <= now) {

@@ -180,7 +180,7 @@ TEST(UnopenedStreamsTest, CapsPerUidAndTimesOutThoseNeverOpened) {
   ASSERT_TRUE(second_timed_out.WaitForNotificationWithTimeout(absl::Seconds(10)));
   const absl::Duration took = absl::Now() - start;
   EXPECT_GE(took, absl::Milliseconds(300));
-  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_LT(took, absl::Seconds(3));
   EXPECT_EQ(timed_out.load(), 1);
   EXPECT_FALSE(streams.Remove(*b));  // timed out already
   EXPECT_EQ(streams.size(), 0);

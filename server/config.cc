@@ -100,6 +100,18 @@ ABSL_FLAG(uint64_t, max_staging_bytes_per_uid, DaemonConfig().max_staging_bytes_
 ABSL_FLAG(absl::Duration, idle_lease_timeout, DaemonConfig().idle_lease_timeout,
           "a host-delivery session whose consumer holds every slot and releases none this long "
           "is ended (DEADLINE_EXCEEDED); 0 = never. Device sessions are exempt");
+ABSL_FLAG(int, max_connections_per_uid, DaemonConfig().max_connections_per_uid,
+          "connections to the gRPC socket one uid may hold at once (admins are not capped); "
+          "also the most Stream calls of one uid not yet opened");
+ABSL_FLAG(int, max_connections, DaemonConfig().max_connections,
+          "connections to the gRPC socket all uids may hold together; also the most Stream "
+          "calls not yet opened");
+ABSL_FLAG(absl::Duration, stream_open_timeout, DaemonConfig().stream_open_timeout,
+          "a Stream call whose open message has not come this long is ended "
+          "(DEADLINE_EXCEEDED)");
+ABSL_FLAG(absl::Duration, connection_idle_timeout, DaemonConfig().connection_idle_timeout,
+          "a gRPC connection with no call in progress this long is closed (clients reconnect "
+          "on their next call); 0 = never");
 ABSL_FLAG(bool, nvjpeg_interpolation, DaemonConfig().nvjpeg_interpolation,
           "nvJPEG chroma upsampling by interpolation, as libjpeg-turbo (default true unless "
           "$GPUFEED_NVJPEG_INTERPOLATION=0)");
@@ -285,6 +297,13 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
                     file.max_staging_bytes_per_uid());
   GPUFEED_FROM_FILE(idle_lease_timeout_ms, idle_lease_timeout,
                     absl::Milliseconds(file.idle_lease_timeout_ms()));
+  GPUFEED_FROM_FILE(max_connections_per_uid, max_connections_per_uid,
+                    file.max_connections_per_uid());
+  GPUFEED_FROM_FILE(max_connections, max_connections, file.max_connections());
+  GPUFEED_FROM_FILE(stream_open_timeout_ms, stream_open_timeout,
+                    absl::Milliseconds(file.stream_open_timeout_ms()));
+  GPUFEED_FROM_FILE(connection_idle_timeout_ms, connection_idle_timeout,
+                    absl::Milliseconds(file.connection_idle_timeout_ms()));
 #undef GPUFEED_FROM_FILE
   // Lists: a file that names one replaces the default (empty) list.
 #define GPUFEED_LIST_FROM_FILE(field)                          \
@@ -355,6 +374,10 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_max_sessions_per_uid, &c->max_sessions_per_uid);
   apply(FLAGS_max_staging_bytes_per_uid, &c->max_staging_bytes_per_uid);
   apply(FLAGS_idle_lease_timeout, &c->idle_lease_timeout);
+  apply(FLAGS_max_connections_per_uid, &c->max_connections_per_uid);
+  apply(FLAGS_max_connections, &c->max_connections);
+  apply(FLAGS_stream_open_timeout, &c->stream_open_timeout);
+  apply(FLAGS_connection_idle_timeout, &c->connection_idle_timeout);
   auto ids = [&](const auto& flag, const char* name, std::vector<uint32_t>* field) {
     if (!given(flag)) return absl::OkStatus();
     GPUFEED_ASSIGN_OR_RETURN(*field, ParseIds(name, absl::GetFlag(flag)));
@@ -463,6 +486,21 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   }
   if (c.idle_lease_timeout < absl::ZeroDuration()) {
     return Invalid(sources, "idle_lease_timeout", "must be >= 0 (0 = off)");
+  }
+  if (c.max_connections_per_uid < 1) {
+    return Invalid(sources, "max_connections_per_uid",
+                   absl::StrCat(">= 1, got ", c.max_connections_per_uid));
+  }
+  if (c.max_connections < c.max_connections_per_uid) {
+    return Invalid(sources, "max_connections",
+                   absl::StrCat(">= max_connections_per_uid (", c.max_connections_per_uid,
+                                "), got ", c.max_connections));
+  }
+  if (c.stream_open_timeout <= absl::ZeroDuration()) {
+    return Invalid(sources, "stream_open_timeout", "must be > 0");
+  }
+  if (c.connection_idle_timeout < absl::ZeroDuration()) {
+    return Invalid(sources, "connection_idle_timeout", "must be >= 0 (0 = off)");
   }
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);

@@ -101,6 +101,13 @@ struct DaemonConfig {
   absl::Duration mem_request_timeout = absl::Seconds(2);
   int64_t max_folder_entries = 10'000'000;
   absl::Duration folder_walk_timeout = absl::Seconds(120);
+  // docs/SECURITY.md section 4 (config.proto fields 37-40): the gRPC socket's connections per
+  // uid (admins exempt) and in all, also the caps on Stream calls not yet opened; the time a
+  // Stream gets for its open message; a connection's idle time before it is closed (0: never).
+  int max_connections_per_uid = 64;
+  int max_connections = 1024;
+  absl::Duration stream_open_timeout = absl::Seconds(10);
+  absl::Duration connection_idle_timeout = absl::Seconds(300);
 };
 
 // max_staging_bytes_per_uid with its default resolved: half of staging_bytes when 0.

@@ -1,11 +1,13 @@
 #include "server/daemon.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +35,27 @@
 #endif
 
 namespace gpufeed::server {
+namespace {
+
+// GRPC_ARG_MAX_CONCURRENT_STREAMS: a training process has a few calls at a time on its
+// connection (a Stream per session, an Attach, a GetPosition).
+constexpr int kMaxCallsPerConnection = 128;
+
+// The connections' cap should fit in the process's descriptors, with room for the memory
+// socket's 64, datasets and gRPC's own; past the limit, accepts wait (EMFILE) instead.
+void WarnIfFewDescriptors(const DaemonConfig& c) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t wanted = static_cast<uint64_t>(c.max_connections) + 256;
+  if (limit.rlim_cur < wanted) {
+    spdlog::warn(
+        "max_connections {} needs about {} descriptors, RLIMIT_NOFILE is {}: past it "
+        "new connections wait (raise LimitNOFILE, or lower max_connections)",
+        c.max_connections, wanted, limit.rlim_cur);
+  }
+}
+
+}  // namespace
 
 Daemon::Daemon(DaemonConfig config, std::function<void(StopReason)> request_stop)
     : config_(std::move(config)), request_stop_(std::move(request_stop)) {}
@@ -121,8 +144,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   PeerListener* listener = d->listener_.get();
   d->callers_ = std::make_unique<CallerResolver>(
       [listener](absl::string_view peer) { return listener->Lookup(peer); }, std::move(policy));
-  d->feed_service_ = std::make_unique<FeedService>(d->sessions_.get(), d->callers_.get(),
-                                                   c.mem_socket, c.attach_threads);
+  d->feed_service_ = std::make_unique<FeedService>(
+      d->sessions_.get(), d->callers_.get(), c.mem_socket, c.attach_threads,
+      UnopenedStreamLimits{c.max_connections_per_uid, c.max_connections, c.stream_open_timeout});
   Daemon* raw = d.get();
   DaemonInfo info;
   info.version = kVersion;
@@ -157,6 +181,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // often than every 5 minutes on a quiet connection with GOAWAY (too_many_pings).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Bounded cost (docs/SECURITY.md section 4). These apply to the connections the listener
+  // hands over too (AddInsecureChannelFromFd builds their transport and filters from the
+  // server's channel args). Calls one connection may have in progress: a call whose request
+  // never comes holds gRPC's state unseen by the services (a client waits for a free one).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxCallsPerConnection);
+  // A connection with no call in progress this long gets a GOAWAY and is closed; a client
+  // reconnects on its next call. Pings do not count as calls.
+  if (c.connection_idle_timeout > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(c.connection_idle_timeout),
+                                           std::numeric_limits<int>::max())));
+  }
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", c.listen));
@@ -164,7 +201,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   // The socket is mode 0660 (PeerListener::Bind): owner and group may connect (systemd's
   // Group=gpufeed, the DaemonSet's group), whatever the umask; the memory socket as well.
   grpc::Server* server = d->server_.get();
-  d->listener_->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+  PeerListenerOptions limits;
+  limits.max_connections_per_uid = c.max_connections_per_uid;
+  limits.max_connections = c.max_connections;
+  const CallerResolver* callers = d->callers_.get();
+  limits.exempt = [callers](const PeerCred& cred) {
+    return MakeCaller(cred, callers->policy()).admin;
+  };
+  WarnIfFewDescriptors(c);
+  d->listener_->Start([server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); },
+                      std::move(limits));
   if (!c.health_listen.empty()) {
     // A server of its own, with the health service alone: the TCP port must not expose Feed
     // or Admin (no authentication there; the Unix socket's permissions are the access control).
@@ -202,7 +248,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     const AccessPolicy& p = d->callers_->policy();
     spdlog::info(
         "access: consumers {}; admins {}{}{}; per uid at most {} sessions and {} "
-        "bytes of staging; idle leases end after {}",
+        "bytes of staging; idle leases end after {}; connections at most {} per uid and {} in "
+        "all, idle ones closed after {}; a stream's open within {}",
         p.allow_uids.empty() && p.allow_gids.empty()
             ? std::string("anyone who can connect")
             : absl::StrCat("uids [", absl::StrJoin(p.allow_uids, ","), "] and groups [",
@@ -217,7 +264,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
         p.admin_gids.empty() ? "" : absl::StrCat(", groups ", absl::StrJoin(p.admin_gids, ",")),
         c.max_sessions_per_uid, StagingBytesPerUid(c),
         c.idle_lease_timeout > absl::ZeroDuration() ? absl::FormatDuration(c.idle_lease_timeout)
-                                                    : std::string("never"));
+                                                    : std::string("never"),
+        c.max_connections_per_uid, c.max_connections,
+        c.connection_idle_timeout > absl::ZeroDuration()
+            ? absl::FormatDuration(c.connection_idle_timeout)
+            : std::string("never"),
+        absl::FormatDuration(c.stream_open_timeout));
   }
   d->notifier_ = std::make_unique<SystemdNotifier>();
   d->notifier_->Ready(status, [raw] { return !raw->stalled_; });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -30,11 +31,31 @@ constexpr int kMaxBatchesPerMessage = 64;
 // whenever `write_in_flight_` is set or Finish has not been called.
 class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
  public:
-  // `caller`: who opened the stream, or why the call is refused (answered to its first
-  // message).
-  StreamReactor(SessionManager* sessions, absl::StatusOr<Caller> caller)
-      : sessions_(sessions), caller_(std::move(caller)), link_(std::make_shared<Link>()) {
+  // `caller`: who opened the stream, or why the call is refused (answered at once, not
+  // waiting for a first message). Until its open message comes, the stream counts among
+  // `unopened` (capped per uid and in all: past a cap it is answered RESOURCE_EXHAUSTED at
+  // once) and is ended with DEADLINE_EXCEEDED once its time is up.
+  StreamReactor(SessionManager* sessions, absl::StatusOr<Caller> caller, UnopenedStreams* unopened)
+      : sessions_(sessions),
+        caller_(std::move(caller)),
+        unopened_(unopened),
+        link_(std::make_shared<Link>()) {
     link_->reactor = this;
+    if (!caller_.ok()) {
+      Step(caller_.status());
+      return;
+    }
+    auto time_up = [weak = std::weak_ptr<Link>(link_), timeout = unopened_->timeout()] {
+      if (std::shared_ptr<Link> link = weak.lock()) Kick(*link, TimedOut(timeout));
+    };
+    absl::StatusOr<uint64_t> ticket =
+        unopened_->Admit(caller_->uid(), caller_->admin, std::move(time_up));
+    if (!ticket.ok()) {
+      Step(absl::ResourceExhaustedError(
+          absl::StrCat("stream: ", ticket.status().message(), "; send the open message first")));
+      return;
+    }
+    ticket_ = *ticket;
     StartRead(&request_);
   }
 
@@ -46,7 +67,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     }
     absl::Status problem;
     if (Opened() == nullptr) {
-      problem = Open();
+      // Too late when the open's time is up: that finish is on its way.
+      const bool in_time = ticket_.has_value() && unopened_->Remove(*ticket_);
+      ticket_.reset();
+      problem = in_time ? Open() : TimedOut(unopened_->timeout());
     } else if (request_.has_open()) {
       problem = absl::InvalidArgumentError("stream: open may only be the first message");
     }
@@ -70,6 +94,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   }
 
   void OnDone() override {
+    if (ticket_.has_value()) unopened_->Remove(*ticket_);
     EndSession(absl::CancelledError("stream done"));
     // A Kick on another thread may be inside Step right now (a session notification racing
     // the Finish that led here): then the last such Kick deletes the reactor.
@@ -139,7 +164,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     return absl::OkStatus();
   }
 
-  static void Kick(Link& link) {
+  static absl::Status TimedOut(absl::Duration timeout) {
+    return absl::DeadlineExceededError(absl::StrCat("stream: no open message within ",
+                                                    absl::FormatDuration(timeout),
+                                                    " (stream_open_timeout)"));
+  }
+
+  // Steps the reactor from another thread, asking it to finish with `problem` if not OK.
+  static void Kick(Link& link, const absl::Status& problem = absl::OkStatus()) {
     StreamReactor* reactor;
     {
       absl::MutexLock lock(&link.mu);
@@ -150,7 +182,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     if (const StreamTestHooks& hooks = TestHooksOfStreams(); hooks.kick_before_step) {
       hooks.kick_before_step();
     }
-    reactor->Step(absl::OkStatus());
+    reactor->Step(problem);
     StreamReactor* orphan = nullptr;
     {
       absl::MutexLock lock(&link.mu);
@@ -237,6 +269,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
   SessionManager* const sessions_;
   const absl::StatusOr<Caller> caller_;
+  UnopenedStreams* const unopened_;
+  // Its place among the unopened streams, until its open message came (or its time was up).
+  // Touched only by the constructor, OnReadDone and OnDone, which gRPC never runs at once.
+  std::optional<uint64_t> ticket_;
   const std::shared_ptr<Link> link_;
   v1::StreamRequest request_;  // owned by the one outstanding read
   v1::StreamResponse out_ ABSL_GUARDED_BY(link_->mu);
@@ -255,10 +291,11 @@ StreamTestHooks& TestHooksOfStreams() {
 }
 
 FeedService::FeedService(SessionManager* sessions, const CallerResolver* callers,
-                         std::string mem_socket, int attach_threads)
+                         std::string mem_socket, int attach_threads, UnopenedStreamLimits unopened)
     : sessions_(sessions),
       callers_(callers),
       mem_socket_(std::move(mem_socket)),
+      unopened_(unopened.max_per_uid, unopened.max_total, unopened.open_timeout),
       attach_work_(256) {
   for (int i = 0; i < attach_threads; ++i) {
     attach_threads_.emplace_back([this, i] {
@@ -317,7 +354,7 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* FeedService::Stream(
     grpc::CallbackServerContext* ctx) {
-  return new StreamReactor(sessions_, callers_->IdentifyConsumer(ctx->peer()));
+  return new StreamReactor(sessions_, callers_->IdentifyConsumer(ctx->peer()), &unopened_);
 }
 
 grpc::ServerUnaryReactor* FeedService::GetPosition(grpc::CallbackServerContext* ctx,

@@ -10,6 +10,7 @@
 #include "common/bounded_queue.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "server/service/access_policy.h"
+#include "server/service/conn_limits.h"
 #include "server/session/session_manager.h"
 #include "server/staging/staging_pool.h"
 
@@ -26,6 +27,15 @@ struct StreamTestHooks {
 };
 StreamTestHooks& TestHooksOfStreams();
 
+// Stream calls whose open message has not come yet (docs/SECURITY.md section 4): at most
+// this many of one uid (admins exempt) and in all, each ended with DEADLINE_EXCEEDED past
+// open_timeout. The caps are the connections' (max_connections_per_uid, max_connections).
+struct UnopenedStreamLimits {
+  int max_per_uid = 64;
+  int max_total = 1024;
+  absl::Duration open_timeout = absl::Seconds(10);  // stream_open_timeout
+};
+
 class FeedService final : public v1::Feed::CallbackService {
  public:
   // Attach opens datasets (an ImageFolder index walks the whole tree) and allocates device
@@ -33,7 +43,7 @@ class FeedService final : public v1::Feed::CallbackService {
   // Every call is identified by `callers` (its connection's peer credentials) and refused
   // unless that peer may consume.
   FeedService(SessionManager* sessions, const CallerResolver* callers, std::string mem_socket,
-              int attach_threads = 2);
+              int attach_threads = 2, UnopenedStreamLimits unopened = {});
   ~FeedService() override;  // finishes the attaches queued, then joins
 
   grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* ctx,
@@ -52,6 +62,7 @@ class FeedService final : public v1::Feed::CallbackService {
   SessionManager* const sessions_;
   const CallerResolver* const callers_;
   const std::string mem_socket_;
+  UnopenedStreams unopened_;
   BoundedQueue<std::function<void()>> attach_work_;
   std::vector<std::thread> attach_threads_;
 };

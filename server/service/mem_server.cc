@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
 #include "gpufeed/v1/feed.pb.h"
@@ -83,6 +85,7 @@ void MemServer::JoinFinished() {
 }
 
 void MemServer::Loop() {
+  absl::Time last_emfile_log = absl::InfinitePast();
   while (true) {
     pollfd fds[2] = {{listen_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
@@ -94,7 +97,20 @@ void MemServer::Loop() {
     JoinFinished();
     if (fds[0].revents == 0) continue;
     UniqueFd connection(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!connection.valid()) continue;
+    if (!connection.valid()) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors: the connection stays queued and the socket readable; wait
+        // 100 ms (or for the stop) instead of spinning on it, and say so once a minute.
+        const absl::Time now = absl::Now();
+        if (now - last_emfile_log >= absl::Minutes(1)) {
+          spdlog::warn("memory socket: accept: {}; retrying every 100 ms", std::strerror(errno));
+          last_emfile_log = now;
+        }
+        pollfd wake = {wake_.get(), POLLIN, 0};
+        if (::poll(&wake, 1, 100) > 0) return;
+      }
+      continue;
+    }
     // The peer's uid now (the kernel's, at connect time): its share of the slots.
     absl::StatusOr<PeerCred> peer = GetPeerCred(connection.get());
     if (!peer.ok()) continue;  // no identity, no service

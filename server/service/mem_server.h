@@ -6,7 +6,8 @@
 // Connections are served concurrently, each on a thread of its own ("mem/conn"), at most
 // max_connections at a time (beyond, a connection gets a RESOURCE_EXHAUSTED frame at once),
 // each within request_timeout for the whole request however slowly it trickles in
-// (docs/SECURITY.md section 4). The peer is identified by SO_PEERCRED.
+// (docs/SECURITY.md section 4). The peer is identified by SO_PEERCRED. Out of descriptors
+// (EMFILE, ENFILE), the accept thread waits 100 ms before it accepts again.
 #pragma once
 
 #include <cstdint>

@@ -545,8 +545,126 @@ def cmd_attach_held(a: Dict[str, Any]) -> Dict[str, Any]:
     return {"code": "OK", "message": "", "num_samples": attached.num_samples}
 
 
-COMMANDS = {"attach_held": cmd_attach_held, "lease": cmd_lease, "probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions,
-            "hold": cmd_hold, "dribble": cmd_dribble}
+def goaway_text(data: bytes) -> Optional[str]:
+    """The debug text of the first HTTP/2 GOAWAY frame in `data`, or None."""
+    at = 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at:at + 3], "big")
+        kind = data[at + 3]
+        payload = data[at + 9:at + 9 + length]
+        if kind == 0x7 and len(payload) >= 8:
+            return payload[8:].decode(errors="replace")
+        at += 9 + length
+    return None
+
+
+def cmd_connections(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Opens `count` idle connections to `path` (default: the gRPC socket) and sends nothing.
+    Step "holding" (after `settle_s`): how many the daemon closed, and a GOAWAY's debug text;
+    on the cue, closes them all."""
+    path = a.get("path") or a["socket"]
+    conns: List[socket.socket] = []
+    connect_failed = 0
+    for _ in range(a["count"]):
+        # A full backlog answers EAGAIN at once (AF_UNIX): retried until connect_timeout_s.
+        give_up = time.monotonic() + a.get("connect_timeout_s", 5)
+        while True:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(1)
+            try:
+                conn.connect(path)
+                conns.append(conn)
+                break
+            except BlockingIOError:
+                conn.close()
+                if time.monotonic() > give_up:
+                    connect_failed += 1
+                    break
+                time.sleep(0.01)
+            except OSError:
+                conn.close()
+                connect_failed += 1
+                break
+    time.sleep(a.get("settle_s", 2))
+    closed, goaway = 0, None
+    for conn in conns:
+        conn.setblocking(False)
+        data = b""
+        try:
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    closed += 1
+                    break
+                data += chunk
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+        goaway = goaway or goaway_text(data)
+    step("holding", opened=len(conns), closed=closed, connect_failed=connect_failed,
+         goaway=goaway)
+    for conn in conns:
+        conn.close()
+    return {"opened": len(conns), "closed": closed, "goaway": goaway}
+
+
+def cmd_unopened(a: Dict[str, Any]) -> Dict[str, Any]:
+    """Starts `streams` Stream calls spread over `channels` connections, none of which ever
+    sends its open message. Step "started"; on the cue, waits up to `wait_s` for them to end:
+    {"codes": {CODE: n}, "messages": {CODE: a message}, "ended": n, "last_end_s": ...}."""
+    hold = threading.Event()
+    started = time.monotonic()
+
+    def never() -> Iterator[Any]:
+        hold.wait()
+        return
+        yield  # a generator that sends nothing
+
+    channels = [grpc.insecure_channel(f"unix:{a['socket']}",
+                                      options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(a["channels"])]
+    calls = []
+    for i in range(a["streams"]):
+        method = channels[i % len(channels)].stream_stream(
+            FEED + "Stream", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.StreamResponse.FromString)
+        calls.append(method(never()))
+    ends: List[Tuple[str, str, float]] = []
+    lock = threading.Lock()
+
+    def done(call: Any) -> None:
+        with lock:
+            ends.append((call.code().name, call.details() or "", time.monotonic() - started))
+
+    for call in calls:
+        call.add_done_callback(done)
+    step("started")
+    deadline = time.monotonic() + a["wait_s"]
+    while time.monotonic() < deadline:
+        with lock:
+            if len(ends) == len(calls):
+                break
+        time.sleep(0.05)
+    hold.set()
+    with lock:
+        codes: Dict[str, int] = {}
+        messages: Dict[str, str] = {}
+        for code, message, _ in ends:
+            codes[code] = codes.get(code, 0) + 1
+            messages.setdefault(code, message)
+        result = {"codes": codes, "messages": messages, "ended": len(ends),
+                  "last_end_s": max((t for _, _, t in ends), default=None)}
+    for call in calls:
+        call.cancel()
+    for channel in channels:
+        channel.close()
+    return result
+
+
+COMMANDS = {"probe": cmd_probe, "mem": cmd_mem, "attach": cmd_attach, "sessions": cmd_sessions,
+            "hold": cmd_hold, "dribble": cmd_dribble, "connections": cmd_connections,
+            "unopened": cmd_unopened, "lease": cmd_lease, "attach_held": cmd_attach_held}
 
 
 def main() -> None:

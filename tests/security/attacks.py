@@ -51,6 +51,8 @@ ATTACKER_UID = 10002
 # asks for, not on start-up.
 NEW_FLAGS = {
     "idle_lease_timeout": "--idle_lease_timeout",  # idle_lease_timeout_ms (26)
+    "stream_open_timeout": "--stream_open_timeout",  # stream_open_timeout_ms (39)
+    "connection_idle_timeout": "--connection_idle_timeout",  # connection_idle_timeout_ms (40)
 }
 # What RESOURCE_EXHAUSTED must name past a quota ("naming the quota", docs/SECURITY.md §4).
 SESSION_QUOTA = "max_sessions_per_uid"       # (24)
@@ -282,7 +284,8 @@ def new_flag(name: str, value: str) -> List[str]:
 class Daemon:
     """gpufeedd as root with socket group SOCKET_GID, its sockets in `run_dir`."""
 
-    def __init__(self, run_dir: Path, *flags: str) -> None:
+    def __init__(self, run_dir: Path, *flags: str, nofile: Optional[int] = None) -> None:
+        """`nofile`: the daemon's RLIMIT_NOFILE (default: the test process's)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         run_dir.chmod(0o755)
         self.socket = str(run_dir / "gf.sock")
@@ -298,6 +301,8 @@ class Daemon:
 
         def limit() -> None:
             resource.setrlimit(resource.RLIMIT_AS, (DAEMON_ADDRESS_SPACE, DAEMON_ADDRESS_SPACE))
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -448,5 +448,49 @@ TEST_F(ConfigTest, DataAccessFieldsComeFromTheFileWithTheirDefaults) {
   }
 }
 
+// docs/SECURITY.md's connection caps (37-40), with their defaults, from the file and flags.
+TEST_F(ConfigTest, ConnectionCapsFromTheFileAndFlags) {
+  v1::DaemonConfig numbered;
+  const google::protobuf::Descriptor* d = numbered.GetDescriptor();
+  EXPECT_EQ(d->FindFieldByName("max_connections_per_uid")->number(), 37);
+  EXPECT_EQ(d->FindFieldByName("max_connections")->number(), 38);
+  EXPECT_EQ(d->FindFieldByName("stream_open_timeout_ms")->number(), 39);
+  EXPECT_EQ(d->FindFieldByName("connection_idle_timeout_ms")->number(), 40);
+  absl::StatusOr<DaemonConfig> defaults = Load({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->max_connections_per_uid, 64);
+  EXPECT_EQ(defaults->max_connections, 1024);
+  EXPECT_EQ(defaults->stream_open_timeout, absl::Seconds(10));
+  EXPECT_EQ(defaults->connection_idle_timeout, absl::Seconds(300));
+  const std::string file =
+      File("conn.textproto",
+           "max_connections_per_uid: 8\nmax_connections: 100\nstream_open_timeout_ms: 1500\n"
+           "connection_idle_timeout_ms: 0\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_connections_per_uid, 8);
+  EXPECT_EQ(c->max_connections, 100);
+  EXPECT_EQ(c->stream_open_timeout, absl::Milliseconds(1500));
+  EXPECT_EQ(c->connection_idle_timeout, absl::ZeroDuration());
+  c = Load({"--config=" + file, "--max_connections_per_uid=2", "--stream_open_timeout=3s",
+            "--connection_idle_timeout=1m"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_connections_per_uid, 2);
+  EXPECT_EQ(c->max_connections, 100);  // still the file's
+  EXPECT_EQ(c->stream_open_timeout, absl::Seconds(3));
+  EXPECT_EQ(c->connection_idle_timeout, absl::Minutes(1));
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {"max_connections_per_uid: 0", "max_connections_per_uid: >= 1, got 0"},
+           {"max_connections: 10", "max_connections: >= max_connections_per_uid (64), got 10"},
+           {"stream_open_timeout_ms: 0", "stream_open_timeout_ms: must be > 0"},
+           {"connection_idle_timeout_ms: -1",
+            "connection_idle_timeout_ms: must be >= 0 (0 = off)"}}) {
+    const std::string bad = File("bad.textproto", body);
+    absl::StatusOr<DaemonConfig> refused = Load({"--config=" + bad});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_EQ(refused.status().message(), "config " + bad + ": " + want);
+  }
+}
+
 }  // namespace
 }  // namespace gpufeed::server

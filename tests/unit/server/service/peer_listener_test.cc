@@ -48,6 +48,7 @@ class HandedOver {
     return [this](int fd) {
       absl::MutexLock lock(&mu_);
       fds_.emplace_back(fd);
+      ++handed_;
     };
   }
   std::vector<int> fds() {
@@ -56,10 +57,21 @@ class HandedOver {
     for (const UniqueFd& fd : fds_) out.push_back(fd.get());
     return out;
   }
+  // Closes the first fd still held.
+  void CloseFirst() {
+    absl::MutexLock lock(&mu_);
+    if (!fds_.empty()) fds_.erase(fds_.begin());
+  }
+  // How many were handed over in all.
+  int handed() {
+    absl::MutexLock lock(&mu_);
+    return handed_;
+  }
 
  private:
   absl::Mutex mu_;
   std::vector<UniqueFd> fds_ ABSL_GUARDED_BY(mu_);
+  int handed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 TEST(PeerListenerTest, RecordsTheKernelsCredentialsOfEachConnection) {
@@ -102,6 +114,52 @@ TEST(PeerListenerTest, RecordsTheKernelsCredentialsOfEachConnection) {
   EXPECT_EQ(handed.fds().size(), 1u);
   listener->reset();
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the socket file outlived its listener";
+}
+
+// docs/SECURITY.md section 4: past max_connections_per_uid a connection is never handed
+// over; it reads a GOAWAY naming the cap, then the end. Once a handed-over connection is
+// closed (as gRPC closes one), its place is free again.
+TEST(PeerListenerTest, ConnectionsPastTheCapAreRefusedWithAGoawayNamingIt) {
+  testing::TempDir dir;
+  const std::string path = dir.Join("g.sock");
+  absl::StatusOr<std::unique_ptr<PeerListener>> listener = PeerListener::Bind(path);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  HandedOver handed;
+  PeerListenerOptions options;
+  options.max_connections_per_uid = 2;
+  options.max_connections = 8;
+  (*listener)->Start(handed.Callback(), options);
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<UniqueFd> c = ConnectUnix(path);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  ASSERT_TRUE(Eventually([&] { return handed.fds().size() == 2; }));
+  absl::StatusOr<UniqueFd> third = ConnectUnix(path);
+  ASSERT_TRUE(third.ok()) << third.status();
+  std::string got;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::read(third->get(), buf, sizeof(buf))) > 0) got.append(buf, n);
+  EXPECT_EQ(n, 0) << "the refused connection was not closed";
+  // An empty SETTINGS frame, then a GOAWAY (type 7) with ENHANCE_YOUR_CALM (0xb).
+  ASSERT_GE(got.size(), 9u + 9 + 8);
+  EXPECT_EQ(got[3], 0x4);
+  EXPECT_EQ(got[9 + 3], 0x7);
+  EXPECT_EQ(got[9 + 9 + 7], 0xb);
+  EXPECT_EQ(got.substr(9 + 9 + 8),
+            absl::StrCat("max_connections_per_uid: uid ", ::getuid(),
+                         " holds 2 connections, the most one uid may (max_connections_per_uid)"));
+  EXPECT_EQ(handed.fds().size(), 2u);
+  EXPECT_EQ((*listener)->connections(), 2);
+
+  // gRPC closes a connection it was handed (here: the test): the next one takes its place.
+  handed.CloseFirst();
+  absl::StatusOr<UniqueFd> fourth = ConnectUnix(path);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  ASSERT_TRUE(Eventually([&] { return handed.fds().size() == 2 && handed.handed() == 3; }));
+  EXPECT_EQ((*listener)->connections(), 2);
 }
 
 TEST(PeerListenerTest, ASocketInUseIsAlreadyExists) {

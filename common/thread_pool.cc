@@ -90,6 +90,7 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
       } catch (...) {
         thrown = std::current_exception();  // carried to the caller: done must still count
       }
+      BusyMark::Progress();  // a chunk done is progress (common/progress.h)
       absl::MutexLock lock(&shared->mu);
       if (thrown != nullptr && shared->thrown == nullptr) shared->thrown = thrown;
       ++shared->done;
@@ -102,6 +103,9 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
   run();
   std::exception_ptr thrown;
   {
+    // Every chunk left runs on a helper whose own mark shows its progress (or its stall):
+    // the caller, only waiting, is idle meanwhile.
+    BusyMark::Idle idle;
     absl::MutexLock lock(&shared->mu);
     shared->mu.Await(absl::Condition(
         +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->done == s->n; },

@@ -63,7 +63,8 @@ ABSL_FLAG(std::string, health_listen, DaemonConfig().health_listen,
           "TCP HOST:PORT serving grpc.health.v1 alone (Kubernetes gRPC probes); empty: off");
 ABSL_FLAG(absl::Duration, stall_timeout, DaemonConfig().stall_timeout,
           "liveness: the daemon reports itself stalled (health NOT_SERVING, no systemd watchdog "
-          "pings) once one fill or GPU copy has run this long; 0 = never");
+          "pings) once a fill has gone this long without finishing a sample, or a GPU copy has "
+          "run this long; 0 = never");
 ABSL_FLAG(absl::Duration, shutdown_grace, DaemonConfig().shutdown_grace,
           "at shutdown, how long streams get to end; the process exits (status 1) if the whole "
           "teardown takes 5 s longer than this");
@@ -131,6 +132,12 @@ ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(uint64_t, max_image_bytes, DaemonConfig().max_image_bytes,
           "an image file larger than this many bytes is a bad sample (too_large), never read");
+ABSL_FLAG(absl::Duration, max_batch_time, DaemonConfig().max_batch_time,
+          "one batch's time budget: a fill running longer stops and its session ends "
+          "(DEADLINE_EXCEEDED); 0 = none. Not liveness: see --stall_timeout");
+ABSL_FLAG(uint64_t, max_image_pixels, DaemonConfig().max_image_pixels,
+          "an image of more pixels (width x height, from its header) is a bad sample "
+          "(too_large), never decoded");
 ABSL_FLAG(uint64_t, max_ids_bytes, DaemonConfig().max_ids_bytes,
           "bytes all sessions' per-slot sample-id arrays (batch x slots x 8) may take together; "
           "an Attach beyond it is refused (RESOURCE_EXHAUSTED)");
@@ -304,6 +311,9 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
                     absl::Milliseconds(file.stream_open_timeout_ms()));
   GPUFEED_FROM_FILE(connection_idle_timeout_ms, connection_idle_timeout,
                     absl::Milliseconds(file.connection_idle_timeout_ms()));
+  GPUFEED_FROM_FILE(max_batch_time_ms, max_batch_time,
+                    absl::Milliseconds(file.max_batch_time_ms()));
+  GPUFEED_FROM_FILE(max_image_pixels, max_image_pixels, file.max_image_pixels());
 #undef GPUFEED_FROM_FILE
   // Lists: a file that names one replaces the default (empty) list.
 #define GPUFEED_LIST_FROM_FILE(field)                          \
@@ -378,6 +388,8 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_max_connections, &c->max_connections);
   apply(FLAGS_stream_open_timeout, &c->stream_open_timeout);
   apply(FLAGS_connection_idle_timeout, &c->connection_idle_timeout);
+  apply(FLAGS_max_batch_time, &c->max_batch_time);
+  apply(FLAGS_max_image_pixels, &c->max_image_pixels);
   auto ids = [&](const auto& flag, const char* name, std::vector<uint32_t>* field) {
     if (!given(flag)) return absl::OkStatus();
     GPUFEED_ASSIGN_OR_RETURN(*field, ParseIds(name, absl::GetFlag(flag)));
@@ -501,6 +513,15 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
   }
   if (c.connection_idle_timeout < absl::ZeroDuration()) {
     return Invalid(sources, "connection_idle_timeout", "must be >= 0 (0 = off)");
+  }
+  if (c.max_batch_time < absl::ZeroDuration()) {
+    return Invalid(sources, "max_batch_time", "must be >= 0 (0 = none)");
+  }
+  // At least one pixel; at most 2^31, past which a decoded RGB image's bytes (x3) and the
+  // augment's float arithmetic are no longer safe to assume small.
+  if (c.max_image_pixels < 1 || c.max_image_pixels > (uint64_t{1} << 31)) {
+    return Invalid(sources, "max_image_pixels",
+                   absl::StrCat("1 to 2^31, got ", c.max_image_pixels));
   }
   GPUFEED_RETURN_IF_ERROR(CheckHostPort(sources, "metrics_listen", c.metrics_listen));
   return CheckHostPort(sources, "health_listen", c.health_listen);

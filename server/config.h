@@ -53,7 +53,8 @@ struct DaemonConfig {
   // adaptive_decode: the CPU takes the rows cheapest for it (pipeline/cpu_rows.h); off: by
   // index.
   bool cheapest_cpu_rows = true;
-  // Liveness from progress: stalled once one pipeline work item has run this long; zero: off.
+  // Liveness from progress (common/progress.h): stalled once a pipeline thread has been in one
+  // work item this long without finishing a sample; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);
   spdlog::level::level_enum log_level = spdlog::level::info;
   ReadMode read_mode = ReadMode::kMmap;
@@ -108,6 +109,11 @@ struct DaemonConfig {
   int max_connections = 1024;
   absl::Duration stream_open_timeout = absl::Seconds(10);
   absl::Duration connection_idle_timeout = absl::Seconds(300);
+  // docs/SECURITY.md section 4, a slow request is its session's problem: one batch's time
+  // budget (zero: none; past it the session ends, DEADLINE_EXCEEDED), and the pixels of one
+  // image (a larger one is a bad sample, too_large, refused from its header).
+  absl::Duration max_batch_time = absl::Seconds(120);
+  uint64_t max_image_pixels = 64'000'000;
 };
 
 // max_staging_bytes_per_uid with its default resolved: half of staging_bytes when 0.

@@ -106,9 +106,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.default_ring_slots = c.ring_slots;
   options.adaptive_decode = c.adaptive_decode;
   options.cheapest_cpu_rows = c.cheapest_cpu_rows;
+  options.max_batch_time = c.max_batch_time;
   options.attach_timeout = c.attach_timeout;
   options.feed_limits.max_samples = c.max_samples_per_feed;
   options.feed_limits.max_image_bytes = c.max_image_bytes;
+  options.feed_limits.max_image_pixels = c.max_image_pixels;
   options.feed_limits.region_decode = c.region_decode;
   options.max_ids_bytes = c.max_ids_bytes;
   options.max_ids_bytes_per_uid = c.max_ids_bytes_per_uid;

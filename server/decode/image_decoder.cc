@@ -89,10 +89,16 @@ absl::StatusOr<Image> DecodeJpeg(std::span<const uint8_t> bytes, const DecodeOpt
   }
   std::vector<uint8_t> pixels(static_cast<size_t>(width) * height * (cmyk ? 4 : 3));
   // Stop on warnings: libjpeg "recovers" from a truncated or damaged scan by filling grey,
-  // which would train on garbage silently.
+  // which would train on garbage silently. Limit scans: a progressive file of more than 500
+  // (kMaxJpegScans) is refused at its 501st.
   if (tjDecompress2(handle.get(), bytes.data(), bytes.size(), pixels.data(), width, 0, height,
-                    cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+                    cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0) {
     const std::string why = tjGetErrorStr2(handle.get());
+    if (absl::StrContains(why, "more than 500 scans")) {
+      return Bad(BadImage::kTooSlow,
+                 absl::StrCat("JPEG: a progressive image of more than ", kMaxJpegScans,
+                              " scans (the decoder's bound): ", why));
+    }
     const bool truncated = absl::StrContains(why, "Premature end");
     return Bad(truncated ? BadImage::kTruncated : BadImage::kCorrupt, absl::StrCat("JPEG: ", why));
   }
@@ -363,6 +369,7 @@ const char* BadImageName(BadImage reason) {
     case BadImage::kCorrupt: return "corrupt";
     case BadImage::kTooLarge: return "too_large";
     case BadImage::kUnreadable: return "unreadable";
+    case BadImage::kTooSlow: return "too_slow";
   }
   return "none";
 }

@@ -19,19 +19,29 @@
 namespace gpufeed::server {
 
 enum class BadImage {
-  kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge, kUnreadable
+  kNone, kEmpty, kNotAnImage, kUnsupported, kTruncated, kCorrupt, kTooLarge, kUnreadable,
+  kTooSlow
 };
 // Every reason but kNone, in the order counters report them.
 inline constexpr BadImage kBadImageReasons[] = {
     BadImage::kEmpty,   BadImage::kNotAnImage, BadImage::kUnsupported, BadImage::kTruncated,
-    BadImage::kCorrupt, BadImage::kTooLarge,   BadImage::kUnreadable};
+    BadImage::kCorrupt, BadImage::kTooLarge,   BadImage::kUnreadable,  BadImage::kTooSlow};
 // "empty", "not_an_image", "unsupported_format", "truncated", "corrupt", "too_large",
-// "unreadable" (the file could not be opened or read: permissions, I/O error, gone).
+// "unreadable" (the file could not be opened or read: permissions, I/O error, gone),
+// "too_slow" (its decode would cost more than a bound allows: a progressive JPEG of more than
+// kMaxJpegScans scans).
 const char* BadImageName(BadImage reason);
 // The reason of a DecodeImage failure; kNone for OK or a status from elsewhere.
 BadImage BadImageOf(const absl::Status& status);
 // `status` (not OK) marked as a bad image of `reason`, so that BadImageOf reads it back.
 absl::Status MarkBadImage(absl::Status status, BadImage reason);
+
+// A progressive JPEG of more scans is a bad image, too_slow, never decoded past its 500th
+// scan: each scan is a pass over the whole image's coefficients, and a few bytes make one
+// (an EOB run covers 32767 blocks), so a small file could cost minutes of decode (a "scan
+// bomb"). libjpeg-turbo's own bound (TurboJPEG's TJFLAG_LIMITSCANS); real encoders write
+// at most ~10 scans (libjpeg's default progression: 10 for YCbCr, 6 for grayscale).
+inline constexpr int kMaxJpegScans = 500;
 
 struct Image {
   int height = 0;

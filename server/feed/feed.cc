@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 
 #include "absl/strings/match.h"
@@ -16,6 +17,7 @@
 #include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/os/file.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "server/reader/shards.h"
@@ -55,6 +57,7 @@ std::string FeedKeyOf(const std::string& canonical) {
 absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs,
                                                    const FeedLimits& limits, std::string key) {
   spec.dataset.max_image_bytes = limits.max_image_bytes;
+  spec.dataset.max_pixels = limits.max_image_pixels;
   spec.dataset.region_decode = limits.region_decode;
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
@@ -283,38 +286,57 @@ std::string FillWhat(Position p, int32_t rank) {
   return absl::StrCat("filling epoch ", p.epoch, " step ", p.step, " rank ", rank);
 }
 
+// The status of a fill stopped by its deadline, with `done` of `rows` samples done.
+absl::Status PastDeadline(Position p, const FillDeadline& deadline, int64_t done, size_t rows) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("the batch of epoch ", p.epoch, " step ", p.step, " ran past max_batch_time (",
+                   absl::FormatDuration(deadline.budget), ") with ", done, " of ", rows,
+                   " samples done: this session ends; ask for smaller batches or smaller images"));
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode,
                                          const CpuRows& cpu, std::byte* slot,
-                                         std::span<int64_t> ids,
-                                         const ParallelFor& parallel) const {
-  return CallCatching(FillWhat(p, rank),
-                      [&] { return FillStagedImpl(p, rank, mode, cpu, slot, ids, parallel); });
+                                         std::span<int64_t> ids, const ParallelFor& parallel,
+                                         const FillDeadline& deadline) const {
+  return CallCatching(FillWhat(p, rank), [&] {
+    return FillStagedImpl(p, rank, mode, cpu, slot, ids, parallel, deadline);
+  });
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
-                                   std::span<int64_t> ids, const ParallelFor& parallel) const {
-  return CallCatching(FillWhat(p, rank), [&] { return FillImpl(p, rank, slot, ids, parallel); });
+                                   std::span<int64_t> ids, const ParallelFor& parallel,
+                                   const FillDeadline& deadline) const {
+  return CallCatching(FillWhat(p, rank),
+                      [&] { return FillImpl(p, rank, slot, ids, parallel, deadline); });
 }
 
 absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode mode,
                                              const CpuRows& cpu, std::byte* slot,
-                                             std::span<int64_t> ids,
-                                             const ParallelFor& parallel) const {
+                                             std::span<int64_t> ids, const ParallelFor& parallel,
+                                             const FillDeadline& deadline) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
   metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   StageArena arena(*staged_layout_);
   const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu};
   std::vector<absl::Status> status(ids.size());
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> expired{false};
   auto stage = [&](int i) {
     const size_t k = static_cast<size_t>(i);
+    if (expired.load(std::memory_order_relaxed) || deadline.expired()) {
+      expired.store(true, std::memory_order_relaxed);
+      return;
+    }
     // Caught here, on the thread that ran the row: the row's status, as any failed read.
     absl::StatusOr<uint64_t> used = CallCatching("staging it", [&] {
       return images_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i,
                                     target);
     });
+    BusyMark::Progress();  // one sample done (common/progress.h)
+    done.fetch_add(1, std::memory_order_relaxed);
     if (!used.ok()) {
       status[k] = Annotate(used.status(),
                            absl::StrCat("sample ", ids[k], " of epoch ", p.epoch, " step ", p.step));
@@ -327,6 +349,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
   } else {
     for (size_t i = 0; i < ids.size(); ++i) stage(static_cast<int>(i));
   }
+  if (expired.load()) return PastDeadline(p, deadline, done.load(), ids.size());
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
@@ -341,7 +364,8 @@ void Feed::CountProduced(int64_t valid) const {
 }
 
 absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot,
-                                       std::span<int64_t> ids, const ParallelFor& parallel) const {
+                                       std::span<int64_t> ids, const ParallelFor& parallel,
+                                       const FillDeadline& deadline) const {
   metrics::StageTimer timer(metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   uint64_t row_bytes = 0;
@@ -350,10 +374,16 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
       static_cast<size_t>(std::max<uint64_t>(1, kChunkBytes / std::max<uint64_t>(row_bytes, 1)));
   const int chunks = static_cast<int>((ids.size() + rows_per_chunk - 1) / rows_per_chunk);
   std::vector<absl::Status> status(static_cast<size_t>(std::max(chunks, 1)));
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> expired{false};
   auto read_chunk = [&](int chunk) {
     std::vector<std::span<std::byte>> rows(layout_.tensors.size());
     const size_t end = std::min(ids.size(), (static_cast<size_t>(chunk) + 1) * rows_per_chunk);
     for (size_t i = static_cast<size_t>(chunk) * rows_per_chunk; i < end; ++i) {
+      if (expired.load(std::memory_order_relaxed) || deadline.expired()) {
+        expired.store(true, std::memory_order_relaxed);
+        return;
+      }
       for (size_t t = 0; t < rows.size(); ++t) {
         const TensorLayout& l = layout_.tensors[t];
         rows[t] = std::span<std::byte>(slot + l.byte_offset + i * l.row_bytes, l.row_bytes);
@@ -362,6 +392,8 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
       absl::StatusOr<uint64_t> used = CallCatching("reading it", [&] {
         return dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), {spec_.seed, p.epoch}, rows);
       });
+      BusyMark::Progress();  // one sample done (common/progress.h)
+      done.fetch_add(1, std::memory_order_relaxed);
       if (!used.ok()) {
         status[static_cast<size_t>(chunk)] = Annotate(
             used.status(), absl::StrCat("sample ", ids[i], " of epoch ", p.epoch, " step ", p.step));
@@ -375,6 +407,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   } else {
     for (int c = 0; c < chunks; ++c) read_chunk(c);
   }
+  if (expired.load()) return PastDeadline(p, deadline, done.load(), ids.size());
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -16,6 +16,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/os/file.h"
 #include "server/feed/dataset_handles.h"
 #include "server/pipeline/dataset.h"
@@ -31,6 +33,9 @@ struct FeedLimits {
   uint64_t max_samples = uint64_t{1} << 40;
   // An image file larger than this is a bad sample, reason too_large, and is never read.
   uint64_t max_image_bytes = uint64_t{64} << 20;
+  // An image of more pixels is a bad sample, too_large, refused from its header
+  // (DatasetSpec::max_pixels; the request cannot set it).
+  uint64_t max_image_pixels = 64'000'000;
   // Not a bound: how a random resized crop decodes a JPEG (DatasetSpec::region_decode).
   bool region_decode = true;
 };
@@ -65,6 +70,18 @@ struct SlotLayout {
   uint64_t stride_bytes = 0;  // page-aligned
 };
 
+// One batch's time budget (max_batch_time, docs/SECURITY.md section 4): a sample starts only
+// while clock() is before `at`; past it the fill stops and returns DEADLINE_EXCEEDED naming
+// the budget, so that a batch of much expensive work (hundreds of large images) ends its own
+// session instead of holding the workers. Infinite `at` (the default): no budget.
+struct FillDeadline {
+  absl::Time at = absl::InfiniteFuture();
+  Clock clock = RealClock();
+  absl::Duration budget = absl::InfiniteDuration();  // for the message
+
+  bool expired() const { return at != absl::InfiniteFuture() && clock() >= at; }
+};
+
 class Feed {
  public:
   // Opens the dataset and validates the sampling; errors name the field or path.
@@ -95,8 +112,11 @@ class Feed {
   // dataset or an allocation (std::bad_alloc) is returned as a status, RESOURCE_EXHAUSTED or
   // INTERNAL (CallCatching), on whichever thread it was thrown: the session fails, not the
   // daemon. FillStaged likewise.
+  // Each sample read marks progress on the calling thread (BusyMark::Progress: a slow batch
+  // is no stall); past `deadline` the fill stops with DEADLINE_EXCEEDED (FillDeadline).
   absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot, std::span<int64_t> ids,
-                               const ParallelFor& parallel = nullptr) const;
+                               const ParallelFor& parallel = nullptr,
+                               const FillDeadline& deadline = {}) const;
   static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
 
   // The staged layout of a slot (augment/staged.h) for the GPU paths; nullopt for datasets
@@ -107,7 +127,8 @@ class Feed {
   // session/decode_share.h, the cheapest for the CPU: pipeline/cpu_rows.h) to the CPU decoder.
   absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, const CpuRows& cpu,
                                      std::byte* slot, std::span<int64_t> ids,
-                                     const ParallelFor& parallel = nullptr) const;
+                                     const ParallelFor& parallel = nullptr,
+                                     const FillDeadline& deadline = {}) const;
 
   int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
   // Valid (unpadded) rows of those batches.
@@ -121,10 +142,12 @@ class Feed {
        std::unique_ptr<Sampler> sampler,
        std::vector<std::pair<std::string, std::string>> identity);
   absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
-                                   std::span<int64_t> ids, const ParallelFor& parallel) const;
+                                   std::span<int64_t> ids, const ParallelFor& parallel,
+                                   const FillDeadline& deadline) const;
   absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode,
                                          const CpuRows& cpu, std::byte* slot,
-                                         std::span<int64_t> ids, const ParallelFor& parallel) const;
+                                         std::span<int64_t> ids, const ParallelFor& parallel,
+                                         const FillDeadline& deadline) const;
   // Counts one batch filled, with `valid` real rows, in the produced counters.
   void CountProduced(int64_t valid) const;
 

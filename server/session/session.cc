@@ -313,11 +313,15 @@ void Session::FillOne() {
     auto parallel = [this](int n, const std::function<void(int)>& fn) {
       scheduler_->ParallelFor(n, fn);
     };
+    FillDeadline deadline;
+    if (params_.max_batch_time > absl::ZeroDuration()) {
+      deadline = {fill_start + params_.max_batch_time, params_.clock, params_.max_batch_time};
+    }
     valid = params_.stage == StageMode::kNone
                 ? feed_->Fill(slot->batch.position, params_.rank, data,
-                              std::span<int64_t>(slot->batch.ids), parallel)
+                              std::span<int64_t>(slot->batch.ids), parallel, deadline)
                 : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, cpu, data,
-                                    std::span<int64_t>(slot->batch.ids), parallel);
+                                    std::span<int64_t>(slot->batch.ids), parallel, deadline);
   }
 
   const absl::Duration fill = params_.clock() - fill_start;

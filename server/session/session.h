@@ -113,6 +113,10 @@ struct SessionParams {
   bool adaptive_decode = false;
   // adaptive_decode: the CPU takes the rows cheapest for it (RowCosts); off: by index.
   bool cheapest_cpu_rows = true;
+  // One batch's time budget (max_batch_time, docs/SECURITY.md section 4): a fill still running
+  // this long after it started stops and the session ends with its DEADLINE_EXCEEDED. Zero:
+  // none. Measured on `clock`.
+  absl::Duration max_batch_time = absl::ZeroDuration();
   // The session's share of max_ids_bytes (its slots' id arrays), returned when the session
   // and this last copy of its params go.
   std::shared_ptr<const ByteBudget::Charge> ids_charge;

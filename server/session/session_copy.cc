@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/progress.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "server/session/session.h"
@@ -80,6 +81,7 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
       return feed_->dataset().ReadSampleAt(static_cast<uint64_t>(slot->batch.ids[k]),
                                            {feed_->spec().seed, slot->batch.position.epoch}, out);
     });
+    BusyMark::Progress();  // one sample done: liveness (common/progress.h)
     if (!used.ok()) {
       s = Annotate(used.status(), absl::StrCat("sample ", slot->batch.ids[k], " of epoch ",
                                                slot->batch.position.epoch, " step ",

@@ -324,6 +324,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   params.adaptive_decode = options_.adaptive_decode && stage == StageMode::kNvjpeg &&
                            spec.decode == DecodeChoice::kAuto && device != nullptr;
   params.cheapest_cpu_rows = options_.cheapest_cpu_rows;
+  params.max_batch_time = options_.max_batch_time;
   params.ids_charge = std::move(ids_charge);
   params.lifeline = std::move(lifeline);
   const std::string canonical = feed->spec().Canonical();

@@ -121,6 +121,8 @@ struct SessionManagerOptions {
   // adaptive_decode: the CPU takes the rows estimated cheapest for it (pipeline/cpu_rows.h);
   // off: its rows are spread evenly by index.
   bool cheapest_cpu_rows = true;
+  // One batch's time budget (SessionParams::max_batch_time); zero: none.
+  absl::Duration max_batch_time = absl::Seconds(120);
   // A session whose stream is not open this long after Attach is ended.
   absl::Duration attach_timeout = absl::Seconds(10);
   // How often leases are checked.

@@ -32,6 +32,59 @@ TEST(ThreadPoolTest, WorkersAreNamedAndMarkTheItemTheyRun) {
   finish.Notify();
 }
 
+// docs/SECURITY.md section 4: liveness counts from a thread's last progress, not from the
+// start of its item, and a ParallelFor caller waiting for its helpers is idle.
+TEST(ThreadPoolTest, ProgressRestartsTheMarkAndAWaitingCallerIsIdle) {
+  ThreadPool pool("read", 2, 8);
+  std::vector<const BusyMark*> marks = pool.busy_marks();
+  auto longest = [&] {
+    const absl::Time now = absl::Now();
+    return std::max(marks[0]->BusyFor(now), marks[1]->BusyFor(now));
+  };
+  absl::Notification started, progressed, finish;
+  ASSERT_TRUE(pool.TrySubmit([&] {
+                    started.Notify();
+                    absl::SleepFor(absl::Milliseconds(200));
+                    BusyMark::Progress();  // a sample done
+                    progressed.Notify();
+                    finish.WaitForNotification();
+                  })
+                  .ok());
+  started.WaitForNotification();
+  progressed.WaitForNotification();
+  // 200 ms in the item, but progress just now.
+  EXPECT_LT(longest(), absl::Milliseconds(150));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_GE(longest(), absl::Milliseconds(50));
+  finish.Notify();
+  BusyMark::Progress();  // outside any item: a no-op
+
+  // A caller (on a worker) whose helper runs a long chunk: the caller finishes its own chunk
+  // (once the helper has taken the other) and waits, idle; only the helper's mark counts.
+  absl::Notification helper_started, caller_waits, release;
+  ASSERT_TRUE(pool.TrySubmit([&] {
+                    const std::thread::id me = std::this_thread::get_id();
+                    pool.ParallelFor(2, [&](int) {
+                      if (std::this_thread::get_id() == me) {
+                        helper_started.WaitForNotificationWithTimeout(absl::Seconds(5));
+                        caller_waits.Notify();
+                        return;
+                      }
+                      helper_started.Notify();
+                      release.WaitForNotification();
+                    });
+                  })
+                  .ok());
+  caller_waits.WaitForNotification();
+  ASSERT_TRUE(helper_started.HasBeenNotified());
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time now = absl::Now();
+  const absl::Duration a = marks[0]->BusyFor(now), b = marks[1]->BusyFor(now);
+  EXPECT_GE(std::max(a, b), absl::Milliseconds(250)) << a << " " << b;  // the helper
+  EXPECT_LT(std::min(a, b), absl::Milliseconds(100)) << a << " " << b;  // the caller, waiting
+  release.Notify();
+}
+
 TEST(ThreadPoolTest, TrySubmitIsBoundedAndShutdownRunsWhatIsQueued) {
   ThreadPool pool("w", 1, 2);
   absl::Notification block, started;

@@ -416,6 +416,36 @@ INSTANTIATE_TEST_SUITE_P(
 }  // namespace gpufeed::server
 
 namespace gpufeed::server {
+// docs/SECURITY.md section 4, a slow request is its session's problem (fields 41, 42): the
+// batch time budget and the per-image pixel cap, from flags or the file, and their checks.
+TEST_F(ConfigTest, BatchTimeBudgetAndPixelCap) {
+  absl::StatusOr<DaemonConfig> defaults = Load({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->max_batch_time, absl::Seconds(120));
+  EXPECT_EQ(defaults->max_image_pixels, 64'000'000u);
+  absl::StatusOr<DaemonConfig> flags = Load({"--max_batch_time=0", "--max_image_pixels=1000"});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->max_batch_time, absl::ZeroDuration());
+  EXPECT_EQ(flags->max_image_pixels, 1000u);
+  const std::string file =
+      File("c.textproto", "max_batch_time_ms: 30000\nmax_image_pixels: 16777216\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_batch_time, absl::Seconds(30));
+  EXPECT_EQ(c->max_image_pixels, 16777216u);
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {"max_batch_time_ms: -1", "max_batch_time_ms: must be >= 0 (0 = none)"},
+           {"max_image_pixels: 0", "max_image_pixels: 1 to 2^31, got 0"},
+           {"max_image_pixels: 4294967296", "max_image_pixels: 1 to 2^31, got 4294967296"}}) {
+    const std::string bad = File("bad.textproto", body);
+    absl::StatusOr<DaemonConfig> refused = Load({"--config=" + bad});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_EQ(refused.status().message(), "config " + bad + ": " + want);
+  }
+  absl::StatusOr<DaemonConfig> refused = Load({"--max_batch_time=-1s"});
+  EXPECT_EQ(refused.status().message(), "max_batch_time: must be >= 0 (0 = none)");
+}
+
 namespace {
 
 // docs/SECURITY.md's data-access fields (27-30): file only, with their defaults.

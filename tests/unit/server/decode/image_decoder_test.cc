@@ -389,5 +389,73 @@ TEST(ImageDecoderTest, PixelCapIsCheckedFromTheHeader) {
   }
 }
 
+// A grayscale progressive JPEG of `height` x `width`, every coefficient zero, of exactly
+// `scans` scans in a valid progression: the DC scan, then for each AC coefficient 1..63 its
+// first scan (successive approximation from bit 10) and its ten refinement scans, as far as
+// `scans` goes (at most 694). Each scan's data is one one-bit Huffman code a block ("0": DC
+// difference 0, or an end of band) padded with ones: the shape of a scan bomb, whose every
+// scan costs a pass over the whole image for a bit a block (less with end-of-band runs).
+std::vector<uint8_t> ProgressiveJpeg(int scans, int height, int width) {
+  std::vector<uint8_t> out = {0xFF, 0xD8};
+  auto segment = [&](uint8_t marker, std::initializer_list<uint8_t> body) {
+    const size_t length = body.size() + 2;
+    out.insert(out.end(), {0xFF, marker, static_cast<uint8_t>(length >> 8),
+                           static_cast<uint8_t>(length & 0xFF)});
+    out.insert(out.end(), body);
+  };
+  std::vector<uint8_t> dqt(65, 1);
+  dqt[0] = 0;  // 8-bit table 0
+  out.insert(out.end(), {0xFF, 0xDB, 0, 67});
+  out.insert(out.end(), dqt.begin(), dqt.end());
+  segment(0xC2,
+          {8, static_cast<uint8_t>(height >> 8), static_cast<uint8_t>(height & 0xFF),
+           static_cast<uint8_t>(width >> 8), static_cast<uint8_t>(width & 0xFF), 1, 1, 0x11, 0});
+  // One code of length 1 for symbol 0: DC table 0 (difference category 0), AC table 0 (EOB).
+  for (uint8_t table : {0x00, 0x10}) {
+    segment(0xC4, {table, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  }
+  // One "0" a block, then ones to the byte's end.
+  const int blocks = ((height + 7) / 8) * ((width + 7) / 8);
+  std::vector<uint8_t> data(static_cast<size_t>(blocks / 8), 0);
+  if (blocks % 8 != 0) data.push_back(static_cast<uint8_t>(0xFF >> (blocks % 8)));
+  auto scan = [&](uint8_t ss, uint8_t se, uint8_t ah, uint8_t al) {
+    segment(0xDA, {1, 1, 0x00, ss, se, static_cast<uint8_t>(ah << 4 | al)});
+    out.insert(out.end(), data.begin(), data.end());
+  };
+  int written = 0;
+  if (written++ < scans) scan(0, 0, 0, 0);
+  for (uint8_t k = 1; k <= 63; ++k) {
+    if (written++ < scans) scan(k, k, 0, 10);
+    for (uint8_t bit = 10; bit >= 1; --bit) {
+      if (written++ < scans) scan(k, k, bit, static_cast<uint8_t>(bit - 1));
+    }
+  }
+  out.insert(out.end(), {0xFF, 0xD9});
+  return out;
+}
+
+// docs/SECURITY.md section 4: a progressive JPEG of more than 500 scans (kMaxJpegScans) is a
+// bad image, too_slow, refused at its 501st scan (TJFLAG_LIMITSCANS); 500 decode.
+TEST(ImageDecoderTest, ProgressiveJpegOfMoreThan500ScansIsTooSlow) {
+  absl::StatusOr<Image> at_bound = DecodeImage(ProgressiveJpeg(kMaxJpegScans, 16, 16));
+  ASSERT_TRUE(at_bound.ok()) << at_bound.status();
+  EXPECT_EQ(at_bound->height, 16);
+  EXPECT_EQ(at_bound->rgb, std::vector<uint8_t>(16 * 16 * 3, at_bound->rgb[0]));
+  for (int scans : {kMaxJpegScans + 1, 694}) {
+    absl::StatusOr<Image> bomb = DecodeImage(ProgressiveJpeg(scans, 16, 16));
+    EXPECT_EQ(BadImageOf(bomb.status()), BadImage::kTooSlow) << scans << ": " << bomb.status();
+    EXPECT_EQ(bomb.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(bomb.status().message(), HasSubstr("more than 500 scans"));
+  }
+  // The same through a region decode (progressive files take the whole-image path).
+  DecodeOptions region;
+  region.region = {0, 0, 8, 8};
+  EXPECT_EQ(BadImageOf(DecodeImage(ProgressiveJpeg(694, 16, 16), region).status()),
+            BadImage::kTooSlow);
+  // The thread's decoder is reusable after the refusal.
+  EXPECT_TRUE(DecodeImage(ProgressiveJpeg(kMaxJpegScans, 16, 16)).ok());
+  EXPECT_STREQ(BadImageName(BadImage::kTooSlow), "too_slow");
+}
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -332,6 +333,39 @@ TEST_F(FeedExceptionTest, AnExceptionOutsideTheChunksIsCaughtAtTheFillBoundary) 
   EXPECT_EQ(filled.status().message(),
             "filling epoch 3 step 1 rank 0: out of memory (std::bad_alloc): the request needs "
             "more memory than gpufeedd can allocate");
+}
+
+// docs/SECURITY.md section 4, max_batch_time: past its deadline a fill starts no further
+// sample and returns DEADLINE_EXCEEDED naming the budget and how far it got, on the clock given.
+TEST_F(FeedExceptionTest, AFillPastItsDeadlineStopsBeforeItsNextSample) {
+  FeedSpec spec = TokensSpec("/data/t.bin", 1023, 2048);
+  spec.shuffle = false;
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(spec, &fs_);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  std::vector<std::byte> slot((*feed)->layout().stride_bytes);
+  std::vector<int64_t> ids(2048);
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  auto calls = std::make_shared<std::atomic<int64_t>>(0);
+  // Each look at the clock is 1 ms later: sample i looks at i + 1 ms.
+  const Clock clock = [start, calls] { return start + absl::Milliseconds(++*calls); };
+  const FillDeadline deadline{start + absl::Milliseconds(100), clock, absl::Milliseconds(100)};
+  absl::StatusOr<int64_t> filled =
+      (*feed)->Fill({0, 1}, 0, slot.data(), std::span<int64_t>(ids), nullptr, deadline);
+  EXPECT_EQ(filled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(filled.status().message(),
+            "the batch of epoch 0 step 1 ran past max_batch_time (100ms) with 99 of 2048 samples "
+            "done: this session ends; ask for smaller batches or smaller images");
+  // On a pool, the same (some samples in flight may finish; none starts after).
+  ThreadPool pool("read", 2, 16);
+  const Feed::ParallelFor parallel = [&pool](int n, const std::function<void(int)>& fn) {
+    pool.ParallelFor(n, fn);
+  };
+  *calls = 0;
+  filled = (*feed)->Fill({0, 1}, 0, slot.data(), std::span<int64_t>(ids), parallel, deadline);
+  EXPECT_EQ(filled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(filled.status().message(), HasSubstr("ran past max_batch_time (100ms)"));
+  // Without a deadline (the default) the batch is whole.
+  EXPECT_EQ(*(*feed)->Fill({0, 1}, 0, slot.data(), std::span<int64_t>(ids), parallel), 2048);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ extra=()
 [ -z "$sanitize" ] || extra=(-DGPUFEED_CUDA=OFF -DGPUFEED_BENCHMARKS=OFF)
 cmake -S "$root" -B "$build" -G Ninja -DGPUFEED_SANITIZE="$sanitize" "${extra[@]}" >/dev/null
 ninja -C "$build"
+# GPUFEED_BUILD_ONLY=1: stop after the build (.ci/run starts the thread-safety pass then).
+[ "${GPUFEED_BUILD_ONLY:-}" != 1 ] || exit 0
 cd "$build"
 if [ "$sanitize" = "thread" ]; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"

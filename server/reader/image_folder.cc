@@ -138,6 +138,20 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
   Walker walker(root_fd, root, limits, reader);
   ImageFolderIndex index;
   index.root = root;
+  if (limits.index_bytes != nullptr) {
+    GPUFEED_ASSIGN_OR_RETURN(index.charge, limits.index_bytes->Take(limits.charge_uid, 0, ""));
+  }
+  uint64_t path_bytes = 0;  // the paths' characters (their heap, for paths past the SSO)
+  // What the index holds so far, charged after each class folder.
+  const auto charge_index = [&]() -> absl::Status {
+    if (index.charge == nullptr) return absl::OkStatus();
+    const uint64_t held = index.paths.capacity() * sizeof(std::string) + path_bytes +
+                          index.labels.capacity() * sizeof(int64_t);
+    if (held <= index.charge->bytes()) return absl::OkStatus();
+    return index.charge->Grow(held - index.charge->bytes(),
+                              absl::StrCat("the index of ", root, " (", index.paths.size(),
+                                           " images so far)"));
+  };
   GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> top, walker.List(""));
   for (const Entry& e : top) {
     if (e.type == DT_DIR) index.classes.push_back(e.name);  // a link to one is not a class
@@ -179,7 +193,9 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
     for (const auto& [dir, name] : files) {
       index.paths.push_back(absl::StrCat(root, "/", dir, "/", name));
       index.labels.push_back(static_cast<int64_t>(label));
+      path_bytes += index.paths.back().capacity() + 1;
     }
+    GPUFEED_RETURN_IF_ERROR(charge_index());
   }
   return index;
 }

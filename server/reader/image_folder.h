@@ -29,6 +29,9 @@ struct ImageFolderIndex {
   std::vector<std::string> classes;  // label -> class name
   std::vector<std::string> paths;    // sample id -> display path, root + "/" + relative
   std::vector<int64_t> labels;       // sample id -> label
+  // The bytes of `paths` and `labels` in max_index_bytes (FolderWalkLimits::index_bytes),
+  // returned with the index; null where the walk has no budget.
+  std::unique_ptr<ByteBudget::Charge> charge;
 
   // The sample's path relative to ROOT, for opening it beneath ROOT's descriptor.
   std::string Relative(uint64_t id) const { return paths[id].substr(root.size() + 1); }

@@ -296,15 +296,20 @@ FeedService::FeedService(SessionManager* sessions, const CallerResolver* callers
       callers_(callers),
       mem_socket_(std::move(mem_socket)),
       unopened_(unopened.max_per_uid, unopened.max_total, unopened.open_timeout),
-      attach_work_(256) {
+      // One uid runs at most half the attach threads' attaches at once (one of the default
+      // two): the others' attaches go first (attach_queue.h).
+      attach_work_({.max_queued = 256,
+                    .max_queued_per_uid = 64,
+                    .max_running_per_uid = std::max(1, attach_threads / 2)}) {
   for (int i = 0; i < attach_threads; ++i) {
     attach_threads_.emplace_back([this, i] {
       const std::string name = absl::StrCat("attach/", i);
       pthread_setname_np(pthread_self(), name.c_str());
       while (true) {
-        absl::StatusOr<std::function<void()>> work = attach_work_.Pop();
+        absl::StatusOr<AttachQueue::Work> work = attach_work_.Pop();
         if (!work.ok()) return;  // closed and drained
-        (*work)();
+        work->run();
+        attach_work_.Done(work->uid);
       }
     });
   }
@@ -325,8 +330,10 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   // The request and response live until the reactor finishes.
-  absl::Status queued = attach_work_.TryPush([this, reactor, request, response,
-                                              caller = *std::move(caller)] {
+  const uint32_t uid = caller->uid();
+  const bool capped = !caller->admin;
+  absl::Status queued = attach_work_.TryPush(uid, capped, [this, reactor, request, response,
+                                                          caller = *std::move(caller)] {
     // An exception (std::bad_alloc) fails this Attach, never the daemon (SECURITY.md §4).
     absl::StatusOr<Attachment> attached = CallCatching(
         "attach",
@@ -343,12 +350,7 @@ grpc::ServerUnaryReactor* FeedService::Attach(grpc::CallbackServerContext* ctx,
     }
     reactor->Finish(ToGrpcStatus(attached.status()));
   });
-  if (!queued.ok()) {
-    reactor->Finish(ToGrpcStatus(absl::IsResourceExhausted(queued)
-                                     ? absl::ResourceExhaustedError(
-                                           "256 attaches are waiting already; retry later")
-                                     : absl::UnavailableError("gpufeedd is shutting down")));
-  }
+  if (!queued.ok()) reactor->Finish(ToGrpcStatus(queued));
   return reactor;
 }
 

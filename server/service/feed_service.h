@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/bounded_queue.h"
+#include "server/service/attach_queue.h"
 #include "gpufeed/v1/feed.grpc.pb.h"
 #include "server/service/access_policy.h"
 #include "server/service/conn_limits.h"
@@ -63,7 +63,7 @@ class FeedService final : public v1::Feed::CallbackService {
   const CallerResolver* const callers_;
   const std::string mem_socket_;
   UnopenedStreams unopened_;
-  BoundedQueue<std::function<void()>> attach_work_;
+  AttachQueue attach_work_;
   std::vector<std::thread> attach_threads_;
 };
 

@@ -163,15 +163,17 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
   Builder::Add(staging, {{"state", "filling"}}, filling);
   Builder::Add(staging, {{"state", "ready"}}, ready);
   Builder::Add(staging, {{"state", "leased"}}, leased);
+  // Declared in every build, with no series where there is no GPU (or no CUDA in the build):
+  // one set of metric names for dashboards and the contract (tests/deploy/metrics.txt).
+  auto& dev = b.Family("gpufeed_device_bytes",
+                       "Device memory of the rings and scratch on each GPU (used) and what is "
+                       "left of its --device_bytes budget (free)",
+                       MetricType::Gauge);
+  auto& mps = b.Family("gpufeed_gpu_mps",
+                       "1 when the daemon's work on the GPU goes through MPS (its kernels run "
+                       "beside the consumers' instead of time-sliced against them)",
+                       MetricType::Gauge);
   if (src.devices != nullptr) {
-    auto& dev = b.Family("gpufeed_device_bytes",
-                         "Device memory of the rings and scratch on each GPU (used) and what is "
-                         "left of its --device_bytes budget (free)",
-                         MetricType::Gauge);
-    auto& mps = b.Family("gpufeed_gpu_mps",
-                         "1 when the daemon's work on the GPU goes through MPS (its kernels run "
-                         "beside the consumers' instead of time-sliced against them)",
-                         MetricType::Gauge);
     const std::vector<std::string> shared = src.devices->mps_gpu_uuids();
     for (const std::string& uuid : src.devices->gpu_uuids()) {
       Builder::Add(mps, {{"gpu", uuid}},

@@ -192,19 +192,49 @@ def test_12_a_sparse_megatron_index_is_cut_at_the_walk_timeout(node: Node, fresh
     config = node.base / "walk-2s.textproto"
     config.write_text("folder_walk_timeout_ms: 2000\n")
     daemon = fresh(f"--config={config}", "--read_mode=pread")  # no 825 GB mapping
-    d = node.attacker_path("megatron/x").parent
-    d.mkdir(exist_ok=True)
-    os.chown(d, attacks.ATTACKER_UID, attacks.ATTACKER_UID)
-    sequences = 1 << 36
-    head = b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, sequences, 1)
-    node.chown_attacker(sparse_file(d / "x.idx", len(head) + sequences * 12 + 8, head))
-    node.chown_attacker(sparse_file(d / "x.bin", 1 << 30))
+    d = sparse_megatron(node, "megatron")
     started = time.monotonic()
     run = node.attacker(daemon).consume(d, timeout=60)
     took = time.monotonic() - started
     assert run.returncode != 0 and error_code(run) == "DEADLINE_EXCEEDED", run.stderr
     assert "folder_walk_timeout" in run.stderr, run.stderr
     assert took < 20, f"the attach took {took:.1f} s"
+    assert_serving(node, daemon, expected)
+
+
+def sparse_megatron(node: Node, name: str) -> Path:
+    """A directory of the attacker's holding x.bin and a sparse x.idx of 2^36 sequences."""
+    d = node.attacker_path(f"{name}/x").parent
+    d.mkdir(exist_ok=True)
+    os.chown(d, attacks.ATTACKER_UID, attacks.ATTACKER_UID)
+    sequences = 1 << 36
+    head = b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, sequences, 1)
+    node.chown_attacker(sparse_file(d / "x.idx", len(head) + sequences * 12 + 8, head))
+    node.chown_attacker(sparse_file(d / "x.bin", 1 << 30))
+    return d
+
+
+def test_12_one_uids_slow_attaches_leave_an_attach_thread_to_the_others(node: Node, fresh,
+                                                                        expected: int) -> None:
+    # Before issue 30 one FIFO fed both attach threads: two slow attaches of the attacker held
+    # both until folder_walk_timeout and the victim's Attach waited behind them (~7 s here).
+    config = node.base / "walk-8s.textproto"
+    config.write_text("folder_walk_timeout_ms: 8000\n")
+    daemon = fresh(f"--config={config}", "--read_mode=pread")
+    d = sparse_megatron(node, "megatron-fair")
+    slow = [node.attacker(daemon).popen("consume", "--dataset", str(d), "--seq-len", "16",
+                                        "--batch-size", "4") for _ in range(2)]
+    try:
+        time.sleep(1.0)  # both attaches queued and one (or, before, both) running
+        started = time.monotonic()
+        run = node.victim(daemon).consume(node.victim_tokens, *attacks.VICTIM_RUN, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        for p in slow:
+            p.wait(timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert checksum_of(run) == expected
+    assert took < 4, f"the victim's consume waited {took:.1f} s behind the attacker's attaches"
     assert_serving(node, daemon, expected)
 
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -107,6 +108,32 @@ TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
 
 // A caller's walk sees what that caller could: a sub-folder it may not list and search is
 // skipped (as os.walk skips it), a root it may not search is refused.
+TEST(ImageFolderTest, TheIndexIsChargedToTheCallersShareOfMaxIndexBytesAndReturned) {
+  // Issue 30: attach-time indexes were unbounded memory; an image folder's paths count in
+  // max_index_bytes like a webdataset's names.
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  for (int i = 0; i < 200; ++i) Touch(root + "/c" + std::to_string(i % 4) + "/" +
+                                      std::string(40, 'x') + std::to_string(i) + ".jpg");
+  FolderWalkLimits limits;
+  limits.index_bytes = ByteBudget::Create("max_index_bytes", 1 << 20, "max_index_bytes_per_uid",
+                                          4096, "use fewer files");
+  limits.charge_uid = 1234;
+  absl::StatusOr<ImageFolderIndex> refused = IndexImageFolder(root, limits);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("uid 1234 holds 0 of its share of max_index_bytes "
+                        "(max_index_bytes_per_uid 4096): use fewer files"));
+  EXPECT_EQ(limits.index_bytes->used(), 0u);  // a refused walk returns what it took
+  limits.charge_uid = std::nullopt;            // an admin: the total only
+  absl::StatusOr<ImageFolderIndex> index = IndexImageFolder(root, limits);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_GT(limits.index_bytes->used(), 200u * 48);
+  EXPECT_EQ(limits.index_bytes->used(), index->charge->bytes());
+  index = absl::CancelledError("dropped");
+  EXPECT_EQ(limits.index_bytes->used(), 0u);
+}
+
 TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
   testing::TempDir dir;
   const std::string root = dir.path();

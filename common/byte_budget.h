@@ -30,6 +30,11 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
     ~Charge();
     // `more` bytes for the same holder, for `what` (in the message): as Take.
     absl::Status Grow(uint64_t more, absl::string_view what);
+    // Grows the charge to `total` bytes (a holder that has grown, as an index being built);
+    // nothing when it holds that many already.
+    absl::Status GrowTo(uint64_t total, absl::string_view what) {
+      return total > bytes_ ? Grow(total - bytes_, what) : absl::OkStatus();
+    }
     uint64_t bytes() const { return bytes_; }
 
    private:

@@ -316,10 +316,10 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(max_image_pixels, max_image_pixels, file.max_image_pixels());
 #undef GPUFEED_FROM_FILE
   // Lists: a file that names one replaces the default (empty) list.
-#define GPUFEED_LIST_FROM_FILE(field)                          \
-  if (file.field##_size() > 0) {                               \
-    c->field.assign(file.field().begin(), file.field().end()); \
-    from_file(#field, #field);                                 \
+#define GPUFEED_LIST_FROM_FILE(field)                                   \
+  if (file.field##_size() > 0) {                                        \
+    c->field.assign(file.field().begin(), file.field().end());          \
+    from_file(#field, #field);                                          \
   }
   GPUFEED_LIST_FROM_FILE(allow_uids);
   GPUFEED_LIST_FROM_FILE(allow_gids);
@@ -487,7 +487,8 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
     return Invalid(sources, "mem_request_timeout", "must be > 0");
   }
   if (c.max_folder_entries < 1) {
-    return Invalid(sources, "max_folder_entries", absl::StrCat(">= 1, got ", c.max_folder_entries));
+    return Invalid(sources, "max_folder_entries",
+                   absl::StrCat(">= 1, got ", c.max_folder_entries));
   }
   if (c.folder_walk_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "folder_walk_timeout", "must be > 0");

@@ -55,9 +55,9 @@ class PosixFile final : public RandomAccessFile {
         return ErrnoToStatus(errno, absl::StrCat("reading ", path_, " at offset ", offset + done));
       }
       if (n == 0) {
-        return absl::DataLossError(absl::StrCat("reading ", path_, ": file shrank (wanted ",
-                                                dst.size(), " bytes at offset ", offset,
-                                                ", file ends after ", offset + done, ")"));
+        return absl::DataLossError(absl::StrCat(
+            "reading ", path_, ": file shrank (wanted ", dst.size(), " bytes at offset ",
+            offset, ", file ends after ", offset + done, ")"));
       }
       done += static_cast<size_t>(n);
     }
@@ -144,10 +144,8 @@ absl::StatusOr<Opened> OpenRegular(const std::string& path) {
 
 // Whether two descriptors name one file (device and inode).
 bool SameFile(int a, int b) {
-  struct stat sa {
-  }, sb{};
-  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
+  const std::optional<std::pair<uint64_t, uint64_t>> id = IdentityOf(a);
+  return id.has_value() && id == IdentityOf(b);
 }
 
 // A client's descriptor is one open file description shared with the client, which can set
@@ -226,7 +224,8 @@ absl::StatusOr<Opened> FromBeneath(int dirfd, const std::string& relative, const
   }
   if (reader != nullptr && !ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader)) {
     return absl::PermissionDeniedError(
-        absl::StrCat("opening ", path, ": its mode bits do not let uid ", reader->uid, " read it"));
+        absl::StrCat("opening ", path, ": its mode bits do not let uid ", reader->uid,
+                     " read it"));
   }
   return Opened{std::move(fd), static_cast<uint64_t>(st.st_size)};
 }
@@ -252,11 +251,12 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> Pread(const std::string& path,
 
 class MappedFileSystemImpl final : public FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
+      const std::string& path) override {
     return Mapped(path, OpenRegular(path));
   }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
-                                                               const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) override {
     return Mapped(path, FromClientFd(fd, path));
   }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
@@ -268,11 +268,12 @@ class MappedFileSystemImpl final : public FileSystem {
 
 class PosixFileSystemImpl final : public FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForRead(
+      const std::string& path) override {
     return Pread(path, OpenRegular(path));
   }
-  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
-                                                               const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) override {
     return Pread(path, FromClientFd(fd, path));
   }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
@@ -286,22 +287,14 @@ class PosixFileSystemImpl final : public FileSystem {
 
 const char* FileTypeName(unsigned mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG:
-      return "a regular file";
-    case S_IFDIR:
-      return "a directory";
-    case S_IFIFO:
-      return "a FIFO";
-    case S_IFSOCK:
-      return "a socket";
-    case S_IFCHR:
-      return "a character device";
-    case S_IFBLK:
-      return "a block device";
-    case S_IFLNK:
-      return "a symbolic link";
-    default:
-      return "of an unknown type";
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFIFO: return "a FIFO";
+    case S_IFSOCK: return "a socket";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFLNK: return "a symbolic link";
+    default: return "of an unknown type";
   }
 }
 
@@ -311,9 +304,9 @@ absl::StatusOr<uint64_t> CheckFileKind(int fd, FileKind want, absl::string_view 
   if (::fstat(fd, &st) != 0) return ErrnoToStatus(errno, absl::StrCat("stat ", display));
   const bool ok = want == FileKind::kRegular ? S_ISREG(st.st_mode) : S_ISDIR(st.st_mode);
   if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", display, " is ", FileTypeName(st.st_mode), ", not ",
-                     want == FileKind::kRegular ? "a regular file" : "a directory"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", display, " is ", FileTypeName(st.st_mode), ", not ",
+        want == FileKind::kRegular ? "a regular file" : "a directory"));
   }
   return want == FileKind::kRegular ? static_cast<uint64_t>(st.st_size) : 0;
 }

@@ -95,15 +95,16 @@ class FileSystem {
   // Reads through `fd`, a descriptor a client opened with its own rights (the file keeps a
   // dup; the caller keeps `fd`): INVALID_ARGUMENT unless it is a regular file. `path` is the
   // display name, for messages only.
-  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(int fd,
-                                                                       const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenFromFd(
+      int fd, const std::string& path) = 0;
   // Opens `relative` beneath the directory `dirfd` (OpenBeneath above) and checks it is a
   // regular file; with `reader`, as if the reader had opened it: a directory on the way
   // (`dirfd` included) whose mode bits would not let `reader` search it, or a file they would
   // not let it read, is PERMISSION_DENIED, and no symbolic link is followed. `path` is the
   // display name.
   virtual absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenForReadBeneath(
-      int dirfd, const std::string& relative, const std::string& path, const PeerCred* reader) = 0;
+      int dirfd, const std::string& relative, const std::string& path,
+      const PeerCred* reader) = 0;
 };
 
 // The real file system, reading with pread(2): a file that shrinks underneath gives DATA_LOSS.

@@ -200,7 +200,8 @@ absl::Status CheckVocabulary(const FileDatasetSpec& spec, const RandomAccessFile
 absl::Status CheckTokenSpec(const FileDatasetSpec& spec) {
   if (spec.token_dtype != DType::kUnspecified && !IsTokenDType(spec.token_dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.token_dtype: tokens must be uint16 or uint32, got ", DTypeName(spec.token_dtype)));
+        "dataset.token_dtype: tokens must be uint16 or uint32, got ",
+        DTypeName(spec.token_dtype)));
   }
   if (spec.seq_len == 0) {
     return absl::InvalidArgumentError(

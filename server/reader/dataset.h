@@ -96,8 +96,7 @@ class Dataset {
   virtual const std::vector<SampleTensor>& tensors() const = 0;
   // Writes sample `id` (< num_samples) into rows[t] for each tensor t; rows[t] has exactly
   // tensors()[t].byte_size bytes. One copy from the page cache, no more. Thread-safe.
-  virtual absl::Status ReadSample(uint64_t id,
-                                  std::span<const std::span<std::byte>> rows) const = 0;
+  virtual absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const = 0;
   // As ReadSample, for the sample's augmentation as of `context`; returns the id actually
   // written: a dataset whose policy skips bad samples writes a replacement instead.
   virtual absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,

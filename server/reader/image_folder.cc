@@ -51,8 +51,8 @@ class Walker {
       open_how how{};
       how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
       how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-      fd = UniqueFd(
-          static_cast<int>(::syscall(SYS_openat2, root_fd_, relative.c_str(), &how, sizeof(how))));
+      fd = UniqueFd(static_cast<int>(
+          ::syscall(SYS_openat2, root_fd_, relative.c_str(), &how, sizeof(how))));
     }
     if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
     struct stat st {};
@@ -65,9 +65,9 @@ class Walker {
     if (reader_ != nullptr && !(ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader_) &&
                                 ModeLetsSearch(st.st_uid, st.st_gid, st.st_mode, *reader_))) {
       if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
-      return absl::PermissionDeniedError(absl::StrCat("dataset.path: the mode bits of ", display,
-                                                      " do not let uid ", reader_->uid,
-                                                      " list and search it"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,
+          " list and search it"));
     }
     DIR* dir = ::fdopendir(fd.get());
     if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", display));
@@ -132,25 +132,26 @@ absl::Status WalkBudget::Poll() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<ByteBudget::Charge>> TakeIndexCharge(const FolderWalkLimits& limits) {
+  if (limits.index_bytes == nullptr) return nullptr;
+  return limits.index_bytes->Take(limits.charge_uid, 0, "");
+}
+
 absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string& root,
                                                   const FolderWalkLimits& limits,
                                                   const PeerCred* reader) {
   Walker walker(root_fd, root, limits, reader);
   ImageFolderIndex index;
   index.root = root;
-  if (limits.index_bytes != nullptr) {
-    GPUFEED_ASSIGN_OR_RETURN(index.charge, limits.index_bytes->Take(limits.charge_uid, 0, ""));
-  }
+  GPUFEED_ASSIGN_OR_RETURN(index.charge, TakeIndexCharge(limits));
   uint64_t path_bytes = 0;  // the paths' characters (their heap, for paths past the SSO)
   // What the index holds so far, charged after each class folder.
   const auto charge_index = [&]() -> absl::Status {
     if (index.charge == nullptr) return absl::OkStatus();
-    const uint64_t held = index.paths.capacity() * sizeof(std::string) + path_bytes +
-                          index.labels.capacity() * sizeof(int64_t);
-    if (held <= index.charge->bytes()) return absl::OkStatus();
-    return index.charge->Grow(held - index.charge->bytes(),
-                              absl::StrCat("the index of ", root, " (", index.paths.size(),
-                                           " images so far)"));
+    return index.charge->GrowTo(index.paths.capacity() * sizeof(std::string) + path_bytes +
+                                    index.labels.capacity() * sizeof(int64_t),
+                                absl::StrCat("the index of ", root, " (", index.paths.size(),
+                                             " images so far)"));
   };
   GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> top, walker.List(""));
   for (const Entry& e : top) {
@@ -186,9 +187,9 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
     // by path components, which would put a sub-folder's files before its parent's).
     std::sort(files.begin(), files.end());
     if (files.empty()) {  // torchvision's ImageFolder refuses such a tree too
-      return absl::InvalidArgumentError(absl::StrCat("dataset.path: class folder ",
-                                                     index.classes[label], " under ", root,
-                                                     " holds no .jpg, .jpeg or .png file"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: class folder ", index.classes[label], " under ", root,
+          " holds no .jpg, .jpeg or .png file"));
     }
     for (const auto& [dir, name] : files) {
       index.paths.push_back(absl::StrCat(root, "/", dir, "/", name));

@@ -41,7 +41,7 @@ struct ImageFolderIndex {
 // section 4): every directory entry seen counts; the time and the cancel flag bound a scan of
 // a Megatron .idx too.
 struct FolderWalkLimits {
-  int64_t max_entries = 10'000'000;             // max_folder_entries
+  int64_t max_entries = 10'000'000;          // max_folder_entries
   absl::Duration timeout = absl::Seconds(120);  // folder_walk_timeout
   // Polled during the walk: true ends it with CANCELLED (the daemon is shutting down).
   const std::atomic<bool>* cancel = nullptr;
@@ -75,6 +75,10 @@ class WalkBudget {
   const absl::Time deadline_;
   int64_t entries_ = 0;
 };
+
+// An empty charge of limits.index_bytes for an index about to be built, to GrowTo as it
+// grows; null where the limits have no budget.
+absl::StatusOr<std::unique_ptr<ByteBudget::Charge>> TakeIndexCharge(const FolderWalkLimits& limits);
 
 // Walks the tree beneath the directory descriptor `root_fd` (borrowed); `root` is its
 // display path. Sub-folders are opened beneath root_fd without following any symbolic link

@@ -110,18 +110,13 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
   WebDatasetIndex index;
   GPUFEED_ASSIGN_OR_RETURN(index.shards, OpenShards(spec, fs, reader));
   WalkBudget budget(walk, spec.path, "indexing");
-  if (walk.index_bytes != nullptr) {
-    GPUFEED_ASSIGN_OR_RETURN(index.charge, walk.index_bytes->Take(walk.charge_uid, 0, ""));
-  }
+  GPUFEED_ASSIGN_OR_RETURN(index.charge, TakeIndexCharge(walk));
   // What the index holds so far is charged after each shard: its growth is bounded by one
   // shard's members, themselves bounded by the shard's size and max_folder_entries.
   const auto charge_index = [&]() -> absl::Status {
     if (index.charge == nullptr) return absl::OkStatus();
-    const uint64_t held =
-        index.samples.capacity() * sizeof(WebDatasetSample) + index.names.capacity();
-    if (held <= index.charge->bytes()) return absl::OkStatus();
-    return index.charge->Grow(
-        held - index.charge->bytes(),
+    return index.charge->GrowTo(
+        index.samples.capacity() * sizeof(WebDatasetSample) + index.names.capacity(),
         absl::StrCat("the index of ", spec.path, " (", index.samples.size(), " samples so far)"));
   };
   for (size_t k = 0; k < index.shards.size(); ++k) {

@@ -52,7 +52,8 @@ TEST_P(FileTest, AFifoIsRefusedAtOnceByPathAndByDescriptor) {
   // Opened by path: O_NONBLOCK, then the type check; no writer ever comes, nothing blocks.
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_path = fs()->OpenForRead(fifo);
   EXPECT_EQ(by_path.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(by_path.status().message(), "dataset.path: " + fifo + " is a FIFO, not a regular file");
+  EXPECT_EQ(by_path.status().message(),
+            "dataset.path: " + fifo + " is a FIFO, not a regular file");
   UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   ASSERT_TRUE(fd.valid());
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> by_fd = fs()->OpenFromFd(fd.get(), fifo);
@@ -85,8 +86,7 @@ TEST_P(FileTest, BeneathADirectoryNothingOutsideIsReachable) {
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> ok = open("cls/ok.jpg");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ReadAll(**ok), "inside");
-  for (const std::string& escape :
-       std::vector<std::string>{"../secret", "cls/abs.jpg", "cls/rel.jpg", secret}) {
+  for (const std::string& escape : std::vector<std::string>{"../secret", "cls/abs.jpg", "cls/rel.jpg", secret}) {
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> out = open(escape);
     EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied) << escape;
     EXPECT_EQ(out.status().message(),

@@ -190,8 +190,7 @@ TEST(FeedLimitsTest, A4GiBTokenFileWithSeqLen1OpensAndSamplesWithoutAPermutation
   EXPECT_EQ((*feed)->sampler().RankSlice(last, 0, std::span<int64_t>(ids)), 8);
   const EpochOrder order((uint64_t{1} << 31) - 1, 5, 7, true);
   const uint64_t first = static_cast<uint64_t>(last.step) * 8;
-  for (size_t i = 0; i < ids.size(); ++i)
-    EXPECT_EQ(ids[i], static_cast<int64_t>(order.At(first + i)));
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], static_cast<int64_t>(order.At(first + i)));
 }
 
 TEST(FeedLimitsTest, TheSeqLenMessageDoesNotOverflow) {
@@ -266,8 +265,7 @@ class FeedExceptionTest : public ::testing::Test {
 
 TEST_F(FeedExceptionTest, AnExceptionOpeningTheDatasetIsTheAttachsError) {
   fs_.open = ThrowingFileSystem::What::kBadAlloc;
-  absl::StatusOr<std::shared_ptr<Feed>> feed =
-      Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 4), &fs_);
   EXPECT_EQ(feed.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(feed.status().message(),
             "opening dataset /data/t.bin: out of memory (std::bad_alloc): the request needs more "
@@ -297,8 +295,8 @@ TEST_F(FeedExceptionTest, AnExceptionInAFillChunkOnAnyThreadIsTheFillsStatus) {
   fs_.read = ThrowingFileSystem::What::kBadAlloc;
   fs_.throw_at_or_after = uint64_t{1024} * 1023 * 2;  // row 1024 on: the second chunk only
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<int64_t> filled = (*feed)->Fill({0, 0}, 0, slot.data(), std::span<int64_t>(ids),
-                                                   attempt == 0 ? parallel : nullptr);
+    absl::StatusOr<int64_t> filled = (*feed)->Fill(
+        {0, 0}, 0, slot.data(), std::span<int64_t>(ids), attempt == 0 ? parallel : nullptr);
     EXPECT_EQ(filled.status().code(), absl::StatusCode::kResourceExhausted) << attempt;
     EXPECT_EQ(filled.status().message(),
               "sample 1024 of epoch 0 step 0: reading it: out of memory (std::bad_alloc): the "
@@ -319,8 +317,7 @@ TEST_F(FeedExceptionTest, AnExceptionInAFillChunkOnAnyThreadIsTheFillsStatus) {
 // The parallel-for itself throwing (here: a ParallelFor that allocates and fails) is caught at
 // the fill's own boundary.
 TEST_F(FeedExceptionTest, AnExceptionOutsideTheChunksIsCaughtAtTheFillBoundary) {
-  absl::StatusOr<std::shared_ptr<Feed>> feed =
-      Feed::Create(TokensSpec("/data/t.bin", 1023, 2048), &fs_);
+  absl::StatusOr<std::shared_ptr<Feed>> feed = Feed::Create(TokensSpec("/data/t.bin", 1023, 2048), &fs_);
   ASSERT_TRUE(feed.ok()) << feed.status();
   std::vector<std::byte> slot((*feed)->layout().stride_bytes);
   std::vector<int64_t> ids(2048);

@@ -89,6 +89,16 @@ struct SampleTensor {
   uint64_t byte_size = 0;  // per sample
 };
 
+// One thing a client is told at Attach about its dataset (Dataset::notices).
+struct DatasetNotice {
+  // A sample-level reason ("no_image": a WebDataset key without an image) for samples left
+  // out at open, or "warning" for a dataset-level caution (`count` 0).
+  std::string reason;
+  int64_t count = 0;
+  std::string example;  // the first such sample (or file), as messages name it
+  std::string message;  // one line a user reads: what, how many, and what to do
+};
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -119,6 +129,10 @@ class Dataset {
   virtual std::string ContentIdentity() const { return ""; }
   // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
+  // What the attaching client must hear about the dataset as opened (issue 31: nothing
+  // skipped or guessed silently): samples left out at open, and warnings. Fixed once the
+  // dataset is open.
+  virtual std::vector<DatasetNotice> notices() const { return {}; }
 };
 
 // Opens and validates a tokens or records file (records: or, with `arrays`, the arrays of

@@ -85,6 +85,11 @@ def test_every_code_has_its_class():
         assert type(again) is type(e) and again.message == "why"
     odd = gpufeed.errors.error_for(99, "what")
     assert type(odd) is gpufeed.Unknown and str(odd) == "status 99: what"
+    # Issue 32: a bad argument is also Python's ValueError (and only that one is).
+    assert [name for name in names.values()
+            if issubclass(getattr(gpufeed, name), ValueError)] == ["InvalidArgument"]
+    with pytest.raises(ValueError, match="attach: batch_size: must be >= 1, got 0"):
+        raise gpufeed.errors.error_for(3, "attach: batch_size: must be >= 1, got 0")
 
 
 def _attach_error(daemon, job, dataset, **kw):

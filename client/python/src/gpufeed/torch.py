@@ -34,10 +34,12 @@ more: when the batch and every tensor and view of it are garbage, or on
   kept), nothing can be moved: :class:`~gpufeed.ResourceExhausted` says how many batches are
   held; the loader's position stays at the batch not yielded.
 - Closing the loader moves its held batches the same way; a batch whose tensors are
-  referenced elsewhere keeps the session, and its ring, until they are garbage. Iterating
-  after :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to another position (which
-  attaches anew) does the same, or raises :class:`~gpufeed.FailedPrecondition` when a batch
-  cannot be moved.
+  referenced elsewhere keeps the session, and its ring, until they are garbage. Iterating at
+  another position (the next epoch after a ``break``, or after :meth:`Loader.set_epoch` /
+  :meth:`Loader.load_state_dict`), which attaches anew, does the same, and also moves the
+  batch's own tensor objects that you took out of it where they stand (``Tensor.set_`` to a
+  copy: ``images, labels = next(iter(loader))`` kept while the next epoch starts); it raises
+  :class:`~gpufeed.FailedPrecondition` when a view of them (``x[1:]``) still reads the slot.
 
 Host tensors are views of memory the consumer maps writable: an in-place operation on a batch
 you hold (``x.add_(1)``) changes that slot only, which the daemon neither reads back nor

@@ -24,6 +24,7 @@ import ctypes
 import math
 import operator
 import os
+import stat
 import threading
 import time
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -100,8 +101,6 @@ def _check_socket(path: str, origin: str) -> None:
     """Refuses, with Python's words (``socket=``), a socket path where no socket is; the C
     library's own message names ``gpufeedctl``'s ``--socket``. Anything else (a socket nobody
     listens on, one this process may not reach) is the library's to report."""
-    import stat
-
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -112,8 +111,9 @@ def _check_socket(path: str, origin: str) -> None:
         if stat.S_ISSOCK(mode):
             return
         what = "not a socket:"
+    where = f" ({origin})" if origin else ""
     raise Unavailable(
-        f"{what} {path}{f' ({origin})' if origin else ''}: is gpufeedd running? Start it, or pass socket= the path "
+        f"{what} {path}{where}: is gpufeedd running? Start it, or pass socket= the path "
         f"it listens on (gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) "
         f"or set GPUFEED_SOCKET; the default is {DEFAULT_SOCKET}")
 

@@ -958,7 +958,10 @@ def _dataloader_of(dataset: "IterableDataset") -> Optional["torch.utils.data.Dat
     the dataset nothing else: its batch_size and collate_fn are read here, so a
     configuration that would batch or rebuild our batches is refused before anything is
     fetched (and before the loader attaches)."""
-    frame = sys._getframe(2)
+    try:
+        frame: Any = sys._getframe(2)
+    except ValueError:  # called from the bottom of a thread's stack: no DataLoader there
+        return None
     for _ in range(16):
         if frame is None:
             break

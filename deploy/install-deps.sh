@@ -31,6 +31,11 @@ if [ "${1:-}" != "--build-only" ]; then
     # tests/security: the attacker's own gRPC client (agent.py)
     python3-grpcio python3-protobuf
   )
+  # tests/python: torchvision as users have it (Debian 12's 0.14: the v1 transforms, no
+  # transforms.v2), so pipeline_from_torchvision is tested against the real thing
+  if grep -q '^ID=debian' /etc/os-release || apt-cache show python3-torchvision >/dev/null 2>&1; then
+    packages+=(python3-torchvision)
+  fi
   # kubectl for its built-in kustomize (tests/deploy). Debian's kubernetes-client and Google's
   # kubectl package own the same /usr/bin/kubectl, so only when none is there; Ubuntu has no
   # kubernetes-client.

@@ -289,18 +289,23 @@ def test_attaching_anew_moves_held_batches_or_refuses(daemon, job, datasets, dev
     with _loader(daemon, datasets, job, device, ring_slots=3) as loader:
         it = iter(loader)
         kept = next(it)
-        x = next(it)["data"]
-        x_ids = reference.rank_slice(N, 3, 0, 1, 0, 1, 10)[0]
+        x = next(it)["data"][2:]  # a view: it keeps the slot, and torch cannot move it
+        x_ids = reference.rank_slice(N, 3, 0, 1, 0, 1, 10)[0][2:]
+        y = next(it)["data"]  # the batch's own tensor object, taken out: moved where it is
+        y_ids = reference.rank_slice(N, 3, 0, 2, 0, 1, 10)[0]
+        y_ptr = y.data_ptr()
         del it
         loader.set_epoch(2)  # another position: the next iter() attaches anew
         with pytest.raises(gpufeed.FailedPrecondition) as e:
             next(iter(loader))
         assert str(e.value) == (
             "gpufeed.torch.Loader: going to epoch 2 step 0 attaches anew and ends the "
-            "session at epoch 0 step 2, whose ring still holds batches you reference through "
-            "tensors or views taken out of them (1 batch: epoch 0 step 1); drop those "
-            "references (del, batch.release()) or keep .clone()s, then iterate again")
+            "session at epoch 0 step 3, whose ring still holds batches you reference through "
+            "views taken of their tensors (1 batch: epoch 0 step 1; the tensors themselves "
+            "were moved out); drop those views (del) or keep .clone()s, then iterate again")
         assert not kept.in_place  # the batch only its dict held was moved out already
+        assert y.data_ptr() != y_ptr  # the same object, now owning a copy
+        assert _host(y).tobytes() == expected[y_ids].tobytes()
         assert loader.position == (2, 0)
         assert _host(x).tobytes() == expected[x_ids].tobytes()
         del x
@@ -309,6 +314,7 @@ def test_attaching_anew_moves_held_batches_or_refuses(daemon, job, datasets, dev
         for b in batches:
             _assert_exact(b, expected)
         _assert_exact(kept, expected)
+        assert _host(y).tobytes() == expected[y_ids].tobytes()
 
 
 # ---- fork ----

@@ -31,14 +31,34 @@ def test_package_imports_without_torch():
 # ---- no daemon ----
 
 
-def test_no_daemon_names_the_socket(tmp_path):
+HOW = ("is gpufeedd running? Start it, or pass socket= the path it listens on "
+       "(gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) or set "
+       "GPUFEED_SOCKET; the default is /run/gpufeed/gpufeed.sock")
+
+
+def test_no_daemon_names_the_socket(tmp_path, monkeypatch):
+    """Issue 31: Python's "no socket" error names socket= (gpufeedctl's names --socket) and
+    where the path came from: the argument, GPUFEED_SOCKET or the default."""
     path = str(tmp_path / "absent.sock")
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert type(e.value) is gpufeed.Unavailable
     assert e.value.code == 14 and e.value.code_name == "UNAVAILABLE"
-    assert str(e.value) == (f"no gpufeedd socket at {path} (is gpufeedd running? set the socket "
-                            "path with --socket or GPUFEED_SOCKET)")
+    assert str(e.value) == f"no gpufeedd socket at {path} (the socket= argument): {HOW}"
+    monkeypatch.setenv("GPUFEED_SOCKET", path)
+    with pytest.raises(gpufeed.Unavailable) as e:
+        gpufeed.Client().attach("/x.bin", kind="tokens", batch_size=1)
+    assert str(e.value) == f"no gpufeedd socket at {path} (from GPUFEED_SOCKET): {HOW}"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(gpufeed.Unavailable) as e:
+        gpufeed.Client(tmp_path / "file").attach("/x.bin", kind="tokens", batch_size=1)
+    assert str(e.value) == f"not a socket: {tmp_path / 'file'} (the socket= argument): {HOW}"
+    monkeypatch.delenv("GPUFEED_SOCKET")
+    if not os.path.exists(gpufeed.DEFAULT_SOCKET):
+        with pytest.raises(gpufeed.Unavailable) as e:
+            gpufeed.Client().attach("/x.bin", kind="tokens", batch_size=1)
+        assert str(e.value) == (f"no gpufeedd socket at {gpufeed.DEFAULT_SOCKET} (the "
+                                f"default): {HOW}")
 
 
 def test_stale_socket_names_the_socket(tmp_path):
@@ -49,7 +69,7 @@ def test_stale_socket_names_the_socket(tmp_path):
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert str(e.value) == (f"nothing listens on {path}: a stale socket file (gpufeedd stopped "
-                            "or crashed?); start gpufeedd, or set the socket with --socket or "
+                            "or crashed?); start gpufeedd, or set the socket with socket= or "
                             "GPUFEED_SOCKET")
 
 
@@ -85,6 +105,11 @@ def test_every_code_has_its_class():
         assert type(again) is type(e) and again.message == "why"
     odd = gpufeed.errors.error_for(99, "what")
     assert type(odd) is gpufeed.Unknown and str(odd) == "status 99: what"
+    # Issue 32: a bad argument is also Python's ValueError (and only that one is).
+    assert [name for name in names.values()
+            if issubclass(getattr(gpufeed, name), ValueError)] == ["InvalidArgument"]
+    with pytest.raises(ValueError, match="attach: batch_size: must be >= 1, got 0"):
+        raise gpufeed.errors.error_for(3, "attach: batch_size: must be >= 1, got 0")
 
 
 def _attach_error(daemon, job, dataset, **kw):

@@ -71,16 +71,19 @@ def test_loader_device_tensors_are_views_with_expected_values(daemon, job, datas
 def test_loader_device_tokens(daemon, job, datasets):
     with _loader(daemon, datasets.tokens_u16, kind="tokens", token_dtype="uint16",
                  seq_len=datasets.seq_len, batch_size=8, job=job, drop_last=False) as loader:
-        n = 0
+        rows = []
         for b in loader:
             tokens = b["tokens"]
             assert tokens.device == torch.device("cuda", 0)
+            assert tokens.shape == (b.valid_count, datasets.seq_len + 1) == (len(b.ids),
+                                                                               tokens.shape[1])
             want = datasets.token_rows("uint16", b.ids).astype(np.int64)
             assert np.array_equal(tokens.long().cpu().numpy(), want)
             assert b["valid"].device == tokens.device
-            assert b["valid"].tolist() == [i < b.valid_count for i in range(8)]
-            n += 1
-        assert n == len(loader) == 26
+            assert b["valid"].tolist() == [True] * b.valid_count
+            rows.append(b.valid_count)
+        # One rank: the last batch is short (203 windows = 25 x 8 + 3), as a DataLoader's.
+        assert rows == [8] * 25 + [3] and len(loader) == 26
 
 
 def test_loader_device_copy(daemon, job, datasets):
@@ -107,7 +110,9 @@ def test_records_of_several_arrays_land_on_the_device_byte_exact(daemon, job, tm
             loader.set_epoch(epoch)
             seen = []
             for b in loader:
-                assert sorted(b) == ["x", "y"]
+                assert sorted(b.keys()) == ["x", "y"]
+                bx, by = b  # unpacks in the mapping's order
+                assert bx is b["x"] and by is b["y"]
                 assert b["x"].device == torch.device("cuda", 0) and b["x"].shape == (5, 3, 4)
                 ids = b.ids.tolist()
                 assert torch.equal(b["x"].cpu(), torch.from_numpy(x[ids]))

@@ -54,3 +54,23 @@ def test_train_ddp_with_gpufeed_needs_no_torchvision(daemon, job, datasets, tmp_
     assert lines[0].startswith("gpufeed: tiny, 1 rank(s) x batch 2, 3 steps after 1 warm-up: ")
     result = json.loads(lines[1])
     assert (result["loader"], result["arch"], result["steps"]) == ("gpufeed", "tiny", 3)
+
+
+def test_train_tokens_passes_its_vocab_to_the_loader(daemon, tmp_path):
+    """Issue 31: train_tokens.py gives the loader its --vocab as vocab_size, so a file whose
+    tokens reach the vocabulary is refused at attach, naming vocab_size (it used to reach the
+    model's embedding: an index error, or silent nonsense with a wider vocabulary)."""
+    script = ROOT / "client" / "python" / "examples" / "train_tokens.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    data = tmp_path / "tokens.bin"
+    base = [sys.executable, str(script), "--socket", daemon.socket, "--device", "cpu",
+            "--steps", "2", "--seq-len", "16", "--batch-size", "4"]
+    made = subprocess.run(base + ["--make-data", str(data), "--vocab", "512"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert "2 steps in " in made.stdout
+    small = subprocess.run(base + ["--data", str(data), "--vocab", "100"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert small.returncode == 1
+    assert small.stderr.startswith("gpufeed: InvalidArgument: attach: "), small.stderr
+    assert "vocab_size" in small.stderr and "100" in small.stderr, small.stderr

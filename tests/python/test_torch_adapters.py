@@ -62,8 +62,10 @@ def _wait(pid, seconds=10):
 def test_load_state_dict_before_iterating_attaches_once_at_the_loaded_position(
         daemon, job, datasets):
     with _loader(daemon, datasets, job + "-saver") as saver:
-        for _ in range(19):  # epoch 0, then 4 steps of epoch 1
-            next(iter(saver))
+        list(saver)  # epoch 0, then 4 steps of epoch 1
+        it = iter(saver)
+        for _ in range(4):
+            next(it)
         state = saver.state_dict()
     assert (state["epoch"], state["step"]) == (1, 4)
     loader = _loader(daemon, datasets, job)
@@ -257,21 +259,61 @@ def test_iterable_dataset_yields_the_loaders_batches(daemon, job, datasets):
         assert [b.in_place for b in held] == [False] * 13 + [True] * 2
         for b in held:
             assert np.array_equal(b["data"].numpy(), expected[b.ids])
-        # torch's default collate_fn rebuilds each dict around the same in-place tensors:
-        # the rows are the sampler's, and holding two rebuilt dicts holds both slots.
-        data = torch.utils.data.DataLoader(gpufeed.torch.IterableDataset(loader),
-                                           batch_size=None, num_workers=0)
-        it = iter(data)
-        rows = [next(it)["data"] for _ in range(2)]
-        for x, ids in zip(rows, _ids(1, range(2))):
-            assert np.array_equal(x.numpy(), expected[ids])
-        with pytest.raises(gpufeed.ResourceExhausted,
-                           match=re.escape("every slot of the ring (2) holds a batch you still "
-                                           "reference through tensors or views taken out of "
-                                           "it (2 batches: epoch 1 steps 0, 1)")):
-            next(it)
-        del rows
-        assert [b.ids.tolist() for b in loader] == _ids(1, range(2, 15))
+        # The loader goes on with the next epoch, through the dataset as by itself.
+        assert [b.ids.tolist() for b in loader] == _ids(1)
+
+
+AS_DATALOADER = ("use DataLoader(loader.as_dataset(), batch_size=None, "
+                 "collate_fn=gpufeed.torch.IterableDataset.collate)")
+
+
+def test_iterable_dataset_refuses_a_dataloader_that_batches_again(daemon, job, datasets):
+    """Issue 31: DataLoader(loader.as_dataset()) (batch_size 1 by default) stacked whole
+    batches into [1, 10, ...] tensors; now iter() refuses it before the loader attaches,
+    naming the call that works, as it does batch_size=None without the collate_fn (torch's
+    default_convert iterates a mapping, and a batch iterates its tensors)."""
+    loader = _loader(daemon, datasets, job)
+    ds = loader.as_dataset()
+    refusals = {
+        "default": (torch.utils.data.DataLoader(ds),
+                    "gpufeed.torch.IterableDataset: DataLoader(batch_size=1): each item is "
+                    "already a whole batch of the loader's batch_size, so torch would stack "
+                    "batches into [n, batch_size, ...] tensors; " + AS_DATALOADER),
+        "batch_size=4 with our collate": (
+            torch.utils.data.DataLoader(ds, batch_size=4,
+                                        collate_fn=gpufeed.torch.IterableDataset.collate),
+            "gpufeed.torch.IterableDataset: DataLoader(batch_size=4): each item is already"),
+        "no collate_fn": (torch.utils.data.DataLoader(ds, batch_size=None),
+                          "gpufeed.torch.IterableDataset: DataLoader(batch_size=None) without a "
+                          "collate_fn: torch's default_convert would rebuild each batch by "
+                          "iterating it as a mapping (a batch iterates its tensors: images, "
+                          "labels = batch); " + AS_DATALOADER),
+    }
+    for name, (data, message) in refusals.items():
+        with pytest.raises(gpufeed.InvalidArgument) as e:
+            next(iter(data))
+        assert str(e.value).startswith(message), (name, str(e.value))
+        assert isinstance(e.value, ValueError)  # issue 32: InvalidArgument is a ValueError
+    assert _attaches(daemon, job) == []  # refused before the loader attached
+    # Batched again some other way (torch's default_collate called on our batches, the
+    # collate_fn handed a list): the same message, never stacked tensors.
+    with loader:
+        it = iter(loader)
+        two = [next(it), next(it)]
+        with pytest.raises(gpufeed.InvalidArgument,
+                           match=re.escape("default_collate of 2 gpufeed.torch.Batch items (a "
+                                           "DataLoader with a batch_size): each item is "
+                                           "already a whole batch")):
+            torch.utils.data.default_collate(two)
+        with pytest.raises(gpufeed.InvalidArgument,
+                           match=re.escape("collate got a list of 2 batches")):
+            gpufeed.torch.IterableDataset.collate(two)
+        # Looking a batch up by what it iterates (as default_convert does): a TypeError
+        # that says why, not a KeyError on a tensor.
+        with pytest.raises(TypeError, match=re.escape(
+                "gpufeed.torch.Batch: looked up by a tensor: iterating a batch yields its "
+                "tensors (images, labels = batch), not its names; use batch.keys()")):
+            torch.utils.data.default_convert(two[0])
 
 
 def test_iterable_dataset_refuses_dataloader_workers(daemon, job, datasets):

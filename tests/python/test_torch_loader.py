@@ -237,9 +237,15 @@ def test_epochs_follow_each_other_and_set_epoch_jumps(daemon, job, datasets):
         b = next(it)
         assert (b.epoch, b.step) == (7, 0)
         assert b.ids.tolist() == reference.rank_slice(157, 5, 7, 0, 0, 1, 10)[0]
-        assert loader.state_dict()["step"] == 1
-        # A new iterator continues where the last one stopped.
-        assert [x.step for x in loader] == list(range(1, 15))
+        state = loader.state_dict()
+        assert (state["epoch"], state["step"]) == (7, 1)
+        # A new iterator does not resume the broken-off epoch 7: it starts epoch 8, as a
+        # DataLoader's iter() starts a new epoch. A loaded state resumes mid-epoch.
+        assert [(x.epoch, x.step) for x in loader] == [(8, s) for s in range(15)]
+        loader.load_state_dict(state)
+        assert [x.ids.tolist() for x in loader] == [
+            reference.rank_slice(157, 5, 7, s, 0, 1, 10)[0] for s in range(1, 15)]
+        assert loader.position == (8, 0)
 
 
 def test_load_state_dict_refuses_another_feed(daemon, job, datasets):
@@ -334,8 +340,10 @@ def test_image_folder_uint8_nchw(daemon, job, datasets):
         seen = []
         for b in loader:
             assert sorted(b.keys()) == ["image", "label", "valid"]
-            assert b["image"].dtype == torch.uint8 and b["image"].shape == (3, 3, 4, 4)
-            assert b["label"].dtype == torch.int64
+            rows = 3 if b.step < 2 else 1  # one rank: the last batch is short
+            assert b["image"].dtype == torch.uint8 and b["image"].shape == (rows, 3, 4, 4)
+            assert b["label"].dtype == torch.int64 and b["label"].shape == (rows,)
+            assert b["valid"].tolist() == [True] * rows and b.valid_count == rows
             for row, i in enumerate(b.ids.tolist()):
                 want = reference.center_crop(datasets.image_pixels[i], 4).transpose(2, 0, 1)
                 assert np.array_equal(b["image"][row].numpy(), want)
@@ -422,7 +430,7 @@ def test_batches_pickle_as_owned_tensors(daemon, job, datasets, tmp_path):
     again = torch.load(tmp_path / "batch.pt", weights_only=False)
     assert type(again) is gpufeed.torch.Batch and not again.released
     assert (again.epoch, again.step, again.valid_count) == (0, 0, 4)
-    assert sorted(again) == ["data", "valid"]
+    assert sorted(again.keys()) == ["data", "valid"]
     assert np.array_equal(again["data"].numpy(), expected[again.ids])
 
 
@@ -550,3 +558,166 @@ def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, 
         len(third)
         with pytest.raises(gpufeed.FailedPrecondition, match=r"shards was 3 files"):
             third.load_state_dict(dict(state, fingerprint=other))
+
+
+# ---- DataLoader conventions (issue 31) ----
+
+
+def _ten(tmp_path):
+    """A records dataset of 10 rows: row i holds i * 10 + 0..2."""
+    path = tmp_path / "ten.npy"
+    np.save(path, np.arange(10, dtype=np.int64)[:, None] * 10 + np.arange(3, dtype=np.int64))
+    return path
+
+
+def test_one_rank_last_batch_is_short_as_a_dataloaders(daemon, job, tmp_path):
+    """10 samples, batch 4, drop_last=False, one rank: batches of 4, 4 and 2 rows, as
+    DataLoader(drop_last=False) gives; valid is all True; ids name the rows."""
+    path = _ten(tmp_path)
+    with _loader(daemon, path, kind="records", batch_size=4, seed=3, drop_last=False,
+                 job=job) as loader:
+        assert len(loader) == 3
+        for epoch in range(2):  # the short batch's slot is refilled with a full one after
+            got = [(b["data"].shape, b.ids.tolist(), b["valid"].tolist(), b.valid_count)
+                   for b in loader]
+            want_ids = [reference.rank_slice(10, 3, epoch, s, 0, 1, 4)[0][:4 if s < 2 else 2]
+                        for s in range(3)]
+            assert got == [((4, 3), want_ids[0], [True] * 4, 4),
+                           ((4, 3), want_ids[1], [True] * 4, 4),
+                           ((2, 3), want_ids[2], [True] * 2, 2)]
+            assert sorted(sum(want_ids, [])) == list(range(10))
+    # Host copies and widened types are sliced alike.
+    with _loader(daemon, path, kind="records", batch_size=4, seed=3, drop_last=False,
+                 job=job, copy=True) as loader:
+        last = list(loader)[-1]
+        assert last["data"].shape == (2, 3) and not last.in_place
+        assert np.array_equal(last["data"].numpy(), np.load(path)[last.ids])
+
+
+def test_several_ranks_pad_the_last_batch_and_mark_it_valid(daemon, job, tmp_path):
+    """With two ranks the epoch's last batch keeps its rows on every rank (the daemon pads
+    by wrapping around, as DistributedSampler pads); valid marks the real ones."""
+    path = _ten(tmp_path)
+    loaders = [_loader(daemon, path, kind="records", batch_size=4, seed=3, drop_last=False,
+                       rank=r, world_size=2, job=job) for r in range(2)]
+    try:
+        for rank, loader in enumerate(loaders):
+            batches = list(loader)
+            assert len(batches) == 2
+            for step, b in enumerate(batches):
+                ids, valid = reference.rank_slice(10, 3, 0, step, rank, 2, 4)
+                assert b["data"].shape == (4, 3) and b.ids.tolist() == ids
+                assert b["valid"].tolist() == [i < valid for i in range(4)]
+            assert [b.valid_count for b in batches] == ([4, 2] if rank == 0 else [4, 0])
+    finally:
+        for loader in loaders:
+            loader.close()
+
+
+def test_iter_after_a_break_starts_the_next_epoch(daemon, job, tmp_path):
+    """`next(iter(loader))` then `for batch in loader`: the loop gets all of epoch 1, as a
+    DataLoader's new iterator starts a new epoch; the rest of epoch 0 is not fed to it. A
+    loaded state_dict resumes mid-epoch."""
+    path = _ten(tmp_path)
+
+    def ids(epoch, steps):
+        return [reference.rank_slice(10, 3, epoch, s, 0, 1, 3)[0] for s in steps]
+
+    with _loader(daemon, path, kind="records", batch_size=3, seed=3, job=job) as loader:
+        first = next(iter(loader))
+        assert (first.epoch, first.step, first.ids.tolist()) == (0, 0, ids(0, [0])[0])
+        assert loader.position == (0, 1)
+        assert [(b.epoch, b.step) for b in loader] == [(1, 0), (1, 1), (1, 2)]
+        assert loader.position == (2, 0)
+        assert [b.ids.tolist() for b in loader] == ids(2, range(3))  # ran to its end: next
+        for b in loader:  # epoch 3, broken off after its second batch
+            if b.step == 1:
+                break
+        state = loader.state_dict()
+        assert (state["epoch"], state["step"]) == (3, 2)
+        assert [b.ids.tolist() for b in loader] == ids(4, range(3))
+        loader.load_state_dict(state)  # the way to resume mid-epoch
+        assert [(b.epoch, b.step, b.ids.tolist()) for b in loader] == [(3, 2, ids(3, [2])[0])]
+        # set_epoch chooses the epoch, from its start, whatever was broken off.
+        next(iter(loader))
+        loader.set_epoch(4)
+        assert [b.ids.tolist() for b in loader] == ids(4, range(3))
+
+
+def test_a_failed_next_is_retried_by_the_next_iter(daemon, job, datasets):
+    """The loader's own error (here a ring full of batches referenced outside their dicts)
+    yields nothing: the next iter() retries that batch instead of starting a new epoch."""
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, seed=5, job=job,
+                 ring_slots=2) as loader:
+        it = iter(loader)
+        a, b = next(it)["data"], next(it)["data"]  # views out of their dicts hold the ring
+        with pytest.raises(gpufeed.ResourceExhausted):
+            next(it)
+        del a, b
+        again = next(iter(loader))
+        assert (again.epoch, again.step) == (0, 2)
+        assert again.ids.tolist() == reference.rank_slice(157, 5, 0, 2, 0, 1, 10)[0]
+
+
+def test_image_batches_unpack_as_images_and_labels(daemon, job, datasets):
+    """`for images, labels in loader` (torchvision's convention) while batch["image"] and
+    the dict's keys work as before; valid is not part of the tuple."""
+    with _loader(daemon, datasets.images, kind="image_folder", batch_size=3, seed=2, job=job,
+                 pipeline=CROP_UINT8, drop_last=False) as loader:
+        seen = []
+        for images, labels in loader:
+            assert images.shape[1:] == (3, 4, 4) and labels.shape == images.shape[:1]
+            seen += labels.tolist()
+        assert sorted(seen) == sorted(datasets.image_labels)
+        batch = next(iter(loader))
+        images, labels = batch
+        assert images is batch["image"] and labels is batch["label"]
+        assert list(batch.keys()) == ["image", "label", "valid"]
+        assert sorted(dict(batch)) == ["image", "label", "valid"]  # dict() takes the names
+        assert isinstance(batch, dict) and "image" in batch and len(batch) == 3
+
+
+def test_records_batches_unpack_in_dataset_order_and_tokens_refuse(daemon, job, datasets,
+                                                                    tmp_path):
+    x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10, dtype=np.int64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    arrays = {"y": str(tmp_path / "y.npy"), "x": str(tmp_path / "x.npy")}
+    with _loader(daemon, arrays, kind="records", batch_size=4, job=job) as loader:
+        for first, second in loader:  # the mapping's order: y, then x
+            assert first.dtype == torch.int64 and second.shape[1:] == (2,)
+            assert np.array_equal(second.numpy(), x[first.numpy()])
+    with _loader(daemon, datasets.records, kind="records", batch_size=4, job=job + "-one",
+                 drop_last=False) as loader:
+        (data,) = batch = next(iter(loader))  # as TensorDataset(data): a 1-tuple
+        assert data is batch["data"]
+    with _loader(daemon, datasets.tokens_u16, kind="tokens", seq_len=datasets.seq_len,
+                 token_dtype="uint16", batch_size=2, job=job + "-tok") as loader:
+        batch = next(iter(loader))
+        with pytest.raises(TypeError) as e:
+            x_, y_ = batch
+        assert str(e.value) == (
+            "a tokens batch does not unpack: each row holds seq_len + 1 tokens; take tokens = "
+            "batch['tokens'], x = tokens[:, :-1], y = tokens[:, 1:] (add .long() for an "
+            "embedding or a loss); the batch's names are batch.keys()")
+        assert list(batch.keys()) == ["tokens"]
+
+
+def test_a_peeked_batch_kept_unpacked_does_not_stop_the_next_epoch(daemon, job, datasets):
+    """`images, labels = next(iter(loader))` kept while `for images, labels in loader` starts
+    the next epoch on a new session: the kept tensors are moved out of the old ring where
+    they stand (the same objects, their values unchanged) instead of refusing the attach."""
+    with _loader(daemon, datasets.images, kind="image_folder", batch_size=3, seed=2, job=job,
+                 pipeline=CROP_UINT8) as loader:
+        batch = next(iter(loader))
+        ids = batch.ids.tolist()
+        images, labels = batch
+        del batch
+        peeked, pointer = images, images.data_ptr()
+        steps = [(b.epoch, b.step) for b in loader]  # images, labels still bound meanwhile
+        assert steps == [(1, 0), (1, 1)]
+        assert peeked.data_ptr() != pointer
+        for row, i in enumerate(ids):
+            want = reference.center_crop(datasets.image_pixels[i], 4).transpose(2, 0, 1)
+            assert np.array_equal(peeked[row].numpy(), want)
+            assert labels[row].item() == datasets.image_labels[i]

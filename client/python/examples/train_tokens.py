@@ -119,6 +119,7 @@ def main() -> None:
         socket = stack.enter_context(own_daemon(args.gpufeedd)) if args.gpufeedd else args.socket
         loader = stack.enter_context(gpufeed.torch.Loader(
             args.data, kind="tokens", token_dtype=args.token_dtype, seq_len=args.seq_len,
+            vocab_size=args.vocab,  # refuses a file whose tokens reach it (a wrong dtype)
             batch_size=args.batch_size, seed=args.seed, device=device, socket=socket))
         print(f"rank {loader.rank}/{loader.world_size}: {loader.info.num_samples} windows of "
               f"{args.seq_len + 1} tokens, {len(loader)} batches per epoch, "
@@ -129,7 +130,7 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         step, wait, start = 0, 0.0, time.perf_counter()
         while step < args.steps:
-            batches = iter(loader)  # the rest of this epoch, then the next
+            batches = iter(loader)  # one epoch (the next after one that ended)
             while step < args.steps:
                 t0 = time.perf_counter()
                 try:

@@ -24,6 +24,7 @@ import ctypes
 import math
 import operator
 import os
+import stat
 import threading
 import time
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -32,7 +33,7 @@ import numpy as np
 
 from gpufeed import _capi
 from gpufeed.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange
-from gpufeed.errors import error_for
+from gpufeed.errors import Unavailable, error_for
 
 DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
 """gpufeedd's socket when neither the argument nor ``GPUFEED_SOCKET`` names one."""
@@ -85,6 +86,44 @@ def _dtype_name(dtype: Any) -> Optional[str]:
 def default_socket() -> str:
     """The socket used when none is given: ``$GPUFEED_SOCKET``, else :data:`DEFAULT_SOCKET`."""
     return os.environ.get("GPUFEED_SOCKET") or DEFAULT_SOCKET
+
+
+def _socket_origin(given: Any) -> str:
+    """Where a client's socket path came from, as its "no socket" errors say it."""
+    if given:
+        return "the socket= argument"
+    if os.environ.get("GPUFEED_SOCKET"):
+        return "from GPUFEED_SOCKET"
+    return "the default"
+
+
+def _check_socket(path: str, origin: str) -> None:
+    """Refuses, with Python's words (``socket=``), a socket path where no socket is; the C
+    library's own message names ``gpufeedctl``'s ``--socket``. Anything else (a socket nobody
+    listens on, one this process may not reach) is the library's to report."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        what = "no gpufeedd socket at"
+    except OSError:
+        return
+    else:
+        if stat.S_ISSOCK(mode):
+            return
+        what = "not a socket:"
+    where = f" ({origin})" if origin else ""
+    raise Unavailable(
+        f"{what} {path}{where}: is gpufeedd running? Start it, or pass socket= the path "
+        f"it listens on (gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) "
+        f"or set GPUFEED_SOCKET; the default is {DEFAULT_SOCKET}")
+
+
+def _for_python(error: Exception) -> Exception:
+    """The C library's error in Python's words: its socket hints name gpufeedctl's
+    ``--socket`` flag, which is ``socket=`` here."""
+    if isinstance(error, Unavailable) and "--socket" in error.message:
+        return Unavailable(error.message.replace("--socket", "socket="))
+    return error
 
 
 def _check(lib: ctypes.CDLL, status: int) -> None:
@@ -565,7 +604,10 @@ class Client:
     :class:`~gpufeed.Unavailable` naming the socket).
     """
 
+    _origin = ""  # where the socket path came from (pickles of an older client lack it)
+
     def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
+        self._origin = _socket_origin(socket)
         given = os.fspath(socket) if socket else default_socket()
         # "unix:///run/gpufeed/gpufeed.sock", as gpufeedd logs its address, names the path.
         for scheme in ("unix://", "unix:"):
@@ -703,7 +745,11 @@ class Client:
                 _check(lib, lib.gpufeed_options_add_array(options, name.encode("utf-8"),
                                                           path.encode("utf-8")))
             session = ctypes.c_void_p()
-            _check(lib, lib.gpufeed_attach(options, ctypes.byref(session)))
+            _check_socket(self.socket, self._origin)
+            try:
+                _check(lib, lib.gpufeed_attach(options, ctypes.byref(session)))
+            except Unavailable as e:
+                raise _for_python(e) from None
         finally:
             lib.gpufeed_options_destroy(options)
         assert session.value, "gpufeed_attach returned OK without a session"

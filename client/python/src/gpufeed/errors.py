@@ -48,8 +48,10 @@ class Unknown(Error):
     code, code_name = 2, "UNKNOWN"
 
 
-class InvalidArgument(Error):
-    """INVALID_ARGUMENT (3): a bad option; the message names the field."""
+class InvalidArgument(Error, ValueError):
+    """INVALID_ARGUMENT (3): a bad option; the message names the field. Also a
+    :class:`ValueError`, as Python's own argument errors are (``except ValueError`` catches
+    it)."""
 
     code, code_name = 3, "INVALID_ARGUMENT"
 

@@ -290,7 +290,12 @@ _SUPPORTED = ("RandomResizedCrop (square size, bilinear, antialias=True), Resize
               "shorter side; bilinear, antialias=True, no max_size), CenterCrop (square), "
               "RandomHorizontalFlip, ToImage, PILToTensor, ToPureTensor, ToTensor, "
               "ToDtype (uint8, float16, bfloat16, float32; scale=True), ConvertImageDtype, "
-              "Normalize, in a Compose (v2, or v1 where the same)")
+              "Normalize, in a Compose (v2, or v1 where the same), of torchvision 0.14 or "
+              "later (v2: 0.16 or later)")
+# The oldest torchvision whose transforms this reads: v1 as of 0.14 (Debian 12's, which the
+# tests run against), v2 as of 0.16 (0.15's beta v2 named its transforms otherwise).
+_OLDEST = {"v1": (0, 14), "v2": (0, 16)}
+_TENSOR_MAKERS = ("ToImage", "PILToTensor", "ToTensor")
 
 
 class _Refused(Exception):
@@ -305,15 +310,49 @@ def _torchvision_name(transform: Any) -> Optional[str]:
     return None
 
 
-def _bilinear_antialiased(transform: Any) -> None:
+def _torchvision_version(transform: Any) -> Optional[Tuple[int, int]]:
+    """(major, minor) of the torchvision a transform comes from; None if it does not say."""
+    import re
+    import sys
+
+    package = sys.modules.get("torchvision")
+    version = getattr(package, "__version__", None) if package is not None else None
+    match = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _check_version(transform: Any) -> None:
+    module = type(transform).__module__ or ""
+    api = "v2" if module.startswith("torchvision.transforms.v2") else "v1"
+    version = _torchvision_version(transform)
+    if version is not None and version < _OLDEST[api]:
+        oldest = "%d.%d" % _OLDEST[api]
+        raise _Refused(f"torchvision {version[0]}.{version[1]}'s {api} transforms are not "
+                       f"supported: pipeline_from_torchvision reads those of torchvision "
+                       f"{oldest} or later"
+                       + ("; use the v1 transforms (torchvision.transforms)" if api == "v2"
+                          else ""))
+
+
+def _bilinear_antialiased(transform: Any, tensor_since: Optional[str]) -> None:
+    """Refuses a resize that is not torchvision's antialiased bilinear one. ``tensor_since``:
+    the transform that made the image a tensor before this one, if any: before it the image
+    is the PIL image a torchvision dataset loads, which torchvision resizes with PIL, always
+    antialiased (``antialias`` None, its default before 0.17, or 0.15's "warn")."""
     mode = getattr(transform, "interpolation", None)
     if getattr(mode, "value", mode) != "bilinear":
         raise _Refused(f"interpolation={getattr(mode, 'name', mode)}: gpufeed resizes with "
                        f"bilinear interpolation only (InterpolationMode.BILINEAR)")
     antialias = getattr(transform, "antialias", None)
-    if antialias is not True:
-        raise _Refused(f"antialias={antialias!r}: gpufeed's resize is antialiased; want "
-                       f"antialias=True (torchvision's default from 0.17)")
+    if antialias is True or (antialias in (None, "warn") and tensor_since is None):
+        return
+    if antialias in (None, "warn"):
+        raise _Refused(f"antialias={antialias!r} after {tensor_since}: torchvision resizes a "
+                       f"tensor without antialiasing then, gpufeed's resize is antialiased; "
+                       f"want antialias=True (torchvision's default from 0.17), or the resize "
+                       f"before {tensor_since} (on the PIL image, always antialiased)")
+    raise _Refused(f"antialias={antialias!r}: gpufeed's resize is antialiased; want "
+                   f"antialias=True (torchvision's default from 0.17)")
 
 
 def _torch_dtype(value: Any) -> str:
@@ -342,6 +381,7 @@ class _FromTorchvision:
         self.dtype = "uint8"
         self.normalized: Optional[Op] = None
         self.flipped = False
+        self.tensor_since: Optional[str] = None  # the transform that made the image a tensor
 
     def add(self, name: str, t: Any) -> None:
         geometry_rule = ("only one geometry: a RandomResizedCrop, or a Resize then a CenterCrop, "
@@ -349,7 +389,7 @@ class _FromTorchvision:
         if name == "RandomResizedCrop":
             if self.geometry:
                 raise _Refused(f"after {self.geometry[-1]}: {geometry_rule}")
-            _bilinear_antialiased(t)
+            _bilinear_antialiased(t, self.tensor_since)
             self._op(lambda: random_resized_crop(t.size, t.scale, t.ratio))
             self.geometry.append(name)
         elif name == "Resize":
@@ -364,7 +404,7 @@ class _FromTorchvision:
                                f"Resize(int)")
             if getattr(t, "max_size", None) is not None:
                 raise _Refused(f"max_size={t.max_size}: not supported")
-            _bilinear_antialiased(t)
+            _bilinear_antialiased(t, self.tensor_since)
             op = self._op(lambda: resize(size))
             self.resize_side = op.fields["shorter_side"]
             self.geometry.append(name)
@@ -398,6 +438,8 @@ class _FromTorchvision:
             self.normalized = self._op(lambda: normalize(t.mean, t.std), keep=False)
         else:
             raise _Refused("not a transform gpufeed implements")
+        if name in _TENSOR_MAKERS and self.tensor_since is None:
+            self.tensor_since = name
 
     def _op(self, build: Any, keep: bool = True) -> Op:
         try:
@@ -435,10 +477,18 @@ def pipeline_from_torchvision(transform: Any) -> Pipeline:
     Converts RandomResizedCrop, Resize (an int size: the shorter side), CenterCrop,
     RandomHorizontalFlip, Normalize, ToDtype / ConvertImageDtype / ToTensor (uint8, float16,
     bfloat16 or float32; to a float with ``scale=True``) and the no-ops ToImage, PILToTensor,
-    ToPureTensor, from ``torchvision.transforms.v2`` (or v1); resizing only bilinear with
-    ``antialias=True``, sizes square. The output is NCHW, as torchvision's. Random choices
-    differ from torchvision's (gpufeed's depend on the seed, epoch and sample id); pixels
-    agree to rounding (gpufeed resizes and normalises in float32 and rounds once).
+    ToPureTensor, from ``torchvision.transforms.v2`` (or v1); resizing only bilinear and
+    antialiased (``antialias=True``; or, before the transform that makes the image a tensor,
+    the default ``None``: torchvision resizes the PIL image a dataset loads with PIL, always
+    antialiased), sizes square. The output is NCHW, as torchvision's. Random choices differ
+    from torchvision's (gpufeed's depend on the seed, epoch and sample id); pixels agree to
+    rounding (gpufeed resizes and normalises in float32 and rounds once).
+
+    torchvision versions: v1 transforms (``torchvision.transforms``) of 0.14 or later (the
+    tests run against Debian 12's 0.14), v2 (``torchvision.transforms.v2``) of 0.16 or later
+    (0.15's beta v2 named transforms and defaults otherwise). A transform of an older
+    torchvision, or one whose settings this cannot read, raises the ValueError naming the
+    version.
 
     Raises:
         ValueError: naming the transform that cannot be converted and why, and listing the
@@ -463,7 +513,16 @@ def pipeline_from_torchvision(transform: Any) -> Pipeline:
         try:
             if name is None:
                 raise _Refused("not a torchvision transform")
-            converter.add(name, t)
+            _check_version(t)
+            try:
+                converter.add(name, t)
+            except AttributeError as e:  # a torchvision that stores its settings otherwise
+                version = _torchvision_version(t)
+                raise _Refused(
+                    f"cannot read its settings from torchvision "
+                    f"{'%d.%d' % version if version else '(version unknown)'} ({e}); "
+                    f"pipeline_from_torchvision reads the transforms of the torchvision "
+                    f"versions it was tested with") from None
         except _Refused as e:
             raise ValueError(f"pipeline_from_torchvision: transform {index}, "
                              f"{name or type(t).__name__}: {e}; supported: {_SUPPORTED}") from None

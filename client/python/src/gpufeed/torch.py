@@ -8,10 +8,14 @@
                                   pipeline="deploy/pipelines/imagenet_train.json")
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        for batch in loader:                 # {"image": [256, 3, 224, 224], "label": [256]}
-            loss = model(batch["image"]).loss(batch["label"])
+        for images, labels in loader:        # [256, 3, 224, 224], [256]; batch["image"] too
+            loss = criterion(model(images), labels)
             ...
     torch.save({"model": ..., "loader": loader.state_dict()}, path)   # exact resume
+
+Epochs follow a DataLoader's rule: each ``iter(loader)`` yields one epoch; one broken off
+(``break``, ``next(iter(loader))``) is not resumed by the next ``iter()``, which starts the
+following epoch; a loaded :meth:`Loader.state_dict` resumes mid-epoch.
 
 Rank and world size come from torchrun's ``RANK`` / ``WORLD_SIZE``, the job name from
 ``TORCHELASTIC_RUN_ID`` or the rendezvous address (one that no other job on the node uses); ``device=None`` means the current CUDA device when there is one
@@ -30,10 +34,12 @@ more: when the batch and every tensor and view of it are garbage, or on
   kept), nothing can be moved: :class:`~gpufeed.ResourceExhausted` says how many batches are
   held; the loader's position stays at the batch not yielded.
 - Closing the loader moves its held batches the same way; a batch whose tensors are
-  referenced elsewhere keeps the session, and its ring, until they are garbage. Iterating
-  after :meth:`Loader.set_epoch` / :meth:`Loader.load_state_dict` to another position (which
-  attaches anew) does the same, or raises :class:`~gpufeed.FailedPrecondition` when a batch
-  cannot be moved.
+  referenced elsewhere keeps the session, and its ring, until they are garbage. Iterating at
+  another position (the next epoch after a ``break``, or after :meth:`Loader.set_epoch` /
+  :meth:`Loader.load_state_dict`), which attaches anew, does the same, and also moves the
+  batch's own tensor objects that you took out of it where they stand (``Tensor.set_`` to a
+  copy: ``images, labels = next(iter(loader))`` kept while the next epoch starts); it raises
+  :class:`~gpufeed.FailedPrecondition` when a view of them (``x[1:]``) still reads the slot.
 
 Host tensors are views of memory the consumer maps writable: an in-place operation on a batch
 you hold (``x.add_(1)``) changes that slot only, which the daemon neither reads back nor
@@ -57,9 +63,11 @@ import itertools
 import os
 import re
 import socket as _socket
+import sys
 import warnings
 import weakref
-from typing import Any, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 import torch
@@ -113,8 +121,26 @@ _WIDENED = {"uint16": (torch.int32, 0xFFFF), "uint32": (torch.int64, 0xFFFFFFFF)
 
 class Batch(dict):
     """What the :class:`Loader` yields: a ``dict`` of torch tensors by name (``image`` and
-    ``label``; ``tokens``; ``data``; plus ``valid``, a bool mask of the real rows, when
-    ``drop_last=False``), with the batch's position and sample ids as attributes."""
+    ``label``; ``tokens``; ``data``; a records mapping's names; plus ``valid``, a bool mask of
+    the real rows, when ``drop_last=False``), with the batch's position and sample ids as
+    attributes.
+
+    It also unpacks as a torchvision dataset's batch does: ``images, labels = batch`` (and
+    ``for images, labels in loader``); a records batch gives its tensors in the dataset's
+    order (``x, y`` for ``{"x": ..., "y": ...}``; ``(data,)`` for one ``.npy``), as a
+    ``TensorDataset``'s would. ``valid`` is not part of that tuple. A tokens batch does not
+    unpack (:class:`TypeError` saying how to split ``tokens``). So iterating a batch yields
+    tensors, not names: the names are :meth:`keys` (``items()``, ``[]``, ``in``, ``dict(batch)``
+    and ``**batch`` work as for any dict)."""
+
+    # Design: a dict subclass whose iteration yields the tensors. The alternatives were worse:
+    # a dict's own iteration made ``images, labels = batch`` bind the strings "image" and
+    # "label" with no error; a class that is not a dict would break code that takes any dict
+    # (``isinstance(batch, dict)``, Lightning's and accelerate's device moves, which go
+    # through ``items()``). What iteration over names costs: ``for k in batch`` (use
+    # ``.keys()``) and torch's default_convert / default_collate, which iterate a mapping;
+    # the batch's __missing__ names the cause when code looks a tensor up as a key, and
+    # IterableDataset refuses the DataLoader settings that would do so.
 
     epoch: int
     """Epoch of this batch."""
@@ -123,7 +149,8 @@ class Batch(dict):
     ids: np.ndarray
     """Sample ids of the rows (int64 numpy array)."""
     valid_count: int
-    """Rows ``[0, valid_count)`` are real samples; the rest pad the epoch's last batch."""
+    """Real samples in the batch: with one rank every row (the epoch's last batch is short
+    when ``drop_last=False``); with several, rows ``[0, valid_count)``, the rest padding."""
     _lease: Optional[_Lease] = None  # the slot its tensors view; None for owned tensors
     # name -> the tensor put there that views the slot (weak: the dict holds it)
     _slot_tensors: Dict[str, "weakref.ref[torch.Tensor]"] = {}
@@ -140,6 +167,24 @@ class Batch(dict):
     def released(self) -> bool:
         """True once :meth:`release` returned the slot these tensors view."""
         return self._lease is not None and self._lease.released
+
+    def __iter__(self):
+        if "tokens" in self:
+            raise TypeError(
+                "a tokens batch does not unpack: each row holds seq_len + 1 tokens; take "
+                "tokens = batch['tokens'], x = tokens[:, :-1], y = tokens[:, 1:] (add "
+                ".long() for an embedding or a loss); the batch's names are batch.keys()")
+        return (tensor for name, tensor in self.items() if name != "valid")
+
+    def __missing__(self, key: Any) -> Any:
+        if isinstance(key, torch.Tensor):
+            raise TypeError(
+                "gpufeed.torch.Batch: looked up by a tensor: iterating a batch yields its "
+                "tensors (images, labels = batch), not its names; use batch.keys() or "
+                "batch.items() for the names (torch's default_convert and default_collate "
+                "iterate a mapping so: DataLoader(loader.as_dataset(), batch_size=None, "
+                "collate_fn=gpufeed.torch.IterableDataset.collate) hands batches through)")
+        raise KeyError(key)
 
     def __reduce__(self):
         # Pickles (torch.save, multiprocessing) as owned tensors, without the slot's lease.
@@ -204,10 +249,35 @@ class _Held(NamedTuple):
     step: int
     batch: "weakref.ref[Batch]"
     lease: "weakref.ref[_Lease]"
+    tensors: Tuple["weakref.ref[torch.Tensor]", ...]  # the objects yielded that view the slot
+    stream: Optional["torch.cuda.Stream"]  # device: the stream the batch was ready on
 
     def holds_slot(self) -> bool:
         lease = self.lease()
         return lease is not None and not lease.released
+
+    def move_tensors(self) -> None:
+        """Moves the batch's own tensor objects into owned memory where they stand
+        (``set_`` to a copy: the same objects with the same values, wherever they are
+        referenced, e.g. ``images, labels = batch`` kept after the dict is gone). Views
+        taken of them still read the slot. Only before a session ends (a new attach):
+        ``set_`` changes the object's storage, which autograd would count as a write."""
+        stream = self.stream
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        moved = True
+        with context, torch.no_grad():
+            for ref in self.tensors:
+                tensor = ref()
+                if tensor is None:
+                    continue
+                try:
+                    tensor.set_(tensor.clone())
+                except RuntimeError:  # e.g. an inference-mode tensor: it stays in place
+                    moved = False
+                del tensor
+        batch = self.batch()
+        if moved and batch is not None:  # its values are the moved objects: it owns them
+            batch._lease, batch._slot_tensors, batch._stream = None, {}, None
 
 
 def _describe(held: Sequence[_Held]) -> str:
@@ -320,8 +390,11 @@ class Loader:
             ``"ops"`` or a JSON file's path.
         shuffle: visit each epoch in the shuffled order of ``(seed, epoch)``.
         seed: the shuffle's and the augmentations' seed.
-        drop_last: drop the incomplete last global batch; when False the batch is padded
-            by wrapping around and ``valid`` marks the real rows.
+        drop_last: drop the incomplete last global batch. When False, batches carry
+            ``valid``, a bool mask of their real rows, and the epoch's last batch is, with
+            one rank (``world_size == 1``), short, as a DataLoader's (``valid`` all True);
+            with several ranks, full: the daemon pads it by wrapping around to the epoch's
+            start, as ``DistributedSampler`` pads, and ``valid`` is False on the padding.
         even: with ``drop_last=False``, ``DistributedSampler``'s split: every rank gets the
             same count of real samples per epoch, ``ceil(N / world_size)`` (the last ones
             wrap to the epoch's start, as DistributedSampler pads), so evaluation loops that
@@ -360,13 +433,21 @@ class Loader:
     contacts nothing. It attaches once, when first needed: the first ``iter()``, ``len()``,
     :attr:`info` or :meth:`state_dict`, at the position then set (by :meth:`load_state_dict`
     or :meth:`set_epoch`). So the daemon's checks of the options (the field named) fail
-    there; call ``len(loader)`` to have them at once. Iterating yields the rest of the
-    current epoch; the next ``iter()`` goes on with the following epoch. ``len()`` is the
-    number of batches in an epoch.
+    there; call ``len(loader)`` to have them at once. ``len()`` is the number of batches in
+    an epoch.
+
+    Iterating follows ``DataLoader``: each ``iter()`` yields one epoch, from the position
+    (see :meth:`__iter__`): after an epoch ran to its end, the next; after one was broken
+    off (a ``break``, ``next(iter(loader))``), the following epoch from its first step,
+    never the rest of the broken one. Mid-epoch resumption is explicit, as with torchdata's
+    ``StatefulDataLoader``: ``loader.load_state_dict(state)``, then ``iter()``. An error of
+    the loader's own while it waits for a batch (a timeout, :class:`~gpufeed.ResourceExhausted`)
+    yields nothing, and the next ``iter()`` retries that batch.
 
     A loader pickles as its configuration and position (never its session): ``pickle``,
     ``multiprocessing`` with the spawn context and ``torch.save`` hand it to another process,
-    where it attaches when first used. A forked child cannot use a loader its parent attached
+    where it attaches when first used and resumes at that position (as a loaded
+    ``state_dict`` does, also mid-epoch). A forked child cannot use a loader its parent attached
     (the session is the parent's: :class:`~gpufeed.FailedPrecondition` says so); one the
     parent has not attached yet attaches in the child.
     """
@@ -425,6 +506,9 @@ class Loader:
         self._dataset = dataset
         self._position = Position(0, 0)
         self._loaded: Optional[Position] = None  # a loaded position, until iteration starts
+        # Whether the position was reached by yielding batches (not set by the constructor,
+        # set_epoch or load_state_dict): then a new iter() does not resume a broken-off epoch.
+        self._yielded = False
         self._fingerprint: str = ""  # the feed's, from the daemon at each attach
         self._loaded_fingerprint: Optional[str] = None  # from load_state_dict, checked at attach
         self._unattached()
@@ -444,6 +528,7 @@ class Loader:
     # ---- pickling ----
 
     # What a pickle carries: the configuration and the position, never a session.
+    # Not ``_yielded``: a pickle resumes at its position, as a loaded state_dict does.
     _PICKLED = ("device", "rank", "world_size", "job", "copy", "drop_last", "timeout",
                 "_client", "_options", "_dataset", "_position", "_loaded", "_fingerprint",
                 "_loaded_fingerprint")
@@ -453,6 +538,7 @@ class Loader:
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._yielded = False
         self._unattached()
 
     @property
@@ -506,7 +592,10 @@ class Loader:
 
     @property
     def position(self) -> Position:
-        """The position of the next batch the loader will yield (epoch, step)."""
+        """The position after the last batch yielded (epoch, step), what :meth:`state_dict`
+        saves; after :meth:`set_epoch`, :meth:`load_state_dict` or an ``iter()``, where the
+        next batch comes from. (An epoch broken off is left by the next ``iter()``, which
+        starts the following epoch.)"""
         return self._position
 
     def set_epoch(self, epoch: int) -> None:
@@ -523,6 +612,7 @@ class Loader:
         else:
             self._position = Position(epoch, 0)
         self._loaded = None
+        self._yielded = False
 
     def state_dict(self) -> Dict[str, int]:
         """The resume state (torchdata ``StatefulDataLoader`` convention): the position after
@@ -560,6 +650,7 @@ class Loader:
         self._generation += 1  # a running iterator ends: it belongs to the old position
         self._position = Position(int(state["epoch"]), int(state["step"]))
         self._loaded = self._position  # kept by a set_epoch of the same epoch
+        self._yielded = False  # the next iter() resumes here, mid-epoch or not
         fingerprint = state.get("fingerprint")
         self._loaded_fingerprint = str(fingerprint) if fingerprint else None
         if self._loaded_fingerprint and self._fingerprint:
@@ -573,12 +664,26 @@ class Loader:
 
     # ---- iteration ----
 
-    def __iter__(self):
-        """Yields :class:`Batch` dicts for the rest of the current epoch. One iterator at a
+    def __iter__(self) -> Iterator[Batch]:
+        """Yields one epoch's :class:`Batch` dicts, as a ``DataLoader`` does: an epoch that
+        ran to its end is followed by the next; one broken off (a ``break``, a
+        ``next(iter(loader))``) is not resumed: the next ``iter()`` starts the following
+        epoch from its first step. To resume mid-epoch, :meth:`load_state_dict` a
+        :meth:`state_dict` (torchdata's ``StatefulDataLoader`` rule): the next ``iter()``
+        yields the rest of that epoch; :meth:`set_epoch` chooses the epoch. One iterator at a
         time: a new ``iter()`` ends the previous one."""
         self._generation += 1
-        generation = self._generation
+        if self._yielded and self._position.step != 0:
+            self._position = Position(self._position.epoch + 1, 0)
+        self._yielded = False
         self._loaded = None  # iterating consumes a loaded position
+        return self._epoch(self._generation)
+
+    def _epoch(self, generation: int) -> Iterator[Batch]:
+        """The batches from the position to the end of its epoch, while ``generation`` is
+        the loader's (a set_epoch, load_state_dict or new iter() ends this one)."""
+        if generation != self._generation:
+            return
         epoch = self._position.epoch
         session = self._attach(self._position)
         while self._position.epoch == epoch and generation == self._generation:
@@ -604,14 +709,17 @@ class Loader:
             if not self._own_held(0):
                 gc.collect()  # batches only reference cycles still reach
                 if not self._own_held(0):
+                    for held in self._held:  # tensors taken out of their batches
+                        held.move_tensors()
+                if not self._own_held(0):
                     at = self._session.position()
                     raise FailedPrecondition(
                         f"gpufeed.torch.Loader: going to epoch {position.epoch} step "
                         f"{position.step} attaches anew and ends the session at epoch "
                         f"{at.epoch} step {at.step}, whose ring still holds batches you "
-                        "reference through tensors or views taken out of them "
-                        f"({_describe(self._held)}); drop those references (del, "
-                        "batch.release()) or keep .clone()s, then iterate again")
+                        "reference through views taken of their tensors "
+                        f"({_describe(self._held)}; the tensors themselves were moved out); "
+                        "drop those views (del) or keep .clone()s, then iterate again")
             self.close()
         start = (position.epoch, position.step)
         key = (self._client.socket, self.job, self.rank)
@@ -656,15 +764,23 @@ class Loader:
 
     def _next(self, session: Session) -> Batch:
         self._check_process()
-        self._make_room(session.info.ring_slots)
-        core = session.next(timeout=self.timeout)
+        try:
+            self._make_room(session.info.ring_slots)
+            core = session.next(timeout=self.timeout)
+        except Exception:
+            # The loader's own failure (a timeout, a full ring, the daemon gone): nothing was
+            # yielded past the position, so the next iter() retries this batch.
+            self._yielded = False
+            raise
         step = core.step + 1
         self._position = (Position(core.epoch, step) if step < session.info.steps_per_epoch
                           else Position(core.epoch + 1, 0))
+        self._yielded = True
         batch, zero_copy = self._to_torch(core)
         if zero_copy:
             self._held.append(_Held(core.epoch, core.step, weakref.ref(batch),
-                                    weakref.ref(core._lease)))
+                                    weakref.ref(core._lease),
+                                    tuple(batch._slot_tensors.values()), batch._stream))
         return batch
 
     def _make_room(self, ring: int) -> None:
@@ -709,8 +825,14 @@ class Loader:
             core._lease.stream = stream  # a release by garbage collection follows this stream
         out = Batch()
         in_place: Dict[str, "weakref.ref[torch.Tensor]"] = {}
+        # One rank: the epoch's last batch is short, as a DataLoader's (drop_last=False), a
+        # view of the slot's first rows. Several ranks keep every batch full (the daemon pads
+        # by wrapping around, as DistributedSampler pads) and ``valid`` marks the real rows.
+        rows = core.valid_count if self.world_size == 1 else core.batch_size
         for name, tensor in core.tensors.items():
             x, viewing = self._tensor(tensor, cuda)
+            if rows < core.batch_size:
+                x = x[:rows]
             if viewing and self.copy:
                 x, viewing = x.clone(), False
             out[name] = x
@@ -719,10 +841,10 @@ class Loader:
         zero_copy = bool(in_place)
         if not self.drop_last:
             if cuda:
-                out["valid"] = torch.arange(core.batch_size, device=self.device) < core.valid_count
+                out["valid"] = torch.arange(rows, device=self.device) < core.valid_count
             else:
-                out["valid"] = torch.from_numpy(core.valid_mask())
-        out.epoch, out.step, out.ids, out.valid_count = (core.epoch, core.step, core.ids,
+                out["valid"] = torch.from_numpy(core.valid_mask()[:rows])
+        out.epoch, out.step, out.ids, out.valid_count = (core.epoch, core.step, core.ids[:rows],
                                                          core.valid_count)
         if zero_copy:
             out._lease, out._slot_tensors = core._lease, in_place
@@ -805,6 +927,52 @@ class Loader:
                 f"device={self.device}, position={tuple(self._position)}, {shape})")
 
 
+_AS_DATALOADER = ("DataLoader(loader.as_dataset(), batch_size=None, "
+                  "collate_fn=gpufeed.torch.IterableDataset.collate)")
+
+
+def _batched_again(what: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"gpufeed.torch.IterableDataset: {what}: each item is already a whole batch of the "
+        f"loader's batch_size, so torch would stack batches into [n, batch_size, ...] "
+        f"tensors; use {_AS_DATALOADER}")
+
+
+def _refuse_collating_batches(batches: Any, *, collate_fn_map: Any = None) -> Any:
+    """torch's ``default_collate`` of :class:`Batch` items (registered below): refused."""
+    raise _batched_again(f"default_collate of {len(batches)} gpufeed.torch.Batch items "
+                         "(a DataLoader with a batch_size)")
+
+
+# default_collate looks element types up in this registry first (torch >= 1.13), so a
+# DataLoader batching our batches again stops with the message instead of stacking them.
+_COLLATE_MAP = getattr(torch.utils.data._utils.collate, "default_collate_fn_map", None)
+if isinstance(_COLLATE_MAP, dict):
+    _COLLATE_MAP[Batch] = _refuse_collating_batches
+
+
+def _dataloader_of(dataset: "IterableDataset") -> Optional["torch.utils.data.DataLoader"]:
+    """The ``DataLoader`` that is iterating ``dataset`` in this thread, or None: found on
+    the call stack, where ``DataLoader.__iter__`` and its iterator's constructor hold it as
+    ``self`` / ``loader`` while the fetcher calls ``iter(dataset)``. The DataLoader tells
+    the dataset nothing else: its batch_size and collate_fn are read here, so a
+    configuration that would batch or rebuild our batches is refused before anything is
+    fetched (and before the loader attaches)."""
+    try:
+        frame: Any = sys._getframe(2)
+    except ValueError:  # called from the bottom of a thread's stack: no DataLoader there
+        return None
+    for _ in range(16):
+        if frame is None:
+            break
+        for name in ("self", "loader"):
+            value = frame.f_locals.get(name)
+            if isinstance(value, torch.utils.data.DataLoader) and value.dataset is dataset:
+                return value
+        frame = frame.f_back
+    return None
+
+
 class IterableDataset(torch.utils.data.IterableDataset):
     """A :class:`Loader` as a ``torch.utils.data.IterableDataset``, for code that wants a
     ``DataLoader``::
@@ -813,16 +981,15 @@ class IterableDataset(torch.utils.data.IterableDataset):
                                            collate_fn=gpufeed.torch.IterableDataset.collate)
 
     Iterating it iterates the loader itself (its position, epochs and ``set_epoch``): the same
-    batches, in place, released as the loader releases them. ``batch_size=None``: the items
-    are whole batches already. ``collate_fn=IterableDataset.collate`` hands each
-    :class:`Batch` through as it is; torch's default instead rebuilds each dict around the
-    same tensors (still in place; the slot goes back when they are garbage), which keeps
-    neither ``ids`` / ``epoch`` nor (on torch < 2.1) any attribute, nor ``release()``, and the
-    loader can no longer move a rebuilt batch you hold out of the ring to make room
-    (:class:`~gpufeed.ResourceExhausted` instead). ``num_workers`` must be 0
-    (:class:`~gpufeed.InvalidArgument` otherwise): gpufeedd already reads, decodes and
-    batches in its own threads, and each DataLoader worker would be one more consumer of this
-    rank's stream.
+    batches, in place, released as the loader releases them. Both arguments are required
+    (:class:`~gpufeed.InvalidArgument` naming them otherwise, raised by the DataLoader's
+    ``iter()``): ``batch_size=None`` because the items are whole batches already (torch's
+    default, 1, would stack them into ``[1, batch_size, ...]``); ``collate_fn`` hands each
+    :class:`Batch` through as it is (torch's default for ``batch_size=None``,
+    ``default_convert``, rebuilds a mapping by iterating it, and a batch iterates its
+    tensors). ``num_workers`` must be 0 (:class:`~gpufeed.InvalidArgument` otherwise):
+    gpufeedd already reads, decodes and batches in its own threads, and each DataLoader
+    worker would be one more consumer of this rank's stream.
     """
 
     def __init__(self, loader: Loader) -> None:
@@ -835,9 +1002,12 @@ class IterableDataset(torch.utils.data.IterableDataset):
     @staticmethod
     def collate(batch: Batch) -> Batch:
         """The ``collate_fn`` that yields each :class:`Batch` unchanged."""
+        if isinstance(batch, list):  # the DataLoader batches: items come as a list
+            raise _batched_again(f"collate got a list of {len(batch)} batches (a DataLoader "
+                                 "with a batch_size)")
         return batch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         worker = torch.utils.data.get_worker_info()
         if worker is not None:
             raise InvalidArgument(
@@ -845,6 +1015,16 @@ class IterableDataset(torch.utils.data.IterableDataset):
                 f"{worker.num_workers}; pass num_workers=0: gpufeedd already reads, decodes "
                 "and batches in its own workers, and each DataLoader worker would be another "
                 "consumer of this rank's stream")
+        data = _dataloader_of(self)
+        if data is not None:
+            if data.batch_size is not None:
+                raise _batched_again(f"DataLoader(batch_size={data.batch_size})")
+            if data.collate_fn is torch.utils.data._utils.collate.default_convert:
+                raise InvalidArgument(
+                    "gpufeed.torch.IterableDataset: DataLoader(batch_size=None) without a "
+                    "collate_fn: torch's default_convert would rebuild each batch by "
+                    "iterating it as a mapping (a batch iterates its tensors: images, labels "
+                    f"= batch); use {_AS_DATALOADER}")
         return iter(self.loader)
 
     def __len__(self) -> int:

@@ -53,6 +53,12 @@ class RandomVerticalFlip(RandomHorizontalFlip):
     pass
 
 
+class ColorJitter:
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0):
+        self.brightness, self.contrast = brightness, contrast
+        self.saturation, self.hue = saturation, hue
+
+
 class ToTensor:
     pass
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/options.h"
 #include "client/cpp/rpc.h"
@@ -252,6 +253,16 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
       to_open = DirOf(given).empty() ? "/" : DirOf(given);
       folder = true;
     } else if (::stat(given.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      folder = true;
+    } else if (dataset->kind() == v1::DATASET_KIND_TOKENS && S_ISREG(st.st_mode) &&
+               absl::EndsWith(given, ".bin") && BaseOf(given).size() > 4 &&
+               ::stat(absl::StrCat(given.substr(0, given.size() - 4), ".idx").c_str(), &st) == 0 &&
+               S_ISREG(st.st_mode)) {
+      // A Megatron-LM X.bin with its X.idx beside it: the directory is passed, for the
+      // daemon to read both beneath it; the path's last component names the .bin
+      // (FindPairedFile). A .bin alone is passed itself, as before.
+      pattern = BaseOf(given);
+      to_open = DirOf(given).empty() ? "/" : DirOf(given);
       folder = true;
     }
   }

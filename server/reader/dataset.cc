@@ -16,24 +16,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/os/fd.h"
 #include "common/status.h"
 #include "server/reader/npy.h"
 #include "server/reader/shards.h"
+#include "server/reader/token_formats.h"
+#include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
 namespace {
-
-// One token file of a dataset: where its tokens start, how many, of which type, and its
-// format (for messages).
-struct TokenShard {
-  std::unique_ptr<RandomAccessFile> file;
-  std::string name;  // as messages name it
-  uint64_t data_offset = 0;
-  uint64_t tokens = 0;
-  DType dtype = DType::kUInt16;
-  const char* format = "raw";
-};
 
 // The windows of seq_len + 1 tokens a shard of `tokens` holds (below).
 uint64_t WindowsOf(uint64_t tokens, uint64_t seq_len) {
@@ -46,9 +38,11 @@ uint64_t WindowsOf(uint64_t tokens, uint64_t seq_len) {
 // shard order (sorted by name), so one global permutation covers them all.
 class TokensDataset final : public Dataset {
  public:
-  TokensDataset(std::vector<TokenShard> shards, int64_t seq_len, bool sharded)
+  TokensDataset(std::vector<TokenShard> shards, int64_t seq_len, bool sharded,
+                std::vector<DatasetNotice> notices)
       : sharded_(sharded),
         shards_(std::move(shards)),
+        notices_(std::move(notices)),
         token_bytes_(DTypeSize(shards_.front().dtype)),
         seq_len_(static_cast<uint64_t>(seq_len)) {
     for (const TokenShard& s : shards_) {
@@ -88,6 +82,7 @@ class TokensDataset final : public Dataset {
         shards_.size(), [this](size_t k) -> const std::string& { return shards_[k].name; },
         [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; });
   }
+  std::vector<DatasetNotice> notices() const override { return notices_; }
 
  private:
   // The last shard whose first sample is <= id (a shard of no windows shares its first with
@@ -100,6 +95,7 @@ class TokensDataset final : public Dataset {
 
   const bool sharded_;  // a directory or pattern, not one file
   const std::vector<TokenShard> shards_;
+  const std::vector<DatasetNotice> notices_;
   std::vector<uint64_t> first_;  // per shard, its first sample's id
   const uint64_t token_bytes_;
   const uint64_t seq_len_;
@@ -159,8 +155,6 @@ class RecordsDataset final : public Dataset {
   const std::vector<SampleTensor> tensors_;
 };
 
-bool IsTokenDType(DType t) { return t == DType::kUInt16 || t == DType::kUInt32; }
-
 // With a declared vocab_size: every token of a sample of the file (64 spans of 4 KiB spread
 // over it, the first and the last included) must be below it. A uint16 file read as uint32,
 // or float data read as tokens, shows values far beyond any vocabulary.
@@ -215,176 +209,11 @@ absl::Status CheckTokenSpec(const FileDatasetSpec& spec) {
   return absl::OkStatus();
 }
 
-// A declared token_dtype must agree with what a shard's header says.
-absl::Status AgreeWithDeclared(const FileDatasetSpec& spec, const std::string& name, DType found,
-                               const char* format) {
-  if (spec.token_dtype == DType::kUnspecified || spec.token_dtype == found) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dataset.token_dtype: ", DTypeName(spec.token_dtype), ", but ", name, " is ", format, " of ",
-      DTypeName(found), " (its header says so); leave token_dtype unset or set it to ",
-      DTypeName(found)));
-}
-
-uint32_t ReadLe32(const std::string& b, size_t at) {
-  uint32_t v;
-  std::memcpy(&v, b.data() + at, 4);
-  return v;
-}
-
-constexpr uint32_t kLlmcMagic = 20240520;  // llm.c's token shards: 256 int32 of header
-constexpr uint64_t kLlmcHeaderBytes = 256 * 4;
-constexpr char kMegatronMagic[] = "MMIDIDX\0\0";  // a Megatron-LM indexed dataset's .idx
-
-// Megatron-LM's .idx beside a .bin: magic, version 1 (uint64), the dtype code (uint8),
-// the sequence count and the document count (uint64 each), then the sequences' sizes (int32,
-// in tokens), their byte offsets (int64) and the document index. Returns the token type and
-// the token count, which the .bin must hold exactly. The sizes are summed under `walk`'s
-// deadline and cancel flag (issue 30: a sparse .idx promising 10^12 sequences kept both attach
-// threads busy ~23 minutes).
-absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const RandomAccessFile& idx,
-                                                             const std::string& name,
-                                                             const WalkBudget& walk) {
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, ": ", why));
-  };
-  constexpr uint64_t kFixed = 9 + 8 + 1 + 8 + 8;
-  if (idx.size() < kFixed) return bad("a Megatron .idx shorter than its header");
-  std::string head(kFixed, '\0');
-  GPUFEED_RETURN_IF_ERROR(
-      idx.ReadAt(0, std::span<std::byte>(reinterpret_cast<std::byte*>(head.data()), kFixed)));
-  if (head.compare(0, 9, std::string(kMegatronMagic, 9)) != 0)
-    return bad("not a Megatron .idx (magic)");
-  uint64_t version, sequences, documents;
-  std::memcpy(&version, head.data() + 9, 8);
-  const uint8_t code = static_cast<uint8_t>(head[17]);
-  std::memcpy(&sequences, head.data() + 18, 8);
-  std::memcpy(&documents, head.data() + 26, 8);
-  if (version != 1)
-    return bad(absl::StrCat("Megatron .idx version ", version, "; version 1 is read"));
-  // Megatron's codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
-  DType dtype;
-  if (code == 8) {
-    dtype = DType::kUInt16;
-  } else if (code == 4) {
-    dtype = DType::kUInt32;  // int32 token ids, all >= 0: the same bytes as uint32
-  } else {
-    return bad(absl::StrCat("Megatron dtype code ", static_cast<int>(code),
-                            "; tokens must be uint16 (8) or int32 (4)"));
-  }
-  const __uint128_t need = kFixed + static_cast<__uint128_t>(sequences) * (4 + 8) +
-                           static_cast<__uint128_t>(documents) * 8;
-  if (need > idx.size()) {
-    return bad(absl::StrCat("the .idx promises ", sequences, " sequences and ", documents,
-                            " documents but holds ", idx.size(), " bytes"));
-  }
-  uint64_t tokens = 0;
-  std::vector<std::byte> sizes(std::min<uint64_t>(sequences, 1 << 16) * 4);
-  for (uint64_t done = 0; done < sequences;) {
-    GPUFEED_RETURN_IF_ERROR(walk.Poll());
-    const uint64_t n = std::min<uint64_t>(sequences - done, sizes.size() / 4);
-    GPUFEED_RETURN_IF_ERROR(
-        idx.ReadAt(kFixed + done * 4, std::span<std::byte>(sizes.data(), n * 4)));
-    for (uint64_t i = 0; i < n; ++i) {
-      int32_t v;
-      std::memcpy(&v, sizes.data() + i * 4, 4);
-      if (v < 0) return bad(absl::StrCat("sequence ", done + i, " has a negative size"));
-      tokens += static_cast<uint64_t>(v);
-    }
-    done += n;
-  }
-  return std::make_pair(dtype, tokens);
-}
-
-// One shard's format, checked: llm.c (magic 20240520, version 1 uint16 / 2 uint32, the token
-// count in its header, which the file size must agree with), .npy (the dtype from its
-// header), Megatron (`idx`: its .idx, read above under `walk`), else raw tokens of
-// token_dtype (uint16 when unset).
-absl::StatusOr<TokenShard> ProbeShard(const FileDatasetSpec& spec,
-                                      std::unique_ptr<RandomAccessFile> file, std::string name,
-                                      const RandomAccessFile* idx, const WalkBudget& walk) {
-  if (file->size() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is empty"));
-  }
-  TokenShard shard;
-  shard.name = name;
-  std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
-  GPUFEED_RETURN_IF_ERROR(file->ReadAt(
-      0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
-  shard.dtype = spec.token_dtype == DType::kUnspecified ? DType::kUInt16 : spec.token_dtype;
-  if (idx != nullptr) {
-    GPUFEED_ASSIGN_OR_RETURN(const auto index, ReadMegatronIndex(*idx, name, walk));
-    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, index.first, "a Megatron dataset"));
-    shard.dtype = index.first;
-    shard.format = "megatron";
-    if (static_cast<__uint128_t>(index.second) * DTypeSize(shard.dtype) != file->size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset.path: ", name, " holds ", file->size(), " bytes, but its .idx counts ",
-          index.second, " ", DTypeName(shard.dtype), " tokens"));
-    }
-    shard.tokens = index.second;
-  } else if (absl::StartsWith(prefix, kNpyMagic)) {
-    absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
-    if (!header.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", name, ": ", header.status().message()));
-    }
-    if (!IsTokenDType(header->dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is a .npy array of ",
-                                                     DTypeName(header->dtype),
-                                                     "; tokens must be uint16 or uint32"));
-    }
-    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, header->dtype, "a .npy array"));
-    shard.dtype = header->dtype;
-    shard.format = "npy";
-    __uint128_t count = 1;
-    for (int64_t d : header->shape) count *= static_cast<uint64_t>(d);
-    const __uint128_t need = header->data_offset + count * DTypeSize(shard.dtype);
-    if (need > file->size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", name, " is truncated: its .npy header promises ",
-                       static_cast<uint64_t>(count), " tokens, the file holds ",
-                       (file->size() - header->data_offset) / DTypeSize(shard.dtype)));
-    }
-    shard.data_offset = header->data_offset;
-    shard.tokens = static_cast<uint64_t>(count);
-  } else if (prefix.size() >= kLlmcHeaderBytes && ReadLe32(prefix, 0) == kLlmcMagic) {
-    const uint32_t version = ReadLe32(prefix, 4);
-    if (version != 1 && version != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", name, ": llm.c shard version ", version,
-                       "; version 1 (uint16 tokens) and 2 (uint32) are read"));
-    }
-    const DType found = version == 1 ? DType::kUInt16 : DType::kUInt32;
-    GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, name, found, "an llm.c shard"));
-    shard.dtype = found;
-    shard.format = "llm.c";
-    shard.data_offset = kLlmcHeaderBytes;
-    shard.tokens = ReadLe32(prefix, 8);
-    const __uint128_t need =
-        kLlmcHeaderBytes + static_cast<__uint128_t>(shard.tokens) * DTypeSize(found);
-    if (need != file->size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.path: ", name, ": its llm.c header counts ", shard.tokens,
-                       " tokens (", static_cast<uint64_t>(need),
-                       " bytes with the header), the file holds ", file->size(), " bytes"));
-    }
-  } else {
-    const uint64_t token_bytes = DTypeSize(shard.dtype);
-    if (file->size() % token_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " holds ",
-                                                     file->size(), " bytes, not a whole number of ",
-                                                     DTypeName(shard.dtype), " tokens"));
-    }
-    shard.tokens = file->size() / token_bytes;
-  }
-  shard.file = std::move(file);
-  return shard;
-}
-
 // The shards, probed: every one the same token type; at least one window in all; the
 // vocabulary checked on up to 8 of them, spread over the list.
 absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
-                                                    std::vector<TokenShard> shards, bool sharded) {
+                                                    std::vector<TokenShard> shards, bool sharded,
+                                                    std::vector<DatasetNotice> notices = {}) {
   uint64_t windows = 0, tokens = 0;
   for (const TokenShard& s : shards) {
     if (s.dtype != shards.front().dtype) {
@@ -410,48 +239,77 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
       GPUFEED_RETURN_IF_ERROR(CheckVocabulary(spec, *s.file, s.data_offset, s.dtype, s.tokens));
     }
   }
-  return std::make_unique<TokensDataset>(std::move(shards), spec.seq_len, sharded);
+  return std::make_unique<TokensDataset>(std::move(shards), spec.seq_len, sharded,
+                                         std::move(notices));
 }
 
 // The shards of a directory (every regular file in it, not below, whose name does not start
-// with '.'; `pattern`, when set, filters the names as a shell glob), sorted by name; a
-// Megatron `X.idx` goes with its `X.bin` and is not a shard itself. Opened beneath `dirfd`
-// where `reader`'s mode bits allow.
+// with '.'), of a glob (`dir.pattern`: the directory's names it matches) or of one name
+// (`dir.exact`: a Megatron .bin named alone), sorted by name. A Megatron `X.idx` goes with
+// its `X.bin`, found among all the directory's names whatever selected the .bin, and is not a
+// shard itself (one a glob selects without its .bin is probed, and refused as an index).
+// Opened beneath `dir.fd` where `reader`'s mode bits allow. A directory or glob that mixes
+// training and held-out names opens with a warning (MixedSplitNotice).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& spec,
-                                                         FileSystem* fs, int dirfd,
-                                                         const std::string& dir,
-                                                         const std::string& pattern,
+                                                         FileSystem* fs, const ShardDir& dir,
                                                          const PeerCred* reader) {
+  const std::string& pattern = dir.pattern;
+  const auto selected = [&](const std::string& name) {
+    return pattern.empty() ||
+           (dir.exact ? name == pattern
+                      : ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0);
+  };
+  const auto bin_of = [](const std::string& idx) {  // "X.idx" -> "X.bin"
+    return absl::StrCat(idx.substr(0, idx.size() - 4), ".bin");
+  };
   GPUFEED_ASSIGN_OR_RETURN(const std::vector<std::string> names,
-                           ListShardFiles(dirfd, dir, [&](const std::string& name) {
-                             return pattern.empty() ||
-                                    ::fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0;
+                           ListShardFiles(dir.fd, dir.dir, [&](const std::string& name) {
+                             return selected(name) ||
+                                    (absl::EndsWith(name, ".idx") && selected(bin_of(name)));
                            }));
   std::vector<TokenShard> shards;
+  std::vector<std::string> shard_names;
   const WalkBudget walk(spec.walk, spec.path, "indexing");
+  const std::string prefix = dir.dir == "/" ? "/" : absl::StrCat(dir.dir, "/");
   for (const std::string& name : names) {
-    if (absl::EndsWith(name, ".idx")) continue;
-    const std::string display = absl::StrCat(dir, "/", name);
+    if (absl::EndsWith(name, ".idx") &&
+        (pattern.empty() || std::binary_search(names.begin(), names.end(), bin_of(name)))) {
+      continue;
+    }
+    const std::string display = absl::StrCat(prefix, name);
     GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
-                             fs->OpenForReadBeneath(dirfd, name, display, reader));
-    std::unique_ptr<RandomAccessFile> idx;
+                             fs->OpenForReadBeneath(dir.fd, name, display, reader));
+    std::unique_ptr<RandomAccessFile> idx_file;
+    MegatronIdx idx;
     if (absl::EndsWith(name, ".bin")) {
       const std::string idx_name = absl::StrCat(name.substr(0, name.size() - 4), ".idx");
       if (std::binary_search(names.begin(), names.end(), idx_name)) {
-        GPUFEED_ASSIGN_OR_RETURN(
-            idx, fs->OpenForReadBeneath(dirfd, idx_name, absl::StrCat(dir, "/", idx_name), reader));
+        idx.name = absl::StrCat(prefix, idx_name);
+        GPUFEED_ASSIGN_OR_RETURN(idx_file,
+                                 fs->OpenForReadBeneath(dir.fd, idx_name, idx.name, reader));
+        idx.file = idx_file.get();
       }
     }
-    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
-                             ProbeShard(spec, std::move(file), display, idx.get(), walk));
+    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard, ProbeTokenShard(spec, std::move(file), display, idx,
+                                                               walk, dir.exact ? "" : dir.dir));
     shards.push_back(std::move(shard));
+    shard_names.push_back(name);
   }
   if (shards.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: ", spec.path, ": no token files",
-                     pattern.empty() ? " in the directory" : " match the pattern"));
+        absl::StrCat("dataset.path: ", spec.path, dir.exact ? ": no such file" : ": no token files",
+                     dir.exact         ? ""
+                     : pattern.empty() ? " in the directory"
+                                       : " match the pattern"));
   }
-  return MakeTokens(spec, std::move(shards), /*sharded=*/true);
+  std::vector<DatasetNotice> notices;
+  if (!dir.exact) {
+    if (std::optional<DatasetNotice> mixed = MixedSplitNotice(dir.dir, shard_names)) {
+      spdlog::warn("{}", EscapeForLog(mixed->message));
+      notices.push_back(std::move(*mixed));
+    }
+  }
+  return MakeTokens(spec, std::move(shards), /*sharded=*/true, std::move(notices));
 }
 
 // A .npy array's header, checked: C order, a fixed-size numeric dtype, rows of at most
@@ -613,14 +471,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
   }
   if (spec.kind == DatasetKind::kTokens) {
     GPUFEED_RETURN_IF_ERROR(CheckTokenSpec(spec));
+    // A Megatron X.bin named alone, read with its X.idx: its directory (the descriptor the
+    // client passed is that directory when it saw the .idx).
+    GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindPairedFile(spec, ".bin", ".idx"));
     // A directory of shards, or a glob in the last component (its directory's files that
     // match; only where no file of that name exists): the descriptor the client passed is
     // that directory. A passed directory is the pattern's when its own name is not the
     // path's last component (the client opened the parent).
-    GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindShardDir(spec, HasGlob));
-    if (dir.has_value()) {
-      return OpenTokenShards(spec, fs, dir->fd, dir->dir, dir->pattern, reader);
+    if (!dir.has_value()) {
+      GPUFEED_ASSIGN_OR_RETURN(dir, FindShardDir(spec, HasGlob));
     }
+    if (dir.has_value()) return OpenTokenShards(spec, fs, *dir, reader);
   }
   GPUFEED_ASSIGN_OR_RETURN(
       std::unique_ptr<RandomAccessFile> file,
@@ -628,8 +489,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
   if (spec.kind == DatasetKind::kTokens) {
     std::vector<TokenShard> one;
     GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
-                             ProbeShard(spec, std::move(file), spec.path, nullptr,
-                                        WalkBudget(spec.walk, spec.path, "indexing")));
+                             ProbeTokenShard(spec, std::move(file), spec.path, MegatronIdx(),
+                                             WalkBudget(spec.walk, spec.path, "indexing")));
     one.push_back(std::move(shard));
     return MakeTokens(spec, std::move(one), /*sharded=*/false);
   }

@@ -10,6 +10,7 @@
 #include <climits>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/os/file.h"
 #include "common/status.h"
@@ -46,6 +47,15 @@ absl::StatusOr<std::optional<std::vector<std::string>>> RangeOf(absl::string_vie
     out.push_back(std::move(v));
   }
   return out;
+}
+
+// The last component of the path the directory `fd` was opened by, as this process sees it
+// ("" when unknown): a client in a container may name it otherwise.
+std::string OpenedBaseName(int fd) {
+  char name[PATH_MAX];
+  const ssize_t n = ::readlink(absl::StrCat("/proc/self/fd/", fd).c_str(), name, sizeof(name) - 1);
+  const std::string opened = n > 0 ? std::string(name, static_cast<size_t>(n)) : "";
+  return opened.substr(opened.find_last_of('/') + 1);
 }
 
 }  // namespace
@@ -124,11 +134,7 @@ absl::StatusOr<std::optional<ShardDir>> FindShardDir(
   if (spec.fd >= 0) {
     if (::fstat(spec.fd, &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
     out.fd = spec.fd;
-    char name[PATH_MAX];
-    const ssize_t n =
-        ::readlink(absl::StrCat("/proc/self/fd/", spec.fd).c_str(), name, sizeof(name) - 1);
-    const std::string opened = n > 0 ? std::string(name, static_cast<size_t>(n)) : "";
-    pattern = is_pattern(base) && opened.substr(opened.find_last_of('/') + 1) != base;
+    pattern = is_pattern(base) && OpenedBaseName(spec.fd) != base;
   } else if (::stat(spec.path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return std::nullopt;
     out.own.Reset(::open(spec.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -146,6 +152,40 @@ absl::StatusOr<std::optional<ShardDir>> FindShardDir(
   }
   out.dir = pattern ? parent : spec.path;
   if (pattern) out.pattern = base;
+  return out;
+}
+
+absl::StatusOr<std::optional<ShardDir>> FindPairedFile(const FileDatasetSpec& spec,
+                                                       absl::string_view suffix,
+                                                       absl::string_view companion) {
+  const size_t slash = spec.path.find_last_of('/');
+  const std::string base = spec.path.substr(slash + 1);
+  const std::string parent = spec.path.substr(0, std::max<size_t>(slash, 1));
+  if (slash == std::string::npos || base.size() <= suffix.size() || !absl::EndsWith(base, suffix) ||
+      HasGlob(base)) {
+    return std::nullopt;
+  }
+  ShardDir out;
+  struct stat st {};
+  if (spec.fd >= 0) {
+    if (::fstat(spec.fd, &st) != 0 || !S_ISDIR(st.st_mode) || OpenedBaseName(spec.fd) == base ||
+        ::fstatat(spec.fd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return std::nullopt;
+    }
+    out.fd = spec.fd;
+  } else {
+    if (::stat(spec.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+    out.own.Reset(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!out.own.valid()) return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", parent));
+    const std::string beside = absl::StrCat(base.substr(0, base.size() - suffix.size()), companion);
+    if (::fstatat(out.own.get(), beside.c_str(), &st, 0) != 0 || !S_ISREG(st.st_mode)) {
+      return std::nullopt;
+    }
+    out.fd = out.own.get();
+  }
+  out.dir = parent;
+  out.pattern = base;
+  out.exact = true;
   return out;
 }
 
@@ -181,6 +221,67 @@ absl::StatusOr<std::vector<std::string>> ListShardFiles(
   GPUFEED_RETURN_IF_ERROR(status);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+namespace {
+
+// Where a marker of `markers` is a part of `name` (split at '_', '-', '.'): [begin, end).
+std::optional<std::pair<size_t, size_t>> MarkerIn(
+    absl::string_view name, std::initializer_list<absl::string_view> markers) {
+  size_t begin = 0;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i < name.size() && name[i] != '_' && name[i] != '-' && name[i] != '.') continue;
+    const absl::string_view part = name.substr(begin, i - begin);
+    for (absl::string_view m : markers) {
+      if (absl::EqualsIgnoreCase(part, m)) return std::make_pair(begin, i);
+    }
+    begin = i + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<DatasetNotice> MixedSplitNotice(const std::string& dir,
+                                              const std::vector<std::string>& names) {
+  const std::string* train = nullptr;
+  const std::string* held_out = nullptr;
+  std::pair<size_t, size_t> at;
+  for (const std::string& name : names) {
+    if (train == nullptr) {
+      if (auto m = MarkerIn(name, {"train", "training"}); m.has_value()) {
+        train = &name;
+        at = *m;
+        continue;
+      }
+    }
+    if (held_out == nullptr && MarkerIn(name, {"val", "valid", "validation", "test"})) {
+      held_out = &name;
+    }
+  }
+  if (train == nullptr || held_out == nullptr) return std::nullopt;
+  // The training name with what surrounds its marker made a wildcard: fineweb_train_000001.bin
+  // gives *_train_*.bin, train.bin itself.
+  const std::string& t = *train;
+  const size_t dot = t.find_last_of('.');
+  const std::string extension = dot != std::string::npos && dot >= at.second ? t.substr(dot) : "";
+  std::string glob = at.first > 0 ? absl::StrCat("*", t.substr(at.first - 1, 1)) : "";
+  absl::StrAppend(&glob, t.substr(at.first, at.second - at.first));
+  if (at.second < t.size()) {
+    absl::StrAppend(
+        &glob, at.second == dot ? extension : absl::StrCat(t.substr(at.second, 1), "*", extension));
+  }
+  const std::string prefix = dir == "/" ? "/" : absl::StrCat(dir, "/");
+  DatasetNotice notice;
+  notice.reason = "warning";
+  notice.example = absl::StrCat(prefix, *held_out);
+  notice.message =
+      absl::StrCat("dataset.path: ", dir, " holds training and held-out files together (", prefix,
+                   t, " and ", notice.example,
+                   "), and all of them are read as training data; to train on the training "
+                   "split alone, name it: ",
+                   prefix, glob);
+  return notice;
 }
 
 std::string ShardsIdentity(size_t count, absl::FunctionRef<const std::string&(size_t)> name,

@@ -43,6 +43,9 @@ struct ShardDir {
   int fd = -1;
   std::string dir;
   std::string pattern;
+  // `pattern` is one file's name, taken as it is (no glob): a file named alone that is read
+  // with a companion beside it (FindPairedFile).
+  bool exact = false;
 };
 
 // The shard directory of `spec`, or nullopt when its path names one file. The client passes
@@ -52,11 +55,32 @@ struct ShardDir {
 absl::StatusOr<std::optional<ShardDir>> FindShardDir(
     const FileDatasetSpec& spec, const std::function<bool(absl::string_view)>& is_pattern);
 
+// A file read with a companion beside it, named alone (a Megatron-LM `X.bin` and its
+// `X.idx`): its directory, to open both beneath, and its name as an exact pattern; nullopt
+// when `spec` names no such file. With a descriptor, the client passed the file's directory
+// (it saw the companion): the path's last component ends with `suffix`, is no glob, is not
+// the passed directory's own name, and is an entry of it (a link too, which the open beneath
+// then refuses). Without one (an admin's path): the path is a regular file ending with
+// `suffix` and its name with `companion` for `suffix` lies beside it, else nullopt and the
+// file is read alone as before.
+absl::StatusOr<std::optional<ShardDir>> FindPairedFile(const FileDatasetSpec& spec,
+                                                       absl::string_view suffix,
+                                                       absl::string_view companion);
+
 // The names of the regular files directly in `dirfd` (not starting with '.') that `keep`
 // accepts, sorted by name (byte order); INVALID_ARGUMENT past kMaxShards. `dir` names the
 // directory in messages.
 absl::StatusOr<std::vector<std::string>> ListShardFiles(
     int dirfd, const std::string& dir, const std::function<bool(const std::string&)>& keep);
+
+// A warning (DatasetNotice reason "warning") when the shard names a directory or glob
+// selected mix training files with held-out ones, as llm.c keeps `fineweb_train_000001.bin`
+// beside `fineweb_val_000000.bin`: a name is marked by a part of it, split at '_', '-' and
+// '.' and compared ignoring case, that is `train`/`training`, or `val`/`valid`/`validation`/
+// `test`. The message names the first of each (as `dir`/name) and a glob selecting the
+// training files only. nullopt when the names do not mix.
+std::optional<DatasetNotice> MixedSplitNotice(const std::string& dir,
+                                              const std::vector<std::string>& names);
 
 // "N files, fnv1a64 H, mtimes fnv1a64 M" of `count` shards: H of each shard's name (its last
 // component) and size, in order, M of their modification times. A shard added, removed,

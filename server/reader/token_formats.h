@@ -1,0 +1,68 @@
+// Token files: what one file of a tokens dataset is, from its first bytes (issue 31: raw
+// only when raw). Known token headers are read as their format (llm.c, .npy, Megatron-LM's
+// .bin with its .idx); known foreign formats (archives, compressed streams, Arrow, Parquet,
+// images, text, ...) are refused naming the format; a file is read as raw token ids only
+// when nothing matches. README.md's "Token files" table states the same rules.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+#include "common/os/file.h"
+#include "server/reader/dataset.h"
+#include "server/reader/image_folder.h"
+
+namespace gpufeed::server {
+
+inline bool IsTokenDType(DType t) { return t == DType::kUInt16 || t == DType::kUInt32; }
+
+// One token file of a dataset: where its tokens start, how many, of which type, and its
+// format (for messages).
+struct TokenShard {
+  std::unique_ptr<RandomAccessFile> file;
+  std::string name;  // as messages name it
+  uint64_t data_offset = 0;
+  uint64_t tokens = 0;
+  DType dtype = DType::kUInt16;
+  const char* format = "raw";
+};
+
+// A format a token file is not: its name as messages give it ("a tar archive") and what to do
+// instead ("a WebDataset shard is kind webdataset").
+struct ForeignFormat {
+  const char* name;
+  const char* advice;
+};
+
+// The foreign format `file` is by its first bytes (`prefix`: its first min(size, 64 KiB)
+// bytes) and, for Parquet, its last four; nullopt when none matches. Only signatures long
+// or structured enough that token ids do not make them by chance (the table in
+// token_formats.cc says why, row by row).
+absl::StatusOr<std::optional<ForeignFormat>> SniffForeignFormat(const RandomAccessFile& file,
+                                                                absl::string_view prefix);
+
+// A Megatron-LM .idx beside the .bin being probed, and its name for messages.
+struct MegatronIdx {
+  const RandomAccessFile* file = nullptr;
+  std::string name;
+};
+
+// One file's format, checked (README.md, "Token files"):
+// - `idx` set: Megatron-LM's .bin (its .idx says the token type and count; the .bin must hold
+//   exactly that many), the .idx's sizes summed under `walk`;
+// - else by its first bytes: .npy (its header's dtype, uint16 or uint32), llm.c (the header's
+//   token count checked against the size), a foreign format or a Megatron .idx (refused,
+//   named), or else raw tokens of token_dtype (uint16 when unset).
+// `set_dir`, when the file is one of a directory or glob's ("" for one file), is named in a
+// refusal's advice (name only the token files). INVALID_ARGUMENT "dataset.path: NAME ...".
+absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
+                                           std::unique_ptr<RandomAccessFile> file, std::string name,
+                                           const MegatronIdx& idx, const WalkBudget& walk,
+                                           absl::string_view set_dir = "");
+
+}  // namespace gpufeed::server

@@ -214,6 +214,32 @@ gpufeed_status gpufeed_session_mps(const gpufeed_session* session, int32_t* out_
   return Ok();
 }
 
+gpufeed_status gpufeed_session_notice_count(const gpufeed_session* session, int32_t* out_count) {
+  if (session == nullptr || out_count == nullptr) {
+    return Invalid("session and out_count must not be NULL");
+  }
+  *out_count = static_cast<int32_t>(session->session->info().notices.size());
+  return Ok();
+}
+
+gpufeed_status gpufeed_session_get_notice(const gpufeed_session* session, int32_t index,
+                                          gpufeed_notice* out_notice) {
+  if (session == nullptr || out_notice == nullptr) {
+    return Invalid("session and out_notice must not be NULL");
+  }
+  const auto& notices = session->session->info().notices;
+  if (index < 0 || static_cast<size_t>(index) >= notices.size()) {
+    return Fail(absl::OutOfRangeError(
+        absl::StrCat("notice index ", index, " is not in [0, ", notices.size(), ")")));
+  }
+  const gpufeed::client::DatasetNotice& n = notices[static_cast<size_t>(index)];
+  out_notice->reason = n.reason.c_str();
+  out_notice->count = n.count;
+  out_notice->example = n.example.c_str();
+  out_notice->message = n.message.c_str();
+  return Ok();
+}
+
 gpufeed_status gpufeed_detach(gpufeed_session* session) {
   if (session == nullptr) return Invalid("session must not be NULL");
   absl::Status status = session->session->Detach();

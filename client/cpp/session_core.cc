@@ -24,6 +24,10 @@
 namespace gpufeed::client::internal {
 namespace {
 
+// AttachResponse.notices kept, and the bytes of each of their strings.
+constexpr size_t kMaxNotices = 64;
+constexpr size_t kMaxNoticeBytes = 4096;
+
 std::string DirOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash);
@@ -181,6 +185,13 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   layout_ = info.layout;
   info.decode = response.decode();
   info.augment = response.augment();
+  // Bounded as everything taken from the socket: a few notices of one line each.
+  for (const v1::DatasetNotice& n : response.notices()) {
+    if (info.notices.size() == kMaxNotices) break;
+    info.notices.push_back({n.reason().substr(0, kMaxNoticeBytes), n.count(),
+                            n.example().substr(0, kMaxNoticeBytes),
+                            n.message().substr(0, kMaxNoticeBytes)});
+  }
   if (device_) {
     if (!response.has_device()) return absl::InternalError("attach: no device ring in reply");
     device_reply_ = response.device();

@@ -79,9 +79,17 @@ CropBox RandomResizedCropBox(int image_height, int image_width,
 }
 
 CropBox CenterCropBox(int image_height, int image_width, int crop_height, int crop_width) {
-  // torchvision: int(round((image - crop) / 2.0)).
-  return {RoundHalfEven((image_height - crop_height) / 2.0),
-          RoundHalfEven((image_width - crop_width) / 2.0), crop_height, crop_width};
+  return {CenterCropOffset(image_height, crop_height), CenterCropOffset(image_width, crop_width),
+          crop_height, crop_width};
+}
+
+int CenterCropOffset(int image, int crop) {
+  // torchvision.transforms.functional.center_crop: a crop larger than the image pads it with
+  // (crop - image) // 2 zeros before and (crop - image + 1) // 2 after, then takes it whole
+  // (offset 0 in the padded image); a smaller one starts at int(round((image - crop) / 2.0)).
+  // (Rounding -(crop - image) / 2 instead put an odd padding of 3, 7, 11, ... 1 px off.)
+  if (crop > image) return -static_cast<int>((static_cast<int64_t>(crop) - image) / 2);
+  return RoundHalfEven((image - crop) / 2.0);
 }
 
 void ResizeShorterSide(int height, int width, int shorter, int* out_height, int* out_width) {

@@ -46,9 +46,14 @@ struct RandomResizedCropOptions {
 CropBox RandomResizedCropBox(int image_height, int image_width,
                              const RandomResizedCropOptions& options, SampleRandom& random);
 
-// torchvision's CenterCrop box for an image (crops larger than the image are not padded here:
-// the caller validates sizes).
+// torchvision's center_crop box for an image, exactly (as functional.center_crop of 0.14):
+// on an axis where the crop is larger than the image, the image is padded with
+// (crop - image) // 2 zeros before it and the rest after, so the box starts at minus that
+// padding (the pixels outside the image are the zeros); elsewhere the box starts at
+// int(round((image - crop) / 2.0)), half to even.
 CropBox CenterCropBox(int image_height, int image_width, int crop_height, int crop_width);
+// One axis of CenterCropBox: the box's first row (or column), negative where it pads.
+int CenterCropOffset(int image, int crop);
 
 // torchvision's Resize(size) with one int: the shorter side becomes `shorter`, the longer
 // keeps the aspect ratio (truncated, as torchvision's int()).

@@ -51,6 +51,7 @@ class SourcedImageDataset final : public ImageDataset {
     return source_->CheckReadNotShrunk(ids);
   }
   std::string ContentIdentity() const override { return source_->ContentIdentity(); }
+  std::vector<DatasetNotice> notices() const override { return source_->notices(); }
 
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {
     absl::StatusOr<uint64_t> used = ReadSampleAt(id, SampleContext{}, rows);

@@ -34,6 +34,8 @@ class ImageSource {
   }
   // Dataset::ContentIdentity.
   virtual std::string ContentIdentity() const { return ""; }
+  // Dataset::notices: what the index left out at open.
+  virtual std::vector<DatasetNotice> notices() const { return {}; }
 };
 
 // The images of `source` through the spec's pipeline and bad-sample policy.

@@ -18,7 +18,8 @@ namespace {
 
 class TarSource final : public ImageSource {
  public:
-  explicit TarSource(WebDatasetIndex index) : index_(std::move(index)) {}
+  explicit TarSource(WebDatasetIndex index)
+      : index_(std::move(index)), notices_(WebDatasetNotices(index_)) {}
 
   uint64_t size() const override { return index_.samples.size(); }
   int64_t label(uint64_t id) const override { return index_.samples[id].label; }
@@ -59,8 +60,11 @@ class TarSource final : public ImageSource {
         [this](size_t k) -> const RandomAccessFile& { return *index_.shards[k].file; });
   }
 
+  std::vector<DatasetNotice> notices() const override { return notices_; }
+
  private:
   const WebDatasetIndex index_;
+  const std::vector<DatasetNotice> notices_;
 };
 
 }  // namespace
@@ -75,11 +79,11 @@ absl::StatusOr<std::unique_ptr<ImageDataset>> OpenWebDataset(const DatasetSpec& 
       WebDatasetIndex index,
       IndexWebDataset(spec, fs, spec.reader.has_value() ? &*spec.reader : nullptr, spec.walk,
                       /*skip_imageless=*/spec.bad_sample == BadSamplePolicy::kSkip));
-  if (index.without_image > 0) {
-    spdlog::info("webdataset {}: {} keys without an image (.jpg, .jpeg, .png) are no samples",
-                 EscapeForLog(spec.path), index.without_image);
+  auto source = std::make_unique<TarSource>(std::move(index));
+  for (const DatasetNotice& n : source->notices()) {
+    spdlog::info("webdataset {}: {}", EscapeForLog(spec.path), n.message);
   }
-  return MakeImageDataset(std::make_unique<TarSource>(std::move(index)), spec);
+  return MakeImageDataset(std::move(source), spec);
 }
 
 }  // namespace gpufeed::server

@@ -22,11 +22,21 @@
 namespace gpufeed::server {
 namespace {
 
-bool IsImage(const std::string& name) {
+std::string ExtensionOf(const std::string& name) {
   const size_t dot = name.rfind('.');
-  if (dot == std::string::npos) return false;
-  const std::string ext = absl::AsciiStrToLower(name.substr(dot));
+  return dot == std::string::npos ? "" : absl::AsciiStrToLower(name.substr(dot));
+}
+
+bool IsImage(const std::string& name) {
+  const std::string ext = ExtensionOf(name);
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+// The rest of torchvision's IMG_EXTENSIONS (datasets/folder.py): files ImageFolder loads.
+bool IsOtherImage(const std::string& name) {
+  const std::string ext = ExtensionOf(name);
+  return ext == ".bmp" || ext == ".ppm" || ext == ".pgm" || ext == ".tif" || ext == ".tiff" ||
+         ext == ".webp";
 }
 
 struct Entry {
@@ -64,7 +74,10 @@ class Walker {
     // The reader must be able to list (r) and search (x) it, as its own walk would.
     if (reader_ != nullptr && !(ModeLetsRead(st.st_uid, st.st_gid, st.st_mode, *reader_) &&
                                 ModeLetsSearch(st.st_uid, st.st_gid, st.st_mode, *reader_))) {
-      if (!relative.empty()) return out;  // skipped, as os.walk skips what it cannot read
+      if (!relative.empty()) {  // skipped, as os.walk skips what it cannot read
+        unlisted_.Add(display);
+        return out;
+      }
       return absl::PermissionDeniedError(absl::StrCat(
           "dataset.path: the mode bits of ", display, " do not let uid ", reader_->uid,
           " list and search it"));
@@ -100,12 +113,16 @@ class Walker {
     return out;
   }
 
+  // The sub-folders List skipped for want of the reader's r and x bits.
+  Skipped& unlisted() { return unlisted_; }
+
  private:
   const int root_fd_;
   const std::string root_;
   const PeerCred* const reader_;
   WalkBudget budget_;
   absl::flat_hash_set<std::pair<dev_t, ino_t>> visited_;
+  Skipped unlisted_;
 };
 
 }  // namespace
@@ -157,21 +174,39 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
   for (const Entry& e : top) {
     if (e.type == DT_DIR) index.classes.push_back(e.name);  // a link to one is not a class
   }
+  // ... which torchvision's find_classes would take (entry.is_dir() follows it).
+  std::vector<std::string> top_links;
+  for (const Entry& e : top) {
+    if (e.type == DT_LNK) top_links.push_back(e.name);
+  }
+  std::sort(top_links.begin(), top_links.end());
+  for (const std::string& name : top_links) {
+    index.unfollowed_links.Add(absl::StrCat(root, "/", name));
+  }
   // Byte order, as Python's sorted() on str for ASCII names.
   std::sort(index.classes.begin(), index.classes.end());
   if (index.classes.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.path: ", root, " holds no class folder (ImageFolder layout: ROOT/CLASS/IMAGE)"));
+        "dataset.path: ", root, " holds no class folder (ImageFolder layout: ROOT/CLASS/IMAGE)",
+        top_links.empty() ? ""
+                          : absl::StrCat("; its ", top_links.size(), " symbolic links (e.g. ",
+                                         top_links[0], ") are not followed")));
   }
   for (size_t label = 0; label < index.classes.size(); ++label) {
     // torchvision walks each class folder recursively, files sorted within each folder:
     // (directory relative to ROOT, file name).
     std::vector<std::pair<std::string, std::string>> files;
+    // What is left out, (directory, name) as `files`, counted in their order once sorted.
+    std::vector<std::pair<std::string, std::string>> other_images, links, unfollowed;
     std::deque<std::string> pending = {index.classes[label]};
     while (!pending.empty()) {
       const std::string dir = std::move(pending.front());
       pending.pop_front();
       GPUFEED_ASSIGN_OR_RETURN(std::vector<Entry> entries, walker.List(dir));
+      // By name: sub-folders are walked in one order whatever readdir's, so that the first
+      // of what is left out (a folder the caller cannot list) is the same every time.
+      std::sort(entries.begin(), entries.end(),
+                [](const Entry& a, const Entry& b) { return a.name < b.name; });
       for (Entry& e : entries) {
         if (e.type == DT_DIR) {
           pending.push_back(absl::StrCat(dir, "/", e.name));
@@ -180,16 +215,38 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
           // A caller's walk (reader) takes no links: one inside the folder could lead through
           // a directory the caller cannot search (docs/SECURITY.md section 2).
           files.emplace_back(dir, std::move(e.name));
+        } else if (e.type == DT_LNK) {
+          (IsImage(e.name)        ? links
+           : IsOtherImage(e.name) ? other_images
+                                  : unfollowed)
+              .emplace_back(dir, std::move(e.name));
+        } else if (e.type == DT_REG && IsOtherImage(e.name)) {
+          other_images.emplace_back(dir, std::move(e.name));
         }
       }
     }
+    const auto left_out = [&](std::vector<std::pair<std::string, std::string>>& entries,
+                              Skipped& into) {
+      std::sort(entries.begin(), entries.end());
+      for (const auto& [dir, name] : entries) into.Add(absl::StrCat(root, "/", dir, "/", name));
+    };
+    left_out(other_images, index.other_images);
+    left_out(links, index.links);
+    left_out(unfollowed, index.unfollowed_links);
     // As sorted(os.walk(...)) then sorted(fnames): by directory string, then file name (not
     // by path components, which would put a sub-folder's files before its parent's).
     std::sort(files.begin(), files.end());
     if (files.empty()) {  // torchvision's ImageFolder refuses such a tree too
       return absl::InvalidArgumentError(absl::StrCat(
           "dataset.path: class folder ", index.classes[label], " under ", root,
-          " holds no .jpg, .jpeg or .png file"));
+          " holds no .jpg, .jpeg or .png file",
+          other_images.empty()
+              ? ""
+              : absl::StrCat(" (its ", other_images.size(),
+                             " .bmp/.ppm/.pgm/.tif/.tiff/.webp "
+                             "files, e.g. ",
+                             other_images[0].second,
+                             ", are images gpufeed does not decode: convert them to .png)")));
     }
     for (const auto& [dir, name] : files) {
       index.paths.push_back(absl::StrCat(root, "/", dir, "/", name));
@@ -198,6 +255,7 @@ absl::StatusOr<ImageFolderIndex> IndexImageFolder(int root_fd, const std::string
     }
     GPUFEED_RETURN_IF_ERROR(charge_index());
   }
+  index.unlisted_folders = std::move(walker.unlisted());
   return index;
 }
 

@@ -24,6 +24,16 @@
 
 namespace gpufeed::server {
 
+// What an attach-time scan left out that a user would otherwise miss (issue 31: nothing
+// skipped silently): how many, and the first, as messages name it.
+struct Skipped {
+  int64_t count = 0;
+  std::string first;
+  void Add(std::string what) {
+    if (count++ == 0) first = std::move(what);
+  }
+};
+
 struct ImageFolderIndex {
   std::string root;                  // the display path of ROOT
   std::vector<std::string> classes;  // label -> class name
@@ -32,6 +42,18 @@ struct ImageFolderIndex {
   // The bytes of `paths` and `labels` in max_index_bytes (FolderWalkLimits::index_bytes),
   // returned with the index; null where the walk has no budget.
   std::unique_ptr<ByteBudget::Charge> charge;
+  // Left out, each with its first display path. Files (and entries) torchvision's walk
+  // ignores too are not counted: other extensions, files directly in ROOT.
+  //   other_images: files of an image type torchvision's ImageFolder loads and gpufeed does
+  //     not decode (.bmp .ppm .pgm .tif .tiff .webp), so ids differ from ImageFolder's;
+  //   links: a caller's walk (`reader`): symbolic links named as images, never opened;
+  //   unfollowed_links: symbolic links the walk did not follow (in ROOT, a possible class;
+  //     elsewhere one not named as an image, a possible folder), which torchvision follows;
+  //   unlisted_folders: a caller's walk: sub-folders its mode bits do not let it list.
+  Skipped other_images;
+  Skipped links;
+  Skipped unfollowed_links;
+  Skipped unlisted_folders;
 
   // The sample's path relative to ROOT, for opening it beneath ROOT's descriptor.
   std::string Relative(uint64_t id) const { return paths[id].substr(root.size() + 1); }

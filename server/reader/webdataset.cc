@@ -96,9 +96,50 @@ struct Group {
   std::string key;
   const TarMember* image = nullptr;
   const TarMember* label = nullptr;
+  // Members named as an image after a second dot (`001.jpg`), and the first of them.
+  int64_t dotted_images = 0;
+  const TarMember* dotted = nullptr;
 };
 
+bool IsImageExtension(absl::string_view ext) {
+  return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+// What a user whose keys hold dots reads, for `member` (img.001.jpg): how WebDataset split it.
+std::string DottedHint(absl::string_view member) {
+  const size_t base = member.find_last_of('/') + 1;
+  const size_t dot = member.find('.', base);
+  return absl::StrCat(EscapeForLog(member), " is key ", EscapeForLog(member.substr(0, dot)),
+                      " with extension ", EscapeForLog(member.substr(dot + 1)),
+                      "; WebDataset (and gpufeed) split a member's name at the first dot of its "
+                      "last component: name keys without dots (img_001.jpg)");
+}
+
 }  // namespace
+
+std::vector<DatasetNotice> WebDatasetNotices(const WebDatasetIndex& index) {
+  const Skipped& left = index.without_image;
+  if (left.count == 0) return {};
+  DatasetNotice n;
+  n.reason = "no_image";
+  n.count = left.count;
+  n.example = EscapeForLog(left.first);
+  n.message =
+      absl::StrCat(left.count, left.count == 1 ? " WebDataset key has" : " WebDataset keys have",
+                   " no image (.jpg, .jpeg or .png) and ", left.count == 1 ? "is" : "are",
+                   " left out (first: ", n.example, ")");
+  if (index.dotted_keys > 0) {
+    absl::StrAppend(
+        &n.message, "; ", index.dotted_keys, " of them hold ", index.dotted_images,
+        index.dotted_images == 1 ? " image" : " images", " whose names have more than one dot: in ",
+        EscapeForLog(index.first_dotted_shard), ", ", DottedHint(index.first_dotted_member));
+  } else {
+    absl::StrAppend(&n.message,
+                    "; only .jpg, .jpeg and .png members are images to gpufeed (bad_sample "
+                    "\"fail\" refuses such keys)");
+  }
+  return {std::move(n)};
+}
 
 std::string WebDatasetIndex::display(uint64_t id) const {
   return absl::StrCat(shards[samples[id].shard].name, ":", member(id));
@@ -132,10 +173,22 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
       if (g.key.empty()) return absl::OkStatus();
       if (g.image == nullptr) {
         if (skip_imageless) {
-          ++index.without_image;
+          index.without_image.Add(absl::StrCat(shard.name, ":", g.key));
+          if (g.dotted != nullptr) {
+            ++index.dotted_keys;
+            index.dotted_images += g.dotted_images;
+            if (index.dotted_keys == 1) {
+              index.first_dotted_shard = shard.name;
+              index.first_dotted_member = g.dotted->path;
+            }
+          }
           return absl::OkStatus();
         }
-        return refuse(g, "has no image (.jpg, .jpeg or .png); bad_sample: fail refuses it");
+        return refuse(
+            g, absl::StrCat(
+                   "has no image (.jpg, .jpeg or .png); bad_sample: fail "
+                   "refuses it",
+                   g.dotted == nullptr ? "" : absl::StrCat(" (", DottedHint(g.dotted->path), ")")));
       }
       if (g.label == nullptr) {
         return refuse(g, absl::StrCat("(", EscapeForLog(g.image->path),
@@ -174,7 +227,7 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
         GPUFEED_RETURN_IF_ERROR(finish(group));
         group = Group{std::string(key)};
       }
-      if (ext == "jpg" || ext == "jpeg" || ext == "png") {
+      if (IsImageExtension(ext)) {
         if (group.image != nullptr) {
           return refuse(group, absl::StrCat("has two images, ", EscapeForLog(group.image->path),
                                             " and ", EscapeForLog(m.path)));
@@ -183,15 +236,20 @@ absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, Fil
       } else if (ext == "cls") {
         if (group.label != nullptr) return refuse(group, "has two .cls members");
         group.label = &m;
+      } else if (const size_t last = ext.rfind('.');
+                 last != std::string::npos &&
+                 IsImageExtension(absl::string_view(ext).substr(last + 1))) {
+        if (group.dotted_images++ == 0) group.dotted = &m;
       }
     }
     GPUFEED_RETURN_IF_ERROR(finish(group));
   }
   GPUFEED_RETURN_IF_ERROR(charge_index());
   if (index.samples.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: ", spec.path, ": the ", index.shards.size(),
-                     " shards hold no sample (a key with a .jpg, .jpeg or .png and a .cls)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", spec.path, ": the ", index.shards.size(),
+        " shards hold no sample (a key with a .jpg, .jpeg or .png and a .cls)",
+        index.dotted_keys == 0 ? "" : absl::StrCat("; ", DottedHint(index.first_dotted_member))));
   }
   return index;
 }

@@ -43,7 +43,15 @@ struct WebDatasetIndex {
   std::vector<WebDatasetShard> shards;  // in name order
   std::vector<WebDatasetSample> samples;
   std::string names;          // every image member's path, one after another
-  int64_t without_image = 0;  // keys skipped for want of an image
+  // Keys skipped for want of an image (bad_sample skip), the first as "<shard>:<key>".
+  Skipped without_image;
+  // Of those, the keys holding a member named as an image after a second dot (img.001.jpg:
+  // key `img`, extension `001.jpg`, as WebDataset splits it too), those members, and the
+  // first of them: its shard's display path and its member path.
+  int64_t dotted_keys = 0;
+  int64_t dotted_images = 0;
+  std::string first_dotted_shard;
+  std::string first_dotted_member;
   // The bytes of `samples` and `names` in max_index_bytes (FolderWalkLimits::index_bytes),
   // returned with the index; null where the walk has no budget.
   std::unique_ptr<ByteBudget::Charge> charge;
@@ -71,5 +79,10 @@ struct WebDatasetIndex {
 absl::StatusOr<WebDatasetIndex> IndexWebDataset(const FileDatasetSpec& spec, FileSystem* fs,
                                                 const PeerCred* reader,
                                                 const FolderWalkLimits& walk, bool skip_imageless);
+
+// What the attaching client is told (Dataset::notices): the keys without an image, reason
+// "no_image", with the first and, where their members' names hold a second dot, how
+// WebDataset splits them. None when every key was a sample.
+std::vector<DatasetNotice> WebDatasetNotices(const WebDatasetIndex& index);
 
 }  // namespace gpufeed::server

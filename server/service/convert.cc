@@ -218,6 +218,13 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     out->set_decode(a.stage == StageMode::kNvjpeg ? "nvjpeg" : "cpu");
     out->set_augment(a.stage == StageMode::kNone ? "cpu" : "gpu");
   }
+  for (const DatasetNotice& n : a.notices) {
+    v1::DatasetNotice* p = out->add_notices();
+    p->set_reason(n.reason);
+    p->set_count(n.count);
+    p->set_example(n.example);
+    p->set_message(n.message);
+  }
 }
 
 void ToProto(const ReadyBatch& b, v1::BatchReady* out) {

@@ -43,6 +43,24 @@ bool TokenEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
+// FeedSnapshot::bad_samples: the dataset's counts by reason, plus each notice's samples left
+// out at open under its reason (issue 31: what Attach reports is counted too). A "warning" is
+// no sample.
+std::vector<std::pair<std::string, int64_t>> BadSamplesOf(const Dataset& dataset) {
+  std::vector<std::pair<std::string, int64_t>> out = dataset.bad_samples();
+  for (const DatasetNotice& n : dataset.notices()) {
+    if (n.reason == "warning" || n.count <= 0) continue;
+    auto same =
+        std::find_if(out.begin(), out.end(), [&](const auto& r) { return r.first == n.reason; });
+    if (same == out.end()) {
+      out.emplace_back(n.reason, n.count);
+    } else {
+      same->second += n.count;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_bytes,
@@ -410,6 +428,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   if (out.device) out.device_ring = session->device_export();
   out.stage = stage;
   out.image = feed->staged_layout().has_value();
+  out.notices = feed->dataset().notices();
   return out;
 }
 
@@ -613,7 +632,7 @@ std::vector<FeedSnapshot> SessionManager::ListFeedsWhere(
     f.batches_produced = feed->batches_produced();
     f.samples_produced = feed->samples_produced();
     f.bytes_produced = feed->bytes_produced();
-    f.bad_samples = feed->dataset().bad_samples();
+    f.bad_samples = BadSamplesOf(feed->dataset());
     out.push_back(std::move(f));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });

@@ -93,6 +93,7 @@ struct Attachment {
   DeviceRingExport device_ring;  // when device
   StageMode stage = StageMode::kNone;
   bool image = false;  // an image dataset: stage says where decode and augment run
+  std::vector<DatasetNotice> notices;  // the dataset's (Dataset::notices)
 };
 
 struct FeedSnapshot {
@@ -103,6 +104,8 @@ struct FeedSnapshot {
   int64_t batches_produced = 0;
   int64_t samples_produced = 0;
   uint64_t bytes_produced = 0;
+  // Samples that could not be used, by reason: the dataset's bad_samples and its notices'
+  // counts (samples left out at open; warnings are not samples).
   std::vector<std::pair<std::string, int64_t>> bad_samples;
 };
 

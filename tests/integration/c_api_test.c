@@ -1,6 +1,8 @@
 /* The C ABI used from C: attach, read three batches, check their ids against the epoch order
  * computed here and the payload against the file, check error reporting, detach.
- * Usage: c_api_test SOCKET TOKENS_FILE (uint16, seq_len 16). */
+ * With a third argument, a WebDataset shard directory whose one shard holds the keys
+ * img.001 and img.002 (one key, img, without an image) among others: its notice.
+ * Usage: c_api_test SOCKET TOKENS_FILE [WEBDATASET_DIR] (tokens: uint16, seq_len 16). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +59,8 @@ static uint64_t epoch_order_at(uint64_t n, uint64_t seed, int64_t epoch, uint64_
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s SOCKET TOKENS_FILE\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    fprintf(stderr, "usage: %s SOCKET TOKENS_FILE [WEBDATASET_DIR]\n", argv[0]);
     return 2;
   }
   FILE* f = fopen(argv[2], "rb");
@@ -98,6 +100,14 @@ int main(int argc, char** argv) {
   CHECK(gpufeed_session_get_info(session, &info) == GPUFEED_OK, "info");
   CHECK(info.num_tensors == 1, "num_tensors %d", info.num_tensors);
   CHECK(info.num_samples == (int64_t)((count - 1) / 16), "num_samples %ld", (long)info.num_samples);
+  /* Nothing was left out of the token file: no notice, and index 0 is out of range. */
+  int32_t notices = -1;
+  CHECK(gpufeed_session_notice_count(session, &notices) == GPUFEED_OK && notices == 0, "notices %d",
+        notices);
+  gpufeed_notice notice;
+  CHECK(gpufeed_session_get_notice(session, 0, &notice) == GPUFEED_OUT_OF_RANGE, "notice 0");
+  CHECK(strstr(gpufeed_last_error(), "notice index 0") != NULL, "message: %s",
+        gpufeed_last_error());
 
   for (int b = 0; b < 3; ++b) {
     gpufeed_batch* batch = NULL;
@@ -129,6 +139,32 @@ int main(int argc, char** argv) {
         "position (%ld, %ld)", (long)epoch, (long)step);
   CHECK(gpufeed_detach(session) == GPUFEED_OK, "detach: %s", gpufeed_last_error());
   gpufeed_session_destroy(session);
+
+  if (argc == 4) {
+    CHECK(gpufeed_options_create(&options) == GPUFEED_OK, "options");
+    gpufeed_options_set_string(options, "socket", argv[1]);
+    gpufeed_options_set_string(options, "job", "c-abi-notices");
+    gpufeed_options_set_string(options, "kind", "webdataset");
+    gpufeed_options_set_string(options, "dataset", argv[3]);
+    gpufeed_options_set_string(options, "pipeline_json", "{\"ops\": [{\"center_crop\": 4}]}");
+    gpufeed_options_set_int(options, "batch_size", 1);
+    CHECK(gpufeed_attach(options, &session) == GPUFEED_OK, "attach webdataset: %s",
+          gpufeed_last_error());
+    gpufeed_options_destroy(options);
+    CHECK(gpufeed_session_notice_count(session, &notices) == GPUFEED_OK && notices == 1,
+          "webdataset notices %d", notices);
+    CHECK(gpufeed_session_get_notice(session, 0, &notice) == GPUFEED_OK, "notice 0: %s",
+          gpufeed_last_error());
+    CHECK(strcmp(notice.reason, "no_image") == 0 && notice.count == 1, "notice %s %ld",
+          notice.reason, (long)notice.count);
+    const size_t n = strlen(notice.example);
+    CHECK(n > 4 && strcmp(notice.example + n - 4, ":img") == 0, "example %s", notice.example);
+    CHECK(strstr(notice.message, "img.001.jpg is key img with extension 001.jpg") != NULL,
+          "message %s", notice.message);
+    CHECK(gpufeed_session_get_notice(session, -1, &notice) == GPUFEED_OUT_OF_RANGE, "notice -1");
+    CHECK(gpufeed_detach(session) == GPUFEED_OK, "detach: %s", gpufeed_last_error());
+    gpufeed_session_destroy(session);
+  }
   printf("c api ok\n");
   return 0;
 }

@@ -29,6 +29,7 @@
 #include "tests/integration/harness.h"
 #include "tests/testing/half.h"
 #include "tests/testing/image_files.h"
+#include "tests/testing/tar_builder.h"
 
 namespace gpufeed::testing {
 namespace {
@@ -946,7 +947,15 @@ TEST_P(ShrinkTest, ShrunkenDatasetIsDataLossNotACrash) {
 
 // The C ABI, from a program compiled as C.
 TEST_F(DaemonTest, CApiProgram) {
-  Subprocess c({C_API_TEST_PATH, daemon_->socket(), tokens_path_}, dir_.File("c"));
+  // And a WebDataset whose key img.001 is key img without an image: its notice (issue 31).
+  const std::string shards = dir_.File("wds");
+  std::filesystem::create_directories(shards);
+  const std::vector<uint8_t> png = EncodePng(Picture(6, 7, 3, 1), 6, 7);
+  const std::string image(png.begin(), png.end());
+  std::ofstream(shards + "/train-0.tar", std::ios::binary)
+      << TarFile("a.cls", "0") + TarFile("a.png", image) + TarFile("img.001.cls", "1") +
+             TarFile("img.001.jpg", image) + TarEnd();
+  Subprocess c({C_API_TEST_PATH, daemon_->socket(), tokens_path_, shards}, dir_.File("c"));
   EXPECT_EQ(c.Wait(), 0) << c.Stdout() << c.Stderr();
   EXPECT_THAT(c.Stdout(), HasSubstr("c api ok"));
 }

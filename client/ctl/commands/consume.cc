@@ -132,6 +132,17 @@ std::string ChecksumsJson(bool wanted, const std::vector<std::string>& names,
   return absl::StrCat(",\"checksum\":", sums.empty() ? 0 : sums[0], ",\"checksums\":{", each, "}");
 }
 
+// -o json's "notices": each of SessionInfo::notices as an object.
+std::string NoticesJson(const std::vector<client::DatasetNotice>& notices) {
+  std::string out;
+  for (const client::DatasetNotice& n : notices) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", "{\"reason\":", JsonString(n.reason),
+                    ",\"count\":", n.count, ",\"example\":", JsonString(n.example),
+                    ",\"message\":", JsonString(n.message), "}");
+  }
+  return out;
+}
+
 int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
   client::AttachOptions o;
   Limits limits;
@@ -173,6 +184,10 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     absl::StatusOr<ConsumerStream> created = ConsumerStream::Create((*session)->info().gpu_ordinal);
     if (!created.ok()) return Fail(created.status());
     stream = std::move(*created);
+  }
+  // What the daemon left out of the dataset, or warns about, before any batch (issue 31).
+  for (const client::DatasetNotice& n : (*session)->info().notices) {
+    std::fprintf(stderr, "notice (%s): %s\n", n.reason.c_str(), n.message.c_str());
   }
   if (!(*session)->info().decode.empty()) {
     std::fprintf(stderr, "images: decode on %s, augment on %s\n", (*session)->info().decode.c_str(),
@@ -243,10 +258,11 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     std::printf(
         "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
         "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
-        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":%s}%s}\n",
+        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":%s}%s,\"notices\":[%s]}\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
         absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
-        JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str());
+        JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str(),
+        NoticesJson((*session)->info().notices).c_str());
   } else {
     std::printf(
         "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "

@@ -82,6 +82,17 @@ typedef struct gpufeed_batch_info {
   uint64_t generation;
 } gpufeed_batch_info;
 
+/* One thing Attach reported about the dataset (the C++ client's DatasetNotice): samples left
+ * out at open under `reason` ("no_image", "other_image_type", "link"; also counted in the
+ * feed's bad samples) or a "warning" (count 0). Strings are owned by the session, valid
+ * until gpufeed_session_destroy. */
+typedef struct gpufeed_notice {
+  const char* reason;
+  int64_t count;
+  const char* example; /* the first of them, as the message names it */
+  const char* message; /* one line: what, how many, the first, and what to do */
+} gpufeed_notice;
+
 typedef struct gpufeed_tensor {
   const char* name;     /* valid while the batch handle lives */
   int32_t dtype;        /* gpufeed_dtype */
@@ -137,6 +148,11 @@ gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** 
  * old driver or daemon). The daemon's kernels run beside training's only when both are 1. */
 gpufeed_status gpufeed_session_mps(const gpufeed_session* session, int32_t* out_daemon,
                                    int32_t* out_consumer);
+/* The notices Attach reported (0 when nothing was left out), and notice `index` of them
+ * (OUT_OF_RANGE outside [0, count)). A consumer should show each to its user. */
+gpufeed_status gpufeed_session_notice_count(const gpufeed_session* session, int32_t* out_count);
+gpufeed_status gpufeed_session_get_notice(const gpufeed_session* session, int32_t index,
+                                          gpufeed_notice* out_notice);
 gpufeed_status gpufeed_detach(gpufeed_session* session);
 /* Detaches if needed and frees the handle. Batches still held stay valid memory. */
 void gpufeed_session_destroy(gpufeed_session* session);

@@ -174,6 +174,17 @@ class Batch {
   std::vector<Tensor> tensors_;
 };
 
+// What Attach reported about the dataset as opened (issue 31: nothing skipped silently):
+// samples left out at open, by reason ("no_image": WebDataset keys without an image;
+// "other_image_type", "link": image_folder files), also counted in FeedInfo::bad_samples, or
+// a "warning" (count 0). gpufeedctl consume prints each; Python warns once (GpufeedWarning).
+struct DatasetNotice {
+  std::string reason;
+  int64_t count = 0;
+  std::string example;  // the first of them, as messages name it
+  std::string message;  // one line: what, how many, the first, and what to do
+};
+
 struct SessionInfo {
   uint64_t session_id = 0;
   std::string feed_key;
@@ -193,6 +204,7 @@ struct SessionInfo {
   // time-sliced against them (README, "MPS"); -1: unknown (no CUDA, an old driver).
   int daemon_mps = -1;
   int consumer_mps = -1;
+  std::vector<DatasetNotice> notices;  // none when nothing was left out
 };
 
 class Session {
@@ -266,7 +278,8 @@ struct FeedInfo {
   int32_t sessions = 0;
   int64_t batches_produced = 0;
   uint64_t bytes_produced = 0;
-  std::map<std::string, int64_t> bad_samples;  // image_folder: by reason
+  // Image datasets: by reason, those left out at open (SessionInfo::notices) included.
+  std::map<std::string, int64_t> bad_samples;
 };
 
 struct SessionSummary {

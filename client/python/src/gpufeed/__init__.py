@@ -39,6 +39,7 @@ from gpufeed.errors import (
     Unimplemented,
     Unknown,
 )
+from gpufeed.notices import GpufeedWarning, Notice
 from gpufeed.pipeline import Pipeline
 
 __version__ = "0.1.0"
@@ -60,4 +61,5 @@ __all__ = [
     "Session",
     "SessionInfo", "Tensor", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
     "default_socket", "library_api_version", "__version__",
+    "GpufeedWarning", "Notice",
 ]

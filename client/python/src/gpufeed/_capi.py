@@ -79,6 +79,17 @@ class TensorInfo(ctypes.Structure):
     ]
 
 
+class NoticeInfo(ctypes.Structure):
+    """``gpufeed_notice``."""
+
+    _fields_ = [
+        ("reason", ctypes.c_char_p),
+        ("count", ctypes.c_int64),
+        ("example", ctypes.c_char_p),
+        ("message", ctypes.c_char_p),
+    ]
+
+
 _status = ctypes.c_int
 _p = ctypes.c_void_p
 
@@ -103,6 +114,8 @@ _PROTOTYPES = {
         _status,
         [_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],
     ),
+    "gpufeed_session_notice_count": (_status, [_p, ctypes.POINTER(ctypes.c_int32)]),
+    "gpufeed_session_get_notice": (_status, [_p, ctypes.c_int32, ctypes.POINTER(NoticeInfo)]),
     "gpufeed_detach": (_status, [_p]),
     "gpufeed_session_destroy": (None, [_p]),
     "gpufeed_batch_get_info": (_status, [_p, ctypes.POINTER(BatchInfo)]),

@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from gpufeed import _capi
+from gpufeed import notices as _notices
 from gpufeed.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange
 from gpufeed.errors import Unavailable, error_for
 
@@ -415,6 +416,10 @@ class Session:
         self.info = SessionInfo(info.session_id, info.num_samples, info.steps_per_epoch,
                                 info.ring_slots, info.num_tensors)
         """What the daemon answered at attach."""
+        self.notices: Tuple[_notices.Notice, ...] = _notices.read(handle.lib, handle.ptr)
+        """What the daemon reported about the dataset (samples left out at open, cautions):
+        warned once here, as a :class:`~gpufeed.GpufeedWarning`."""
+        _notices.warn(self.notices, stacklevel=3)  # at the caller of Client.attach
 
     def _live(self) -> _SessionHandle:
         if self._handle is None:

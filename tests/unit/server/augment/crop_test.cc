@@ -156,6 +156,26 @@ TEST(CenterCropTest, MatchesTorchvisionRounding) {
   EXPECT_EQ(CenterCropBox(257, 259, 224, 224), (CropBox{16, 18, 224, 224}));
 }
 
+// torchvision's center_crop pads a crop larger than the image with (crop - image) // 2 zeros
+// before it (left, top) and (crop - image + 1) // 2 after: the box starts at minus the
+// first. Rounding (image - crop) / 2 half to even put paddings of 3, 7, 11, ... 1 px off.
+TEST(CenterCropTest, ALargerCropPadsAsTorchvisionSplitsThePadding) {
+  for (int image = 1; image <= 40; ++image) {
+    for (int crop = image + 1; crop <= image + 41; ++crop) {
+      EXPECT_EQ(CenterCropOffset(image, crop), -((crop - image) / 2)) << image << " " << crop;
+    }
+  }
+  EXPECT_EQ(CenterCropBox(10, 10, 13, 13), (CropBox{-1, -1, 13, 13}));  // was -2: 1 px off
+  EXPECT_EQ(CenterCropBox(10, 10, 15, 15), (CropBox{-2, -2, 15, 15}));
+  EXPECT_EQ(CenterCropBox(10, 10, 17, 17), (CropBox{-3, -3, 17, 17}));  // was -4
+  EXPECT_EQ(CenterCropBox(10, 10, 11, 11), (CropBox{0, 0, 11, 11}));    // all after
+  // One axis padded (odd), the other cropped (half to even: 1.5 -> 2, 2.5 -> 2).
+  EXPECT_EQ(CenterCropBox(10, 20, 13, 17), (CropBox{-1, 2, 13, 17}));
+  EXPECT_EQ(CenterCropBox(25, 6, 20, 9), (CropBox{2, -1, 20, 9}));
+  // Equal: the image itself.
+  EXPECT_EQ(CenterCropBox(7, 9, 7, 9), (CropBox{0, 0, 7, 9}));
+}
+
 TEST(ResizeTest, ShorterSideKeepsTheAspectRatioTruncated) {
   int h, w;
   ResizeShorterSide(375, 500, 256, &h, &w);  // int(256 * 500 / 375) = int(341.33) = 341

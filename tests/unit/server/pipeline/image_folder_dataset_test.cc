@@ -85,6 +85,39 @@ TEST_F(ImageFolderDatasetTest, CentreCropOfALosslessPngIsByteExactWithItsLabel) 
   EXPECT_EQ(label, 1);
 }
 
+// Issue 31: what the walk left out reaches the attaching client as the dataset's notices,
+// one line each naming how many, the first and what to do; nothing when nothing was.
+TEST_F(ImageFolderDatasetTest, FilesLeftOutAtOpenAreNotices) {
+  auto clean = Open({CenterCropStep{8}});
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_TRUE((*clean)->notices().empty());
+  WriteFileBytes(root_ + "/a/4.webp", {1, 2, 3});
+  WriteFileBytes(root_ + "/b/5.bmp", {1, 2, 3});
+  std::filesystem::create_directory_symlink(root_ + "/b", root_ + "/linked");
+  auto ds = Open({CenterCropStep{8}});
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_samples(), 3u);
+  const std::vector<DatasetNotice> notices = (*ds)->notices();
+  ASSERT_EQ(notices.size(), 2u);
+  EXPECT_EQ(notices[0].reason, "other_image_type");
+  EXPECT_EQ(notices[0].count, 2);
+  EXPECT_EQ(notices[0].example, root_ + "/a/4.webp");
+  EXPECT_EQ(notices[0].message,
+            "2 files of an image type gpufeed does not decode (.bmp .ppm .pgm .tif .tiff .webp) "
+            "are left out (first: " +
+                root_ +
+                "/a/4.webp): torchvision's ImageFolder loads them, so its sample ids would "
+                "differ from gpufeed's; convert them to .png or .jpg");
+  EXPECT_EQ(notices[1].reason, "warning");
+  EXPECT_EQ(notices[1].count, 0);
+  EXPECT_EQ(notices[1].example, root_ + "/linked");
+  EXPECT_EQ(notices[1].message,
+            "1 symbolic link is not followed (first: " + root_ +
+                "/linked): a linked folder's images (in the root: a linked class) are not part "
+                "of the dataset, unlike torchvision's ImageFolder (docs/SECURITY.md section 4); "
+                "put the folders themselves in the tree");
+}
+
 TEST_F(ImageFolderDatasetTest, RandomCropsDependOnSeedEpochAndSampleOnly) {
   auto ds = Open({RandomResizedCropStep{16, {}}, FlipStep{0.5}});
   ASSERT_TRUE(ds.ok()) << ds.status();

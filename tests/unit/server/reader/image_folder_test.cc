@@ -80,6 +80,51 @@ TEST(ImageFolderTest, LinksToDirectoriesAreNotFollowed) {
   std::vector<std::string> rel;
   for (size_t i = 0; i < index->paths.size(); ++i) rel.push_back(index->Relative(i));
   EXPECT_THAT(rel, ElementsAre("dog/a.jpg", "dog/link.jpg", "outside/o.jpg", "tree/dog2/b.jpg"));
+  // Issue 31: what torchvision would follow and gpufeed does not is counted, the first kept:
+  // the linked class, then per class X and up (dog), loop (tree).
+  EXPECT_EQ(index->unfollowed_links.count, 4);
+  EXPECT_EQ(index->unfollowed_links.first, root + "/linked_class");
+  EXPECT_EQ(index->links.count, 0);  // an admin's walk takes dog/link.jpg
+}
+
+// Issue 31: what a user would miss is counted with the first of it: files of the image types
+// torchvision's ImageFolder loads and gpufeed does not decode, and a caller's links to images.
+// Not counted: what ImageFolder ignores too (other extensions, files in ROOT); a hidden image
+// is a sample for both.
+TEST(ImageFolderTest, OtherImageTypesAndACallersLinksAreCountedWithTheFirst) {
+  testing::TempDir dir;
+  const std::string root = dir.path();
+  for (const char* f : {"c/a.jpg", "c/b.webp", "c/sub/z.BMP", "c/notes.txt", "c/.hidden.png",
+                        "readme.txt", "d/x.png", "d/y.tiff"}) {
+    Touch(root + "/" + f);
+  }
+  std::filesystem::create_symlink("../d/x.png", root + "/c/l.jpg");
+  ASSERT_EQ(::chmod(root.c_str(), 0755), 0);  // mkdtemp's 0700: the user could not list it
+  UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const PeerCred user{1000, 1000, 1, {}};
+  absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
+  ASSERT_TRUE(as_user.ok()) << as_user.status();
+  std::vector<std::string> rel;
+  for (size_t i = 0; i < as_user->paths.size(); ++i) rel.push_back(as_user->Relative(i));
+  EXPECT_THAT(rel, ElementsAre("c/.hidden.png", "c/a.jpg", "d/x.png"));
+  EXPECT_EQ(as_user->other_images.count, 3);  // c/b.webp, c/sub/z.BMP, d/y.tiff
+  EXPECT_EQ(as_user->other_images.first, root + "/c/b.webp");
+  EXPECT_EQ(as_user->links.count, 1);
+  EXPECT_EQ(as_user->links.first, root + "/c/l.jpg");
+  EXPECT_EQ(as_user->unfollowed_links.count, 0);
+  EXPECT_EQ(as_user->unlisted_folders.count, 0);
+  absl::StatusOr<ImageFolderIndex> as_admin = IndexImageFolder(root);
+  ASSERT_TRUE(as_admin.ok()) << as_admin.status();
+  EXPECT_EQ(as_admin->paths.size(), 4u);  // c/l.jpg too
+  EXPECT_EQ(as_admin->links.count, 0);
+  EXPECT_EQ(as_admin->other_images.count, 3);
+  // A class of other image types only is refused, saying so.
+  Touch(root + "/e/only.webp");
+  absl::StatusOr<ImageFolderIndex> refused = IndexImageFolder(root);
+  EXPECT_EQ(refused.status().message(),
+            "dataset.path: class folder e under " + root +
+                " holds no .jpg, .jpeg or .png file (its 1 .bmp/.ppm/.pgm/.tif/.tiff/.webp files, "
+                "e.g. only.webp, are images gpufeed does not decode: convert them to .png)");
 }
 
 TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
@@ -149,9 +194,12 @@ TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
   absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
   ASSERT_TRUE(as_user.ok()) << as_user.status();
   EXPECT_THAT(as_user->paths, ElementsAre(root + "/c/a.jpg"));
+  EXPECT_EQ(as_user->unlisted_folders.count, 2);  // issue 31: counted, the first by name
+  EXPECT_EQ(as_user->unlisted_folders.first, root + "/c/nosearch");
   absl::StatusOr<ImageFolderIndex> as_daemon = IndexImageFolder(fd.get(), root, {}, nullptr);
   ASSERT_TRUE(as_daemon.ok());
   EXPECT_EQ(as_daemon->paths.size(), 3u);
+  EXPECT_EQ(as_daemon->unlisted_folders.count, 0);
   ASSERT_EQ(::chmod(root.c_str(), 0744), 0);
   absl::StatusOr<ImageFolderIndex> closed = IndexImageFolder(fd.get(), root, {}, &user);
   EXPECT_EQ(closed.status().code(), absl::StatusCode::kPermissionDenied);

@@ -161,10 +161,82 @@ TEST_F(WebDatasetTest, AKeyWithoutAnImageIsNoSampleUnderSkipAndRefusedUnderFail)
       IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, true);
   ASSERT_TRUE(index.ok()) << index.status();
   EXPECT_EQ(index->samples.size(), 3u);
-  EXPECT_EQ(index->without_image, 1);
+  EXPECT_EQ(index->without_image.count, 1);
+  EXPECT_EQ(index->without_image.first, dir_.Join("train-1.tar") + ":only");
+  EXPECT_EQ(index->dotted_keys, 0);
+  const std::vector<DatasetNotice> notices = WebDatasetNotices(*index);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].message,
+            "1 WebDataset key has no image (.jpg, .jpeg or .png) and is left out (first: " +
+                dir_.Join("train-1.tar") +
+                ":only); only .jpg, .jpeg and .png members are images to gpufeed (bad_sample "
+                "\"fail\" refuses such keys)");
   index = IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, false);
   ASSERT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(index.status().message(), HasSubstr("train-1.tar: key only has no image"));
+}
+
+// Issue 31: `img.001.jpg` is key `img`, extension `001.jpg` (WebDataset splits a name at its
+// first dot too): such keys have no image. They are counted, the first kept, and the user
+// told why and what to do, not only the daemon's log.
+TEST_F(WebDatasetTest, KeysWithDotsAreCountedWithTheFirstAndExplained) {
+  const std::string png = im_.bytes[0];
+  dir_.WriteFile("train-1.tar", TarFile("img.001.cls", "1") + TarFile("img.001.jpg", im_.bytes[1]) +
+                                    TarFile("img.002.cls", "2") +
+                                    TarFile("img.002.jpg", im_.bytes[1]) + Sample(im_, 2) +
+                                    TarFile("photo.a.png", png) + TarFile("photo.a.cls", "0") +
+                                    TarFile("meta0.json", "{}") + Sample(im_, 4) + TarEnd());
+  absl::StatusOr<WebDatasetIndex> index =
+      IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, true);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->samples.size(), 4u);  // s1000, s1001 (train-0), s1002, s1004
+  // Keys img (img.001.*, img.002.*: one key, as WebDataset groups them), photo, meta0.
+  EXPECT_EQ(index->without_image.count, 3);
+  const std::string shard = dir_.Join("train-1.tar");
+  EXPECT_EQ(index->without_image.first, shard + ":img");
+  EXPECT_EQ(index->dotted_keys, 2);
+  EXPECT_EQ(index->dotted_images, 3);
+  EXPECT_EQ(index->first_dotted_member, "img.001.jpg");
+  const std::vector<DatasetNotice> notices = WebDatasetNotices(*index);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].reason, "no_image");
+  EXPECT_EQ(notices[0].count, 3);
+  EXPECT_EQ(notices[0].example, shard + ":img");
+  EXPECT_EQ(
+      notices[0].message,
+      "3 WebDataset keys have no image (.jpg, .jpeg or .png) and are left out (first: " + shard +
+          ":img); 2 of them hold 3 images whose names have more than one dot: in " + shard +
+          ", img.001.jpg is key img with extension 001.jpg; WebDataset (and gpufeed) split "
+          "a member's name at the first dot of its last component: name keys without dots "
+          "(img_001.jpg)");
+  // Through the dataset: its notices, and its bad samples counted by the feed from them.
+  auto ds = OpenDataset(Spec(dir_.path()), PosixFileSystem());
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->notices().size(), 1u);
+  EXPECT_EQ((*ds)->notices()[0].message, notices[0].message);
+  // bad_sample fail refuses the key, saying the same.
+  index = IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, false);
+  ASSERT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(index.status().message(),
+              HasSubstr(shard + ": key img has no image (.jpg, .jpeg or .png); bad_sample: fail "
+                                "refuses it (img.001.jpg is key img with extension 001.jpg;"));
+  // Every key dotted: no sample at all, and the refusal says why.
+  dir_.WriteFile("train-0.tar",
+                 TarFile("a.0.jpg", im_.bytes[1]) + TarFile("a.0.cls", "0") + TarEnd());
+  dir_.WriteFile("train-1.tar", TarFile("b.0.png", png) + TarFile("b.0.cls", "0") + TarEnd());
+  index = IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, true);
+  ASSERT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(index.status().message(),
+              HasSubstr("shards hold no sample (a key with a .jpg, .jpeg or .png and a .cls); "
+                        "a.0.jpg is key a with extension 0.jpg;"));
+}
+
+TEST_F(WebDatasetTest, EveryKeyASampleMeansNoNotice) {
+  absl::StatusOr<WebDatasetIndex> index =
+      IndexWebDataset(Spec(dir_.path()), PosixFileSystem(), nullptr, {}, true);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->without_image.count, 0);
+  EXPECT_TRUE(WebDatasetNotices(*index).empty());
 }
 
 TEST_F(WebDatasetTest, AnImageThatDoesNotDecodeFollowsThePolicyNamedByShardAndMember) {

@@ -1,0 +1,62 @@
+"""What gpufeedd reports at attach about a dataset (issue 31: nothing skipped silently).
+
+A session's :attr:`~gpufeed.Session.notices` are the samples the daemon left out when it
+opened the dataset (``reason`` ``"no_image"``: WebDataset keys without an image, e.g. names
+with a second dot such as ``img.001.jpg``; ``"other_image_type"`` and ``"link"``: image folder
+files), which ``gpufeedctl feeds`` also counts as bad samples, and dataset-level cautions
+(``"warning"``). Attaching warns once with all of them as a :class:`GpufeedWarning`, which a
+program may filter like any warning::
+
+    warnings.simplefilter("error", gpufeed.GpufeedWarning)   # make them fatal
+    warnings.simplefilter("ignore", gpufeed.GpufeedWarning)  # or silence them
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from typing import NamedTuple, Sequence, Tuple
+
+from gpufeed import _capi
+
+
+class GpufeedWarning(UserWarning):
+    """What gpufeedd reported about the dataset at attach (samples left out, cautions)."""
+
+
+class Notice(NamedTuple):
+    """One thing gpufeedd reported at attach about the dataset."""
+
+    reason: str
+    """Why samples were left out (``"no_image"``, ``"other_image_type"``, ``"link"``), or
+    ``"warning"``."""
+    count: int
+    """Samples left out (0 for a warning)."""
+    example: str
+    """The first of them (``SHARD:KEY``, a file's path)."""
+    message: str
+    """One line: what, how many, the first, and what to do."""
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def read(lib: ctypes.CDLL, session: int) -> Tuple[Notice, ...]:
+    """The notices of the C session handle ``session``."""
+    count = ctypes.c_int32()
+    if lib.gpufeed_session_notice_count(session, ctypes.byref(count)) != 0:
+        return ()
+    out = []
+    for i in range(count.value):
+        n = _capi.NoticeInfo()
+        if lib.gpufeed_session_get_notice(session, i, ctypes.byref(n)) == 0:
+            out.append(Notice(_text(n.reason), int(n.count), _text(n.example), _text(n.message)))
+    return tuple(out)
+
+
+def warn(notices: Sequence[Notice], stacklevel: int = 2) -> None:
+    """One :class:`GpufeedWarning` with every notice's message (none without notices)."""
+    if notices:
+        text = "\n".join(n.message for n in notices)
+        warnings.warn(f"gpufeed: {text}", GpufeedWarning, stacklevel=stacklevel + 1)

@@ -103,6 +103,12 @@ gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* n
   return Ok();
 }
 
+gpufeed_status gpufeed_options_add_dataset_path(gpufeed_options* options, const char* path) {
+  if (options == nullptr || path == nullptr) return Invalid("options and path must not be NULL");
+  options->attach.dataset_paths.emplace_back(path);
+  return Ok();
+}
+
 gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key,
                                        int64_t value) {
   if (options == nullptr || key == nullptr) return Invalid("options and key must not be NULL");

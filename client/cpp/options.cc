@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/pipeline_json.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 
 namespace gpufeed::client::internal {
@@ -110,7 +111,37 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   if (!o.arrays.empty() && o.kind != "records") {
     return absl::InvalidArgumentError(absl::StrCat("arrays: only for kind records, not ", o.kind));
   }
-  if (o.arrays.empty()) {
+  if (!o.dataset_paths.empty()) {
+    if (o.kind != "tokens" && o.kind != "webdataset") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.paths: a list of shard files is for kind tokens and webdataset, not ", o.kind));
+    }
+    if (!o.dataset.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset: '", o.dataset, "' and a list of ", o.dataset_paths.size(),
+                       " shard files (dataset_paths) given together; give one"));
+    }
+    if (o.dataset_paths.size() > kMaxListedShards) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset.paths: ", o.dataset_paths.size(),
+                                                     " files, at most ", kMaxListedShards,
+                                                     "; name their directory or a glob instead"));
+    }
+    size_t bytes = 0;
+    for (size_t i = 0; i < o.dataset_paths.size(); ++i) {
+      const std::string& p = o.dataset_paths[i];
+      bytes += p.size();
+      if (p.empty() || p[0] != '/' || p.back() == '/') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dataset.paths[", i, "]: '", p, "' is not an absolute path of a file"));
+      }
+      d->add_paths(p);
+    }
+    if (bytes > kMaxListedShardBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.paths: ", bytes, " bytes of paths, at most ", kMaxListedShardBytes,
+                       "; name their directory or a glob instead"));
+    }
+  } else if (o.arrays.empty()) {
     d->set_path(o.dataset);
   } else {
     GPUFEED_ASSIGN_OR_RETURN(std::string dir, ArraysInto(o, d));

@@ -38,6 +38,51 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// The deepest directory both absolute directories `a` and `b` lie in (component-wise).
+std::string CommonDir(const std::string& a, const std::string& b) {
+  size_t end = 0;  // the end of the last component both share
+  for (size_t i = 0;; ++i) {
+    const bool a_end = i == a.size() || a[i] == '/', b_end = i == b.size() || b[i] == '/';
+    if (a_end && b_end) {
+      end = i;
+      if (i == a.size() || i == b.size()) break;
+    } else if (a_end != b_end || a[i] != b[i]) {
+      break;
+    }
+  }
+  return end == 0 ? "/" : a.substr(0, end);
+}
+
+// An explicit list (DatasetSpec.paths): each file opened with this process's rights and
+// checked a regular file (one it cannot read is refused, named), its path made real (links
+// resolved: gpufeedd follows none beneath the directory passed), and their deepest common
+// directory returned, which this process then passes.
+absl::StatusOr<std::string> RealListedFiles(v1::DatasetSpec* dataset) {
+  std::string common;
+  for (int i = 0; i < dataset->paths_size(); ++i) {
+    const std::string p = dataset->paths(i);
+    const std::string field = absl::StrCat("dataset.paths[", i, "]");
+    UniqueFd fd(::open(p.c_str(), kDatasetOpenFlags));
+    if (!fd.valid()) {
+      const int error = errno;
+      return ErrnoToStatus(error,
+                           absl::StrCat("attach: ", field, ": this process (uid ", ::geteuid(),
+                                        ") cannot open ", p, " (errno ", error, ")"));
+    }
+    absl::Status kind = CheckFileKind(fd.get(), FileKind::kRegular, p, field).status();
+    if (!kind.ok()) return Annotate(kind, "attach");
+    char real[PATH_MAX];
+    if (::realpath(p.c_str(), real) == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat("attach: ", field, ": resolving ", p));
+    }
+    const std::string path = real;
+    const std::string dir = path.rfind('/') == 0 ? "/" : DirOf(path);
+    common = i == 0 ? dir : CommonDir(common, dir);
+    dataset->set_paths(i, path);
+  }
+  return common;
+}
+
 Position Advance(Position p, int64_t steps_per_epoch) {
   if (++p.step >= steps_per_epoch) {
     p.step = 0;
@@ -216,8 +261,9 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
 absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   v1::DatasetSpec* dataset = request->mutable_dataset();
   const std::string given = dataset->path();
+  const bool listed = dataset->paths_size() > 0;  // an explicit list: `path` is set below
   // A relative path is the daemon's to refuse (dataset.path must be absolute).
-  if (given.empty() || given[0] != '/') return absl::OkStatus();
+  if (!listed && (given.empty() || given[0] != '/')) return absl::OkStatus();
 
   // The memory socket's name, from the daemon (asked first: a daemon that is not there is
   // the error to report); it lies beside the gRPC socket as this process sees it (a
@@ -255,8 +301,12 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   bool folder = dataset->kind() == v1::DATASET_KIND_IMAGE_FOLDER || dataset->arrays_size() > 0;
   std::string to_open = given;
   std::string pattern;
-  if (dataset->kind() == v1::DATASET_KIND_TOKENS ||
-      dataset->kind() == v1::DATASET_KIND_WEBDATASET) {
+  if (listed) {
+    // The files' deepest common directory, beneath which gpufeedd opens each listed file.
+    GPUFEED_ASSIGN_OR_RETURN(to_open, RealListedFiles(dataset));
+    folder = true;
+  } else if (dataset->kind() == v1::DATASET_KIND_TOKENS ||
+             dataset->kind() == v1::DATASET_KIND_WEBDATASET) {
     const char* pattern_chars = dataset->kind() == v1::DATASET_KIND_WEBDATASET ? "*?[{" : "*?[";
     struct stat st {};
     if (BaseOf(given).find_first_of(pattern_chars) != std::string::npos) {
@@ -315,7 +365,8 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   if (reply.code() != 0) {
     return absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                        absl::StrCat("attach: passing ", given, " to gpufeedd: ", reply.message()));
+                        absl::StrCat("attach: passing ", listed ? to_open : given,
+                                     " to gpufeedd: ", reply.message()));
   }
   if (reply.dataset_handle().size() != 32) {
     return absl::InternalError("memory socket: no dataset handle in the reply");

@@ -38,6 +38,7 @@ std::string FeedSpec::Canonical() const {
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
   if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
+  if (!dataset.paths.empty()) absl::StrAppend(&out, ";paths=", ShardPathsIdentity(dataset.paths));
   if (IsImageKind(dataset.kind)) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
@@ -171,6 +172,7 @@ std::string Feed::MakeFingerprint() const {
                              ? kinds[kind]
                              : absl::StrCat(kind));
   f.emplace_back("path", d.path);
+  if (!d.paths.empty()) f.emplace_back("paths", ShardPathsIdentity(d.paths));
   f.insert(f.end(), identity_.begin(), identity_.end());
   f.emplace_back("samples", absl::StrCat(dataset_->num_samples()));
   std::vector<std::string> tensors;
@@ -466,6 +468,11 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
   DatasetSpec& d = spec->dataset;
   std::string resolved;
   struct stat st {};
+  // An explicit list's files, beneath d.path (ValidateShardPaths, at the edge).
+  std::vector<std::string> relative;
+  for (const std::string& p : d.paths) {
+    relative.push_back(p.substr(std::min(p.size(), d.path == "/" ? 1 : d.path.size() + 1)));
+  }
   if (!d.handle.empty()) {
     GPUFEED_ASSIGN_OR_RETURN(*fd, handles_.Take(d.handle, caller.uid()));
     d.fd = fd->get();
@@ -491,12 +498,29 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
       d.path = real;
       resolved = real;
       if (::stat(real, &st) != 0) st = {};
+      for (size_t i = 0; i < relative.size(); ++i) {
+        d.paths[i] = absl::StrCat(d.path == "/" ? "" : d.path, "/", relative[i]);
+      }
     }
   }
-  if (!access_.dataset_roots.empty() && !Beneath(resolved, access_.dataset_roots)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "dataset.path: ", d.path, " lies outside the directories gpufeedd serves (dataset_roots: ",
-        absl::StrJoin(access_.dataset_roots, ", "), ")"));
+  if (!access_.dataset_roots.empty()) {
+    // A list's directory may be far above its files (their deepest common one): each file's
+    // place decides.
+    for (size_t i = 0; i < relative.size(); ++i) {
+      const std::string place = absl::StrCat(resolved == "/" ? "" : resolved, "/", relative[i]);
+      if (!Beneath(place, access_.dataset_roots)) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("dataset.paths[", i, "]: ", d.paths[i],
+                         " lies outside the directories gpufeedd serves (dataset_roots: ",
+                         absl::StrJoin(access_.dataset_roots, ", "), ")"));
+      }
+    }
+    if (relative.empty() && !Beneath(resolved, access_.dataset_roots)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("dataset.path: ", d.path,
+                       " lies outside the directories gpufeedd serves (dataset_roots: ",
+                       absl::StrJoin(access_.dataset_roots, ", "), ")"));
+    }
   }
   d.walk = access_.walk;
   d.walk.cancel = &cancel_;

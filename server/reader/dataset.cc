@@ -11,6 +11,8 @@
 #include <limits>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -75,7 +77,8 @@ class TokensDataset final : public Dataset {
         [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; },
         [this](int64_t id) { return ShardOf(static_cast<uint64_t>(id)); });
   }
-  // Which files, in which order, of which sizes and times (ShardsIdentity).
+  // Which files, in which order, of which sizes and times (ShardsIdentity; an explicit
+  // list's full names are the feed's, FeedSpec::Canonical).
   std::string ContentIdentity() const override {
     if (!sharded_) return "";
     return ShardsIdentity(
@@ -312,6 +315,70 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
   return MakeTokens(spec, std::move(shards), /*sharded=*/true, std::move(notices));
 }
 
+// "dataset.path: ..." said of entry `field` of a list: "dataset.paths[3]: ...".
+absl::Status OfEntry(const absl::Status& status, const std::string& field) {
+  if (status.ok()) return status;
+  constexpr absl::string_view kPath = "dataset.path: ";
+  const absl::string_view m = status.message();
+  return absl::Status(status.code(), absl::StartsWith(m, kPath)
+                                         ? absl::StrCat(field, ": ", m.substr(kPath.size()))
+                                         : absl::StrCat(field, ": ", m));
+}
+
+// The shards of an explicit list (spec.paths), in its order, each opened beneath the
+// directory passed where `reader`'s mode bits allow. A listed Megatron `X.bin` is read with
+// the `X.idx` beside it, listed or not (a listed one is then no shard itself); an `X.idx`
+// listed without its `.bin` is probed, and refused as an index. Two names of one file are
+// refused, as a name twice is (ValidateShardPaths).
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& spec, FileSystem* fs,
+                                                       const PeerCred* reader) {
+  GPUFEED_ASSIGN_OR_RETURN(const ShardList list, OpenShardList(spec));
+  const absl::flat_hash_set<std::string> listed(list.relative.begin(), list.relative.end());
+  std::vector<TokenShard> shards;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> seen;
+  const WalkBudget walk(spec.walk, spec.path, "indexing");
+  for (size_t i = 0; i < list.relative.size(); ++i) {
+    const std::string& name = list.relative[i];
+    const std::string& display = spec.paths[i];
+    const std::string field = absl::StrCat("dataset.paths[", i, "]");
+    const std::string stem = name.substr(0, name.size() - 4);
+    if (absl::EndsWith(name, ".idx") && listed.contains(absl::StrCat(stem, ".bin"))) continue;
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
+        fs->OpenForReadBeneath(list.dir.fd, name, display, reader);
+    if (!file.ok()) return OfEntry(file.status(), field);
+    if (const auto id = (*file)->identity(); id.has_value()) {
+      const auto [it, fresh] = seen.emplace(*id, i);
+      if (!fresh) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": ", display, " is the same file as dataset.paths[", it->second,
+                         "] (", spec.paths[it->second], "): each file may appear once"));
+      }
+    }
+    std::unique_ptr<RandomAccessFile> idx_file;
+    MegatronIdx idx;
+    if (absl::EndsWith(name, ".bin")) {
+      const std::string idx_name = absl::StrCat(stem, ".idx");
+      idx.name = absl::StrCat(display.substr(0, display.size() - 4), ".idx");
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened =
+          fs->OpenForReadBeneath(list.dir.fd, idx_name, idx.name, reader);
+      if (opened.ok()) {
+        idx_file = std::move(*opened);
+        idx.file = idx_file.get();
+      } else if (!absl::IsNotFound(opened.status())) {
+        return OfEntry(opened.status(), field);
+      }
+    }
+    absl::StatusOr<TokenShard> shard = ProbeTokenShard(spec, std::move(*file), display, idx, walk);
+    if (!shard.ok()) return OfEntry(shard.status(), field);
+    shards.push_back(std::move(*shard));
+  }
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(
+        "dataset.paths: no token files (every entry is the .idx of another)");
+  }
+  return MakeTokens(spec, std::move(shards), /*sharded=*/true);
+}
+
 // A .npy array's header, checked: C order, a fixed-size numeric dtype, rows of at most
 // 1 TiB, some data, and a file long enough for its shape. `field` and `name` word the errors.
 absl::StatusOr<std::pair<RecordArray, SampleTensor>> ProbeRecordArray(
@@ -469,8 +536,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
     }
     return OpenRecordArrays(spec, fs, reader);
   }
+  GPUFEED_RETURN_IF_ERROR(ValidateShardPaths(spec));
   if (spec.kind == DatasetKind::kTokens) {
     GPUFEED_RETURN_IF_ERROR(CheckTokenSpec(spec));
+    if (!spec.paths.empty()) return OpenTokenList(spec, fs, reader);
     // A Megatron X.bin named alone, read with its X.idx: its directory (the descriptor the
     // client passed is that directory when it saw the .idx).
     GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindPairedFile(spec, ".bin", ".idx"));

@@ -63,6 +63,10 @@ struct FileDatasetSpec {
   // records: several arrays in the directory `path`, in this order; empty: `path` is one
   // .npy file (tensor `data`).
   std::vector<RecordArraySpec> arrays;
+  // tokens, webdataset: an explicit list of shard files, read in this order, each an
+  // absolute path beneath the directory `path` (the descriptor passed); empty: `path` names
+  // the dataset (DatasetSpec.paths in the proto; ValidateShardPaths in shards.h).
+  std::vector<std::string> paths;
   // The request's DatasetSpec.handle: a descriptor the caller opened, passed on the memory
   // socket (docs/SECURITY.md section 2). Not part of the feed's key or fingerprint.
   std::string handle;
@@ -141,8 +145,9 @@ class Dataset {
 // path, and INVALID_ARGUMENT naming the field ("dataset.seq_len: ...") for what cannot be
 // served. Tokens may also be sharded: `path` a directory (its regular files, sorted by name)
 // or a glob in its last component (`/data/train_*.bin`), each shard raw, .npy, llm.c or a
-// Megatron .bin with its .idx; the shard files are opened beneath the directory where the
-// mode bits let `reader` read them (null: no such check). Every kind, images included:
+// Megatron .bin with its .idx; or an explicit list (`paths`), in its order; the shard files
+// are opened beneath the directory where the mode bits let `reader` read them (null: no such
+// check). Every kind, images included:
 // OpenDataset (pipeline/dataset.h).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
                                                          FileSystem* fs,

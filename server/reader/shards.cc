@@ -9,10 +9,14 @@
 #include <cerrno>
 #include <climits>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/os/file.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 
 namespace gpufeed::server {
@@ -187,6 +191,89 @@ absl::StatusOr<std::optional<ShardDir>> FindPairedFile(const FileDatasetSpec& sp
   out.pattern = base;
   out.exact = true;
   return out;
+}
+
+absl::Status ValidateShardPaths(const FileDatasetSpec& spec) {
+  const std::vector<std::string>& paths = spec.paths;
+  if (paths.empty()) return absl::OkStatus();
+  if (spec.kind != DatasetKind::kTokens && spec.kind != DatasetKind::kWebDataset) {
+    return absl::InvalidArgumentError(
+        "dataset.paths: only for kind tokens and webdataset (an explicit list of shard files)");
+  }
+  if (paths.size() > kMaxListedShards) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.paths: ", paths.size(),
+                                                   " files, at most ", kMaxListedShards,
+                                                   "; name their directory or a glob instead"));
+  }
+  size_t bytes = 0;
+  for (const std::string& p : paths) bytes += p.size();
+  if (bytes > kMaxListedShardBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.paths: ", bytes, " bytes of paths, at most ", kMaxListedShardBytes,
+                     "; name their directory or a glob instead"));
+  }
+  const std::string& dir = spec.path;
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: with dataset.paths, the absolute directory the files lie beneath (the "
+        "client library sets it), got '",
+        absl::CHexEscape(dir.substr(0, 256)), "'"));
+  }
+  const std::string prefix = dir == "/" ? "/" : absl::StrCat(dir, "/");
+  absl::flat_hash_map<absl::string_view, size_t> seen;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    const std::string field = absl::StrCat("dataset.paths[", i, "]");
+    if (!absl::StartsWith(p, prefix) || p.size() == prefix.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", absl::CHexEscape(p.substr(0, 256)),
+                       "' is not a file beneath dataset.path ", dir, " (the directory passed)"));
+    }
+    for (absl::string_view part : absl::StrSplit(absl::string_view(p).substr(prefix.size()), '/')) {
+      if (part.empty() || part == "." || part == ".." || part.size() > 255 ||
+          part.find('\0') != absl::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": '", absl::CHexEscape(p.substr(0, 256)),
+            "' is not an absolute path of names (no empty, '.' or '..' component, no NUL, at "
+            "most 255 bytes each)"));
+      }
+    }
+    const auto [it, fresh] = seen.emplace(p, i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", p, " is dataset.paths[", it->second, "] again; each file may appear once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardList> OpenShardList(const FileDatasetSpec& spec) {
+  GPUFEED_RETURN_IF_ERROR(ValidateShardPaths(spec));
+  ShardList out;
+  if (spec.fd >= 0) {
+    GPUFEED_RETURN_IF_ERROR(
+        CheckFileKind(spec.fd, FileKind::kDirectory, spec.path, "dataset.path").status());
+    out.dir.fd = spec.fd;
+  } else {
+    out.dir.own.Reset(::open(spec.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!out.dir.own.valid()) {
+      return ErrnoToStatus(errno, absl::StrCat("dataset.path: ", spec.path));
+    }
+    out.dir.fd = out.dir.own.get();
+  }
+  out.dir.dir = spec.path;
+  const size_t skip = spec.path == "/" ? 1 : spec.path.size() + 1;
+  for (const std::string& p : spec.paths) out.relative.push_back(p.substr(skip));
+  return out;
+}
+
+std::string ShardPathsIdentity(const std::vector<std::string>& paths) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, as ShardsIdentity
+  for (const std::string& p : paths) {
+    for (unsigned char c : p) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0) * 1099511628211ull;
+  }
+  return absl::StrCat(paths.size(), " files, fnv1a64 ", absl::Hex(h, absl::kZeroPad16));
 }
 
 absl::StatusOr<std::vector<std::string>> ListShardFiles(

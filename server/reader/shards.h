@@ -67,6 +67,25 @@ absl::StatusOr<std::optional<ShardDir>> FindPairedFile(const FileDatasetSpec& sp
                                                        absl::string_view suffix,
                                                        absl::string_view companion);
 
+// INVALID_ARGUMENT naming the entry ("dataset.paths[3]: ...") unless `spec.paths` is empty
+// or is a list for kind tokens or webdataset of at most kMaxListedShards absolute paths
+// (kMaxListedShardBytes together), each beneath the directory `spec.path` (absolute) by
+// components that are names (not "", "." or ".."; at most 255 bytes; no NUL), none twice.
+absl::Status ValidateShardPaths(const FileDatasetSpec& spec);
+
+// An explicit list's directory (the descriptor passed, or, for an admin's attach by path,
+// `spec.path` opened here) and each file's name relative to it, in the list's order;
+// validated (ValidateShardPaths).
+struct ShardList {
+  ShardDir dir;
+  std::vector<std::string> relative;
+};
+absl::StatusOr<ShardList> OpenShardList(const FileDatasetSpec& spec);
+
+// "N files, fnv1a64 H" of an explicit list's paths, in order: the feed's key and fingerprint
+// name a list by it (a list of 16384 paths would make both megabytes long).
+std::string ShardPathsIdentity(const std::vector<std::string>& paths);
+
 // The names of the regular files directly in `dirfd` (not starting with '.') that `keep`
 // accepts, sorted by name (byte order); INVALID_ARGUMENT past kMaxShards. `dir` names the
 // directory in messages.

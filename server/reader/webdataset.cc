@@ -43,8 +43,35 @@ absl::StatusOr<std::vector<std::string>> PatternNames(const ShardDir& dir) {
   });
 }
 
+// An explicit list's tars (spec.paths), in its order, opened beneath the directory passed;
+// two names of one file refused.
+absl::StatusOr<std::vector<WebDatasetShard>> OpenListedShards(const FileDatasetSpec& spec,
+                                                              FileSystem* fs,
+                                                              const PeerCred* reader) {
+  GPUFEED_ASSIGN_OR_RETURN(const ShardList list, OpenShardList(spec));
+  std::vector<WebDatasetShard> out;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> seen;
+  for (size_t i = 0; i < list.relative.size(); ++i) {
+    const std::string field = absl::StrCat("dataset.paths[", i, "]");
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
+        fs->OpenForReadBeneath(list.dir.fd, list.relative[i], spec.paths[i], reader);
+    if (!file.ok()) return Annotate(file.status(), field);
+    if (const auto id = (*file)->identity(); id.has_value()) {
+      const auto [it, fresh] = seen.emplace(*id, i);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": ", spec.paths[i], " is the same file as dataset.paths[", it->second, "] (",
+            spec.paths[it->second], "): each file may appear once"));
+      }
+    }
+    out.push_back({std::move(*file), spec.paths[i]});
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& spec, FileSystem* fs,
                                                         const PeerCred* reader) {
+  if (!spec.paths.empty()) return OpenListedShards(spec, fs, reader);
   GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindShardDir(spec, IsPattern));
   std::vector<WebDatasetShard> out;
   if (!dir.has_value()) {  // one tar file

@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/shard_list.h"
 #include "common/status.h"
+#include "server/reader/shards.h"
 
 namespace gpufeed::server {
 
@@ -145,6 +147,16 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
       spec.feed.dataset.arrays.push_back({a.name(), a.file()});
     }
     GPUFEED_RETURN_IF_ERROR(ValidateRecordArrays(spec.feed.dataset.arrays));
+  }
+  if (d.paths_size() > 0) {
+    // Counted before anything is copied, as arrays are.
+    if (static_cast<size_t>(d.paths_size()) > kMaxListedShards) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset.paths: ", d.paths_size(),
+                                                     " files, at most ", kMaxListedShards,
+                                                     "; name their directory or a glob instead"));
+    }
+    spec.feed.dataset.paths.assign(d.paths().begin(), d.paths().end());
+    GPUFEED_RETURN_IF_ERROR(ValidateShardPaths(spec.feed.dataset));
   }
 
   switch (r.delivery().kind()) {

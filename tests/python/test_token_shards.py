@@ -159,7 +159,8 @@ def megatron_bytes(prefix, documents, dtype):
 def served(daemon, job, path, **options):
     """Every window the daemon serves for `path`, in id order (one rank, no shuffle)."""
     rows = {}
-    with gpufeed.Client(daemon.socket).attach(str(path), kind="tokens", seq_len=SEQ,
+    dataset = [str(p) for p in path] if isinstance(path, list) else str(path)
+    with gpufeed.Client(daemon.socket).attach(dataset, kind="tokens", seq_len=SEQ,
                                               batch_size=4, shuffle=False, job=job,
                                               stop_epoch=1, drop_last=False, **options) as s:
         for batch in s:
@@ -311,3 +312,104 @@ def test_the_loader_refuses_an_arrow_file_at_its_first_use(daemon, job, tmp_path
                        match=r"is an Apache Arrow IPC stream \(Hugging Face datasets' \.arrow "
                              r"files are\), not token ids: tokenize its text"):
         len(loader)
+
+
+# ---- issue 31: an explicit list of shard files ----
+
+
+@pytest.fixture
+def three(tmp_path):
+    """A raw nanoGPT .bin, an np.save .npy and an llm.c shard (uint16) in one directory, and
+    their tokens by name."""
+    rng = np.random.default_rng(17)
+    parts = {name: rng.integers(0, 50257, size=n).astype(np.uint16)
+             for name, n in (("a.bin", 51), ("b.npy", 34), ("c.bin", 43))}
+    parts["a.bin"].tofile(tmp_path / "a.bin")
+    np.save(tmp_path / "b.npy", parts["b.npy"])
+    write_datafile(tmp_path / "c.bin", parts["c.bin"])
+    return tmp_path, parts
+
+
+def test_a_list_equals_its_directory_and_follows_its_own_order(daemon, job, three):
+    root, parts = three
+    whole = served(daemon, job, root)
+    listed = served(daemon, job + "-l", [root / "a.bin", root / "b.npy", root / "c.bin"])
+    assert np.array_equal(listed, whole)
+    reordered = served(daemon, job + "-r", [root / "c.bin", root / "a.bin", root / "b.npy"])
+    assert np.array_equal(reordered, windows_of(parts["c.bin"], parts["a.bin"], parts["b.npy"]))
+    # Files of several directories, one named through a link (resolved by the client).
+    (root / "x").mkdir()
+    (root / "y").mkdir()
+    parts["a.bin"].tofile(root / "x" / "0.bin")
+    parts["c.bin"].tofile(root / "y" / "0.bin")
+    os.symlink(root / "y" / "0.bin", root / "link.bin")
+    spread = served(daemon, job + "-s", [root / "link.bin", root / "x" / "0.bin"])
+    assert np.array_equal(spread, windows_of(parts["c.bin"], parts["a.bin"]))
+
+
+def test_the_loader_takes_a_list(daemon, job, three):
+    from gpufeed.torch import Loader
+    root, parts = three
+    loader = Loader([root / "c.bin", root / "a.bin"], kind="tokens", seq_len=SEQ, batch_size=2,
+                    shuffle=False, drop_last=False, device="cpu", socket=daemon.socket, job=job)
+    rows = [b["tokens"][b["valid"]].numpy() for b in loader]
+    assert np.array_equal(np.concatenate(rows), windows_of(parts["c.bin"], parts["a.bin"]))
+
+
+def test_a_list_set_in_another_order_does_not_resume(daemon, job, three):
+    root, _ = three
+    files = [str(root / "a.bin"), str(root / "c.bin")]
+    with gpufeed.Client(daemon.socket).attach(files, kind="tokens", seq_len=SEQ, batch_size=2,
+                                              job=job) as s:
+        next(iter(s))
+        fingerprint = s.fingerprint
+    assert "paths=2 files" in fingerprint
+    with pytest.raises(gpufeed.FailedPrecondition, match="paths was 2 files, fnv1a64 "):
+        gpufeed.Client(daemon.socket).attach(files[::-1], kind="tokens", seq_len=SEQ,
+                                             batch_size=2, job=job + "-2", start=(0, 1),
+                                             start_fingerprint=fingerprint)
+
+
+def test_bad_lists_are_refused_naming_the_entry(daemon, job, three):
+    root, _ = three
+    a, b = root / "a.bin", root / "b.npy"
+    uid = os.geteuid()
+    os.symlink(a, root / "again.bin")
+    (root / "sub").mkdir()
+    cases = [
+        ([a, b, a], gpufeed.InvalidArgument,
+         f"attach: dataset.paths[2]: {a} is dataset.paths[0] again; each file may appear once"),
+        ([a, root / "again.bin"], gpufeed.InvalidArgument,  # the link resolves to a
+         f"attach: dataset.paths[1]: {a} is dataset.paths[0] again; each file may appear once"),
+        ([a, root / "gone.bin"], gpufeed.NotFound,
+         f"attach: dataset.paths[1]: this process (uid {uid}) cannot open {root / 'gone.bin'} "
+         f"(errno 2): No such file or directory"),
+        ([a, root / "sub"], gpufeed.InvalidArgument,
+         f"attach: dataset.paths[1]: {root / 'sub'} is a directory, not a regular file"),
+        ([a] * 16385, gpufeed.InvalidArgument,
+         "dataset.paths: 16385 files, at most 16384; name their directory or a glob instead"),
+    ]
+    for paths, error, message in cases:
+        with pytest.raises(error) as refused:
+            served(daemon, job, paths)
+        assert str(refused.value) == message
+    with pytest.raises(gpufeed.InvalidArgument,
+                       match="dataset: a list of shard files is for kind tokens and webdataset, "
+                             "not 'records'"):
+        gpufeed.Client(daemon.socket).attach([b], kind="records", batch_size=2, job=job)
+    with pytest.raises(gpufeed.InvalidArgument, match="the list of shard files is empty"):
+        gpufeed.Client(daemon.socket).attach([], kind="tokens", seq_len=SEQ, batch_size=2, job=job)
+
+
+def test_gpufeedctl_consume_takes_several_datasets_as_a_list(daemon, job, three, tmp_path_factory):
+    from test_records_arrays import _gpufeedctl
+    root, parts = three
+    out = tmp_path_factory.mktemp("dump") / "b"
+    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--job", job,
+                          "--seq-len", str(SEQ), "--batch-size", "3", "--no-shuffle",
+                          "--max-batches", "1", "--dump", str(out),
+                          "--dataset", str(root / "c.bin"), str(root / "a.bin")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    got = np.load(f"{out}.tokens.npy")
+    assert np.array_equal(got, windows_of(parts["c.bin"], parts["a.bin"])[:3])

@@ -66,7 +66,8 @@ def webdataset(tmp_path):
 
 
 def epoch_batches(daemon, job, path, kind, rank, world=3, batch=2, **kw):
-    with gpufeed.Client(daemon.socket).attach(str(path), kind=kind, batch_size=batch, seed=5,
+    dataset = [str(p) for p in path] if isinstance(path, list) else str(path)
+    with gpufeed.Client(daemon.socket).attach(dataset, kind=kind, batch_size=batch, seed=5,
                                               rank=rank, world_size=world, job=job,
                                               pipeline=OPS, stop_epoch=1, drop_last=False,
                                               **kw) as s:
@@ -75,12 +76,13 @@ def epoch_batches(daemon, job, path, kind, rank, world=3, batch=2, **kw):
                 for b in s]
 
 
-@pytest.mark.parametrize("form", ["directory", "glob", "braces"])
+@pytest.mark.parametrize("form", ["directory", "glob", "braces", "list"])
 def test_three_ranks_see_every_sample_once_as_the_image_folder_does(daemon, job, webdataset,
                                                                      form):
     shards, folder, _ = webdataset
     path = {"directory": shards, "glob": shards / "train-*.tar",
-            "braces": shards / "train-{000000..000002}.tar"}[form]
+            "braces": shards / "train-{000000..000002}.tar",
+            "list": [shards / f"train-{k:06d}.tar" for k in range(3)]}[form]
     seen = []
     for rank in range(3):
         got = epoch_batches(daemon, f"{job}-wds", path, "webdataset", rank)
@@ -177,3 +179,15 @@ def test_an_image_that_does_not_decode_follows_the_policy(daemon, job, webdatase
                        pipeline=OPS, bad_sample="fail", stop_epoch=1) as s:
         with pytest.raises(gpufeed.DataLoss, match=r"s\.tar:a\.png"):
             s.next(timeout=20)
+
+
+def test_a_list_of_shards_is_read_in_its_order(daemon, job, webdataset):
+    """Issue 31: the list's order, not the names': the last shard's samples come first."""
+    shards, _, _ = webdataset
+    listed = [shards / f"train-{k:06d}.tar" for k in (2, 1, 0)]
+    batches = epoch_batches(daemon, job, listed, "webdataset", 0, world=1, batch=17,
+                            shuffle=False)
+    (ids, valid, tensors), = batches
+    assert ids == list(range(N)) and valid == N
+    images = list(range(11, 17)) + list(range(6, 11)) + list(range(0, 6))
+    assert tensors["label"].tolist() == [label_of(i) for i in images]

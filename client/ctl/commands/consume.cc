@@ -27,7 +27,7 @@ namespace {
 struct ConsumeFlags {
   std::string job = "default";
   std::string kind = "tokens";
-  std::string dataset;
+  std::vector<std::string> dataset;  // one path, or several: an explicit list of shards
   std::string arrays;
   std::string token_dtype;
   std::string start_fingerprint;
@@ -61,7 +61,11 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   o->socket = global.socket;
   o->job = flags.job;
   o->kind = flags.kind;
-  o->dataset = flags.dataset;
+  if (flags.dataset.size() == 1) {
+    o->dataset = flags.dataset.front();
+  } else {
+    o->dataset_paths = flags.dataset;  // tokens, webdataset: in this order
+  }
   o->token_dtype = flags.token_dtype;
   o->bad_sample = flags.bad_sample;
   o->decode = flags.decode;
@@ -102,7 +106,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
     }
     o->arrays.emplace_back(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
   }
-  if (o->dataset.empty() && o->arrays.empty()) {
+  if (o->dataset.empty() && o->dataset_paths.empty() && o->arrays.empty()) {
     return absl::InvalidArgumentError("--dataset: required (or --arrays for records)");
   }
   if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
@@ -295,7 +299,9 @@ Command AddConsume(CLI::App& app) {
       ->type_name("KIND");
   cli->add_option("--dataset", f.dataset,
                   "dataset path, absolute (a file, a folder, or shards: a directory or a glob, "
-                  "for webdataset also a brace pattern such as train-{000..146}.tar)")
+                  "for webdataset also a brace pattern such as train-{000..146}.tar); several\n"
+                  "(--dataset A B, or the flag repeated): tokens or webdataset shard files,\n"
+                  "read in that order")
       ->type_name("PATH");
   cli->add_option("--arrays", f.arrays,
                   "records of several .npy arrays of one row count, one tensor each:\n"

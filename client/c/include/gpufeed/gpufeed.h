@@ -130,6 +130,10 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
  * dataset set, an absolute path, every array's in one directory. Checked at gpufeed_attach. */
 gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* name,
                                          const char* file);
+/* kinds "tokens" and "webdataset": appends a shard file (an absolute path) to an explicit
+ * list, read in the order added, instead of "dataset"; see the C++
+ * AttachOptions::dataset_paths. Checked at gpufeed_attach. */
+gpufeed_status gpufeed_options_add_dataset_path(gpufeed_options* options, const char* path);
 
 gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** out_session);
 gpufeed_status gpufeed_session_get_info(const gpufeed_session* session,

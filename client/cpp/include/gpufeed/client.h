@@ -61,6 +61,13 @@ struct AttachOptions {
   // empty, an absolute path, every one in the same directory (which is then the dataset).
   // Sample i is row i of every array. Empty: `dataset` is one .npy file (tensor "data").
   std::vector<std::pair<std::string, std::string>> arrays;
+  // tokens, webdataset: an explicit list of shard files (absolute paths), read in this order
+  // (not sorted), instead of `dataset` (which stays empty). Session::Attach opens each with
+  // this process's rights (refusing one it cannot read, naming it), then passes their deepest
+  // common directory, beneath which gpufeedd opens them with this process's mode-bit rights
+  // (docs/SECURITY.md section 2). At most 16384, no file twice. A Megatron-LM X.bin is read
+  // with the X.idx beside it.
+  std::vector<std::string> dataset_paths;
   // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
   std::string token_dtype;
   // tokens: when > 0, Attach checks a sample of the file's tokens against it (a wrong

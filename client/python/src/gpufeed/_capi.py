@@ -102,6 +102,7 @@ _PROTOTYPES = {
     "gpufeed_options_set_string": (_status, [_p, ctypes.c_char_p, ctypes.c_char_p]),
     "gpufeed_options_set_int": (_status, [_p, ctypes.c_char_p, ctypes.c_int64]),
     "gpufeed_options_add_array": (_status, [_p, ctypes.c_char_p, ctypes.c_char_p]),
+    "gpufeed_options_add_dataset_path": (_status, [_p, ctypes.c_char_p]),
     "gpufeed_attach": (_status, [_p, ctypes.POINTER(_p)]),
     "gpufeed_session_get_info": (_status, [_p, ctypes.POINTER(SessionInfo)]),
     "gpufeed_next": (_status, [_p, ctypes.c_int64, ctypes.POINTER(_p)]),

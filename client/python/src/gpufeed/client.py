@@ -601,6 +601,25 @@ def _record_arrays(dataset: Any, kind: str) -> Optional[List[Tuple[str, str]]]:
     return out
 
 
+def _shard_list(dataset: Any, kind: str) -> Optional[List[str]]:
+    """An explicit list of shard files as absolute paths in order, or None for a dataset
+    named by one path. The client library and the daemon check the entries again."""
+    if not isinstance(dataset, (list, tuple)):
+        return None
+    if kind not in ("tokens", "webdataset"):
+        raise InvalidArgument(f"dataset: a list of shard files is for kind tokens and "
+                              f"webdataset, not {kind!r}")
+    if not dataset:
+        raise InvalidArgument("dataset: the list of shard files is empty")
+    out = []
+    for i, path in enumerate(dataset):
+        try:
+            out.append(os.path.abspath(os.fspath(path)))
+        except TypeError:
+            raise InvalidArgument(f"dataset.paths[{i}]: want a path, got {path!r}") from None
+    return out
+
+
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
@@ -624,7 +643,8 @@ class Client:
 
     def attach(
         self,
-        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]]],
+        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
+                       Sequence[Union[str, "os.PathLike[str]"]]],
         *,
         kind: str,
         batch_size: int,
@@ -656,7 +676,9 @@ class Client:
         """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
 
         ``dataset`` is the dataset's path (made absolute here; the daemon must see the same
-        path). ``kind``: ``tokens`` (give ``seq_len`` and ``token_dtype`` ``uint16`` or
+        path), or, for ``tokens`` and ``webdataset``, a list of shard files read in the
+        list's order (``["/a/0.bin", "/b/1.bin"]``; each opened here with this process's
+        rights; at most 16384, none twice). ``kind``: ``tokens`` (give ``seq_len`` and ``token_dtype`` ``uint16`` or
         ``uint32``), ``records`` (a ``.npy``: tensor ``data``; or a mapping of tensor names to
         ``.npy`` files of one directory and one row count, ``{"x": "x.npy", "y": "y.npy"}``:
         one tensor each, in the mapping's order, sample i being row i of every array),
@@ -695,10 +717,12 @@ class Client:
             raise InvalidArgument(f"kind: want tokens, records, image_folder or webdataset, got {kind!r}")
         _check_not_forked_from_grpc()
         arrays = _record_arrays(dataset, kind)
+        listed = _shard_list(dataset, kind)
         strings: Dict[str, Optional[str]] = {
             "socket": self.socket,
             "kind": kind,
-            "dataset": None if arrays is not None else os.path.abspath(os.fspath(dataset)),
+            "dataset": (None if arrays is not None or listed is not None
+                        else os.path.abspath(os.fspath(dataset))),
             "job": job,
             "token_dtype": _dtype_name(token_dtype),
             "delivery": delivery,
@@ -746,6 +770,8 @@ class Client:
                 if number is not None:
                     _check(lib, lib.gpufeed_options_set_int(options, key.encode(),
                                                             _int(key, number)))
+            for path in listed or []:
+                _check(lib, lib.gpufeed_options_add_dataset_path(options, path.encode("utf-8")))
             for name, path in arrays or []:
                 _check(lib, lib.gpufeed_options_add_array(options, name.encode("utf-8"),
                                                           path.encode("utf-8")))

@@ -378,7 +378,8 @@ class Loader:
             a ``.npy``; an image folder's root), or, for ``"records"`` of several arrays, a
             mapping of tensor names to ``.npy`` files of one directory and one row count
             (``{"x": "x.npy", "y": "y.npy"}``: ``batch["x"]``, ``batch["y"]``, row i of each
-            being sample i).
+            being sample i), or, for ``"tokens"`` and ``"webdataset"``, a list of shard files
+            read in the list's order (``["/a/0.bin", "/b/1.bin"]``).
         kind: ``"tokens"``, ``"records"``, ``"image_folder"`` or ``"webdataset"`` (tar shards,
             e.g. ``"/data/train-{000000..000146}.tar"``).
         batch_size: rows per batch of this rank.
@@ -454,7 +455,8 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]]],
+        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
+                       Sequence[Union[str, "os.PathLike[str]"]]],
         *,
         kind: str,
         batch_size: int,

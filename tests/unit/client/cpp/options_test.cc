@@ -138,5 +138,33 @@ TEST(AttachPlanFromOptionsTest, TheMessageSaysWhatIsWanted) {
             "delivery: unknown kind 'disk' (want host or device)");
 }
 
+TEST(AttachPlanFromOptionsTest, AListOfShardFilesIsSentInOrderOrRefusedByEntry) {
+  AttachOptions o = TokenOptions();
+  o.dataset.clear();
+  o.dataset_paths = {"/b/1.bin", "/a/0.bin"};
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::DatasetSpec& d = plan->request.dataset();
+  ASSERT_EQ(d.paths_size(), 2);
+  EXPECT_EQ(d.paths(0), "/b/1.bin");
+  EXPECT_EQ(d.paths(1), "/a/0.bin");
+  EXPECT_EQ(d.path(), "");  // set when the files are opened (their common directory)
+  const std::vector<std::pair<std::function<void(AttachOptions&)>, std::string>> bad = {
+      {[](AttachOptions& o) { o.dataset_paths[1] = "a/0.bin"; },
+       "dataset.paths[1]: 'a/0.bin' is not an absolute path of a file"},
+      {[](AttachOptions& o) { o.dataset = "/data"; },
+       "dataset: '/data' and a list of 2 shard files (dataset_paths) given together; give one"},
+      {[](AttachOptions& o) { o.kind = "records"; },
+       "dataset.paths: a list of shard files is for kind tokens and webdataset, not records"},
+      {[](AttachOptions& o) { o.dataset_paths.assign(16385, "/a/0.bin"); },
+       "dataset.paths: 16385 files, at most 16384; name their directory or a glob instead"},
+  };
+  for (const auto& [spoil, message] : bad) {
+    AttachOptions spoilt = o;
+    spoil(spoilt);
+    EXPECT_EQ(AttachPlanFromOptions(spoilt).status().message(), message);
+  }
+}
+
 }  // namespace
 }  // namespace gpufeed::client::internal

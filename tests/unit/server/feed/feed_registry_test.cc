@@ -138,6 +138,43 @@ TEST_F(FeedRegistryTest, ADescriptorMustLieBeneathADatasetRoot) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// An explicit list (issue 31): one handle, their common directory's, which may lie above a
+// dataset root; each listed file's place decides.
+TEST_F(FeedRegistryTest, EachFileOfAListMustLieBeneathADatasetRoot) {
+  std::filesystem::create_directories(dir_.Join("data"));
+  const std::string a = dir_.WriteFile("data/a.bin", std::string(2 * 101, 'a'));
+  const std::string b = dir_.WriteFile("data/b.bin", std::string(2 * 101, 'b'));
+  FeedAccessOptions access;
+  access.dataset_roots = {dir_.Join("data")};
+  FeedRegistry registry(PosixFileSystem(), access);
+  FeedSpec spec = Spec(dir_.path());
+  spec.dataset.paths = {b, a};
+  spec.dataset.handle = Handle(registry, dir_.path(), 0);
+  absl::StatusOr<std::shared_ptr<Feed>> feed = registry.GetOrCreate(spec, User(0));
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  EXPECT_EQ((*feed)->dataset().num_samples(), 20u);
+  EXPECT_THAT((*feed)->fingerprint(), HasSubstr(";paths=2 files, fnv1a64 "));
+  FeedSpec out = Spec(dir_.path());
+  out.dataset.paths = {a, path_};
+  out.dataset.handle = Handle(registry, dir_.path(), 0);
+  absl::StatusOr<std::shared_ptr<Feed>> refused = registry.GetOrCreate(out, User(0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(), HasSubstr("dataset.paths[1]: " + path_ +
+                                                    " lies outside the directories gpufeedd "
+                                                    "serves (dataset_roots: " +
+                                                    dir_.Join("data") + ")"));
+  // An admin's list by path through a link to the directory: made real, files and all.
+  ASSERT_EQ(::symlink(dir_.Join("data").c_str(), dir_.Join("link").c_str()), 0);
+  Caller admin = User(0);
+  admin.admin = true;
+  FeedSpec linked = Spec(dir_.Join("link"));
+  linked.dataset.paths = {dir_.Join("link/a.bin"), dir_.Join("link/b.bin")};
+  feed = registry.GetOrCreate(linked, admin);
+  ASSERT_TRUE(feed.ok()) << feed.status();
+  EXPECT_EQ((*feed)->spec().dataset.path, dir_.Join("data"));
+  EXPECT_EQ((*feed)->spec().dataset.paths, (std::vector<std::string>{a, b}));
+}
+
 TEST_F(FeedRegistryTest, OnlyRegularFilesAndDirectoriesBecomeHandles) {
   FeedRegistry registry(PosixFileSystem());
   const std::string fifo = dir_.Join("fifo");

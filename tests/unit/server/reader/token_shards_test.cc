@@ -11,9 +11,11 @@
 #include <tuple>
 #include <vector>
 
+#include "common/shard_list.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/pipeline/dataset.h"
+#include "server/reader/shards.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/temp_dir.h"
 
@@ -607,6 +609,172 @@ TEST(TokenFormatsTest, ADirectoryMixingTrainAndValWarns) {
   auto plain = OpenDataset(Tokens(words.path(), 4), PosixFileSystem());
   ASSERT_TRUE(plain.ok());
   EXPECT_THAT((*plain)->notices(), IsEmpty());
+}
+
+// ---- issue 31: an explicit list of shard files -------------------------------------------
+
+DatasetSpec Listed(const std::string& dir, const std::vector<std::string>& paths,
+                   int64_t seq_len = 4) {
+  DatasetSpec spec = Tokens(dir, seq_len);
+  spec.paths = paths;
+  return spec;
+}
+
+std::vector<std::vector<uint32_t>> AllRows(const Dataset& ds) {
+  std::vector<std::vector<uint32_t>> rows;
+  for (uint64_t i = 0; i < ds.num_samples(); ++i) rows.push_back(Row(ds, i));
+  return rows;
+}
+
+TEST(ShardListTest, AListReadsItsFilesInItsOrderAsTheDirectoryDoesInNameOrder) {
+  TempDir dir;
+  const std::vector<uint32_t> a = Stretch(0, 23), b = Stretch(1000, 9), c = Stretch(5000, 17);
+  dir.WriteFile("a.bin", Bytes(a, 2));
+  dir.WriteFile("b.npy", NpyFile("<u2", "(9,)", Bytes(b, 2)));
+  dir.WriteFile("c.bin", Llmc(c, 1));
+  auto whole = OpenDataset(Tokens(dir.path(), 4), PosixFileSystem());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const DatasetSpec in_order =
+      Listed(dir.path(), {dir.Join("a.bin"), dir.Join("b.npy"), dir.Join("c.bin")});
+  auto listed = OpenDataset(in_order, PosixFileSystem());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(AllRows(**listed), AllRows(**whole));
+  EXPECT_EQ((*listed)->ContentIdentity(), (*whole)->ContentIdentity());
+  // Through the directory a client passed, too.
+  PassedDir passed(dir.path());
+  DatasetSpec by_client = in_order;
+  by_client.fd = passed.fd;
+  auto through_fd = OpenDataset(by_client, PosixFileSystem());
+  ASSERT_TRUE(through_fd.ok()) << through_fd.status();
+  EXPECT_EQ(AllRows(**through_fd), AllRows(**whole));
+  // The list's order, not the names'.
+  auto reordered =
+      OpenDataset(Listed(dir.path(), {dir.Join("c.bin"), dir.Join("a.bin"), dir.Join("b.npy")}),
+                  PosixFileSystem());
+  ASSERT_TRUE(reordered.ok()) << reordered.status();
+  ExpectWindows(**reordered, {c, a, b}, 4);
+  EXPECT_NE((*reordered)->ContentIdentity(), (*listed)->ContentIdentity());
+  EXPECT_NE(ShardPathsIdentity({dir.Join("c.bin"), dir.Join("a.bin")}),
+            ShardPathsIdentity({dir.Join("a.bin"), dir.Join("c.bin")}));
+  // Files of several directories, beneath their common one; each file's rules hold (a
+  // foreign format is refused naming its entry).
+  TempDir top;
+  ASSERT_EQ(::mkdir(top.Join("x").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(top.Join("y").c_str(), 0755), 0);
+  WriteAt(top.Join("x/0.bin"), Bytes(b, 2));
+  WriteAt(top.Join("y/0.bin"), Bytes(a, 2));
+  auto spread = OpenDataset(Listed(top.path(), {top.Join("y/0.bin"), top.Join("x/0.bin")}),
+                            PosixFileSystem());
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  ExpectWindows(**spread, {a, b}, 4);
+  WriteAt(top.Join("x/1.bin"), std::string("\x1f\x8b\x08\x00", 4) + std::string(40, 'z'));
+  auto refused = OpenDataset(Listed(top.path(), {top.Join("y/0.bin"), top.Join("x/1.bin")}),
+                             PosixFileSystem());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("dataset.paths[1]: " + top.Join("x/1.bin") +
+                                                    " is a gzip-compressed file, not token ids"));
+}
+
+TEST(ShardListTest, AMegatronBinListedIsReadWithItsIdx) {
+  TempDir dir;
+  const std::vector<uint32_t> tokens = Stretch(100000, 29);
+  dir.WriteFile("doc.bin", Bytes(tokens, 4));
+  dir.WriteFile("doc.idx", MegatronIdx({29}, 4, 4));
+  for (const std::vector<std::string>& paths :
+       std::vector<std::vector<std::string>>{{dir.Join("doc.bin")},
+                                             {dir.Join("doc.bin"), dir.Join("doc.idx")},
+                                             {dir.Join("doc.idx"), dir.Join("doc.bin")}}) {
+    auto ds = OpenDataset(Listed(dir.path(), paths), PosixFileSystem());
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ((*ds)->tensors()[0].dtype, DType::kUInt32);
+    ExpectWindows(**ds, {tokens}, 4);
+  }
+  auto idx = OpenDataset(Listed(dir.path(), {dir.Join("doc.idx")}), PosixFileSystem());
+  EXPECT_EQ(idx.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(idx.status().message(),
+              HasSubstr("dataset.paths[0]: " + dir.Join("doc.idx") +
+                        " is a Megatron-LM index (.idx, magic MMIDIDX), not token ids"));
+}
+
+TEST(ShardListTest, BadListsAreRefusedNamingTheEntry) {
+  TempDir dir;
+  dir.WriteFile("a.bin", Bytes(Stretch(0, 20), 2));
+  dir.WriteFile("b.bin", Bytes(Stretch(50, 20), 2));
+  ASSERT_EQ(::mkdir(dir.Join("sub").c_str(), 0755), 0);
+  ASSERT_EQ(::link(dir.Join("a.bin").c_str(), dir.Join("sub/a-again.bin").c_str()), 0);
+  TempDir elsewhere;
+  const struct Case {
+    std::vector<std::string> paths;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {{dir.Join("a.bin"), dir.Join("b.bin"), dir.Join("a.bin")},
+       absl::StatusCode::kInvalidArgument,
+       "dataset.paths[2]: " + dir.Join("a.bin") +
+           " is dataset.paths[0] again; each file may appear once"},
+      {{dir.Join("a.bin"), dir.Join("sub/a-again.bin")},
+       absl::StatusCode::kInvalidArgument,
+       "dataset.paths[1]: " + dir.Join("sub/a-again.bin") +
+           " is the same file as dataset.paths[0] (" + dir.Join("a.bin") +
+           "): each file may appear once"},
+      {{dir.Join("a.bin"), dir.Join("gone.bin")},
+       absl::StatusCode::kNotFound,
+       "dataset.paths[1]: "},
+      {{dir.Join("a.bin"), elsewhere.Join("x.bin")},
+       absl::StatusCode::kInvalidArgument,
+       "dataset.paths[1]: '" + elsewhere.Join("x.bin") + "' is not a file beneath dataset.path " +
+           dir.path() + " (the directory passed)"},
+      {{dir.Join("sub/../b.bin")},
+       absl::StatusCode::kInvalidArgument,
+       "dataset.paths[0]: '" + dir.Join("sub/../b.bin") +
+           "' is not an absolute path of names (no empty, '.' or '..' component"},
+      {{dir.Join("a.bin"), dir.path() + "//b.bin"},
+       absl::StatusCode::kInvalidArgument,
+       "dataset.paths[1]: '"},
+      {{dir.Join("sub")}, absl::StatusCode::kInvalidArgument, "dataset.paths[0]: "},
+  };
+  for (const Case& c : cases) {
+    auto ds = OpenDataset(Listed(dir.path(), c.paths), PosixFileSystem());
+    ASSERT_FALSE(ds.ok()) << c.message;
+    EXPECT_EQ(ds.status().code(), c.code) << ds.status();
+    EXPECT_THAT(ds.status().message(), HasSubstr(c.message));
+  }
+  // Too long: counted (and refused) before any file is opened.
+  std::vector<std::string> many(kMaxListedShards + 1, dir.Join("a.bin"));
+  auto ds = OpenDataset(Listed(dir.path(), many), PosixFileSystem());
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ds.status().message(),
+              HasSubstr("dataset.paths: 16385 files, at most 16384; name their directory or a "
+                        "glob instead"));
+  // Only for tokens and webdataset.
+  DatasetSpec records = Listed(dir.path(), {dir.Join("a.bin")});
+  records.kind = DatasetKind::kRecords;
+  records.seq_len = 0;
+  ds = OpenDataset(records, PosixFileSystem());
+  EXPECT_THAT(ds.status().message(), HasSubstr("dataset.paths: only for kind tokens and "
+                                               "webdataset"));
+}
+
+TEST(ShardListTest, AnEntryTheCallerCannotReadIsRefusedNamingIt) {
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir.WriteFile("a.bin", Bytes(Stretch(0, 20), 2)).c_str(), 0644), 0);
+  const std::string hidden = dir.WriteFile("b.bin", Bytes(Stretch(50, 20), 2));
+  ASSERT_EQ(::chmod(hidden.c_str(), 0600), 0);  // its owner's (this process's) alone
+  PassedDir passed(dir.path());
+  DatasetSpec spec = Listed(dir.path(), {dir.Join("a.bin"), hidden});
+  spec.fd = passed.fd;
+  spec.reader = PeerCred{4242, 4242, 1, {}};  // a caller of another uid
+  auto ds = OpenDataset(spec, PosixFileSystem());
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(ds.status().message(), HasSubstr("dataset.paths[1]: "));
+  EXPECT_THAT(ds.status().message(), HasSubstr(hidden));
+  EXPECT_THAT(ds.status().message(), HasSubstr("uid 4242"));
+  // The same list for its owner.
+  spec.reader = PeerCred{::geteuid(), ::getegid(), 1, {}};
+  ds = OpenDataset(spec, PosixFileSystem());
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ExpectWindows(**ds, {Stretch(0, 20), Stretch(50, 20)}, 4);
 }
 
 }  // namespace

@@ -107,6 +107,31 @@ TEST_F(WebDatasetTest, EveryFormOfThePathGivesShardsInNameOrder) {
   EXPECT_EQ(one->samples.size(), 4u);
 }
 
+TEST_F(WebDatasetTest, AnExplicitListIsReadInItsOrder) {
+  DatasetSpec spec = Spec(dir_.path());
+  spec.paths = {dir_.Join("train-1.tar"), dir_.Join("train-0.tar")};
+  absl::StatusOr<WebDatasetIndex> index =
+      IndexWebDataset(spec, PosixFileSystem(), nullptr, {}, true);
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->samples.size(), 6u);
+  EXPECT_EQ(index->shards[0].name, dir_.Join("train-1.tar"));
+  for (int i = 0; i < 6; ++i) {
+    const int image = i < 4 ? i + 2 : i - 4;  // train-1's four, then train-0's two
+    EXPECT_EQ(index->samples[i].label, im_.labels[image]) << i;
+    EXPECT_EQ(index->member(i),
+              absl::StrCat("s", 1000 + image, ".", image == 3 ? "JPEG" : im_.ext(image)));
+  }
+  // Two names of one file are refused, naming both entries.
+  ASSERT_EQ(::link(dir_.Join("train-0.tar").c_str(), dir_.Join("again.tar").c_str()), 0);
+  spec.paths = {dir_.Join("train-0.tar"), dir_.Join("train-1.tar"), dir_.Join("again.tar")};
+  index = IndexWebDataset(spec, PosixFileSystem(), nullptr, {}, true);
+  EXPECT_EQ(index.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(index.status().message(),
+              HasSubstr("dataset.paths[2]: " + dir_.Join("again.tar") +
+                        " is the same file as dataset.paths[0] (" + dir_.Join("train-0.tar") +
+                        "): each file may appear once"));
+}
+
 TEST_F(WebDatasetTest, TheSamePayloadsAsAnImageFolderOfTheSameImages) {
   TempDir folder;
   for (int i = 0; i < 6; ++i) {

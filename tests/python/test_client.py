@@ -37,8 +37,8 @@ def test_no_daemon_names_the_socket(tmp_path):
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert type(e.value) is gpufeed.Unavailable
     assert e.value.code == 14 and e.value.code_name == "UNAVAILABLE"
-    assert str(e.value) == (f"no gpufeedd socket at {path} (is gpufeedd running? set the socket "
-                            "path with --socket or GPUFEED_SOCKET)")
+    assert str(e.value).startswith(f"no gpufeedd listening at {path}: no socket there (is "
+                                   "gpufeedd running? it logs where it listens)")
 
 
 def test_stale_socket_names_the_socket(tmp_path):
@@ -48,9 +48,8 @@ def test_stale_socket_names_the_socket(tmp_path):
     s.close()
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
-    assert str(e.value) == (f"nothing listens on {path}: a stale socket file (gpufeedd stopped "
-                            "or crashed?); start gpufeedd, or set the socket with --socket or "
-                            "GPUFEED_SOCKET")
+    assert str(e.value).startswith(f"no gpufeedd listening at {path}: a stale socket file "
+                                   "(gpufeedd stopped or crashed?)")
 
 
 def test_default_socket(monkeypatch, tmp_path):
@@ -59,7 +58,7 @@ def test_default_socket(monkeypatch, tmp_path):
     path = str(tmp_path / "env.sock")
     monkeypatch.setenv("GPUFEED_SOCKET", path)
     assert gpufeed.Client().socket == path
-    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " + re.escape(path)):
+    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd listening at " + re.escape(path)):
         gpufeed.Client().attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert gpufeed.Client(tmp_path / "arg.sock").socket == str(tmp_path / "arg.sock")
     # The address as gpufeedd logs it ("serving on unix:///...") names the same path.

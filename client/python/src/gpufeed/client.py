@@ -33,7 +33,7 @@ import numpy as np
 from gpufeed import _capi
 from gpufeed import notices as _notices
 from gpufeed.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange
-from gpufeed.errors import error_for
+from gpufeed.errors import LibraryNotFound, error_for
 
 DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
 """gpufeedd's socket when neither the argument nor ``GPUFEED_SOCKET`` names one."""
@@ -84,8 +84,17 @@ def _dtype_name(dtype: Any) -> Optional[str]:
 
 
 def default_socket() -> str:
-    """The socket used when none is given: ``$GPUFEED_SOCKET``, else :data:`DEFAULT_SOCKET`."""
-    return os.environ.get("GPUFEED_SOCKET") or DEFAULT_SOCKET
+    """The socket used when none is given: ``$GPUFEED_SOCKET``, else the C library's rule
+    (``gpufeed_default_socket``): :data:`DEFAULT_SOCKET` if it exists, else
+    ``$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock`` (a gpufeedd run without root) if that exists,
+    else :data:`DEFAULT_SOCKET`."""
+    given = os.environ.get("GPUFEED_SOCKET")
+    if given:
+        return given
+    try:
+        return _capi.lib().gpufeed_default_socket().decode("utf-8", "replace")
+    except LibraryNotFound:
+        return DEFAULT_SOCKET
 
 
 def _check(lib: ctypes.CDLL, status: int) -> None:
@@ -565,7 +574,8 @@ def _record_arrays(dataset: Any, kind: str) -> Optional[List[Tuple[str, str]]]:
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
-    ``socket`` defaults to ``$GPUFEED_SOCKET``, then ``/run/gpufeed/gpufeed.sock``. Making a
+    ``socket`` defaults to ``$GPUFEED_SOCKET``, then ``/run/gpufeed/gpufeed.sock`` or
+    ``$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock`` (:func:`default_socket`). Making a
     client contacts nothing; :meth:`attach` does (a daemon that is not running gives
     :class:`~gpufeed.Unavailable` naming the socket).
     """

@@ -29,7 +29,10 @@ ABSL_FLAG(std::string, config, "",
           "a gpufeed.v1.DaemonConfig file (text format or JSON; deploy/gpufeedd.textproto); "
           "flags given on the command line override it");
 ABSL_FLAG(std::string, listen, DaemonConfig().listen,
-          "gRPC listen address: unix:///path/to/socket");
+          "gRPC listen address: unix:///path/to/socket; default: gpufeed.sock in --runtime_dir");
+ABSL_FLAG(std::string, runtime_dir, DaemonConfig().runtime_dir,
+          "where the sockets go without --listen: made 0755 if missing, else (not root) "
+          "$XDG_RUNTIME_DIR/gpufeed");
 ABSL_FLAG(std::string, mem_socket, DaemonConfig().mem_socket,
           "Unix socket that hands over memory; default: beside --listen, NAME.mem.sock");
 ABSL_FLAG(uint64_t, staging_bytes, DaemonConfig().staging_bytes,
@@ -265,6 +268,7 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   }
   GPUFEED_FROM_FILE(listen, listen, file.listen());
   GPUFEED_FROM_FILE(mem_socket, mem_socket, file.mem_socket());
+  GPUFEED_FROM_FILE(runtime_dir, runtime_dir, file.runtime_dir());
   GPUFEED_FROM_FILE(staging_bytes, staging_bytes, file.staging_bytes());
   GPUFEED_FROM_FILE(staging_slab_bytes, staging_slab_bytes, file.staging_slab_bytes());
   GPUFEED_FROM_FILE(device_bytes, device_bytes, file.device_bytes());
@@ -355,6 +359,7 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   };
   apply(FLAGS_listen, &c->listen);
   apply(FLAGS_mem_socket, &c->mem_socket);
+  apply(FLAGS_runtime_dir, &c->runtime_dir);
   apply(FLAGS_staging_bytes, &c->staging_bytes);
   apply(FLAGS_staging_slab_bytes, &c->staging_slab_bytes);
   apply(FLAGS_threads, &c->threads);
@@ -412,19 +417,33 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
 }
 
 absl::Status Validate(DaemonConfig& c, const Sources& sources) {
-  const absl::StatusOr<std::string> path = SocketPath(c.listen);
-  if (!path.ok()) return Invalid(sources, "listen", path.status().message());
-  if (c.mem_socket.empty()) {
-    std::string base = *path;
-    if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
-    c.mem_socket = base + ".mem.sock";
+  if (c.runtime_dir.empty() || c.runtime_dir[0] != '/') {
+    return Invalid(sources, "runtime_dir",
+                   absl::StrCat("must be an absolute path, got '", c.runtime_dir, "'"));
   }
-  if (c.mem_socket[0] != '/') {
-    return Invalid(sources, "mem_socket",
-                   absl::StrCat("must be an absolute path, got '", c.mem_socket, "'"));
-  }
-  if (c.mem_socket == *path) {
-    return Invalid(sources, "mem_socket", "must differ from the listen socket");
+  if (c.listen.empty()) {  // both sockets in the runtime directory, made by Daemon::Start
+    if (!c.mem_socket.empty() && c.mem_socket[0] != '/') {
+      return Invalid(sources, "mem_socket",
+                     absl::StrCat("must be an absolute path, got '", c.mem_socket, "'"));
+    }
+    if (c.mem_socket == absl::StrCat(c.runtime_dir, "/", kSocketName)) {
+      return Invalid(sources, "mem_socket", "must differ from the listen socket");
+    }
+  } else {
+    const absl::StatusOr<std::string> path = SocketPath(c.listen);
+    if (!path.ok()) return Invalid(sources, "listen", path.status().message());
+    if (c.mem_socket.empty()) {
+      std::string base = *path;
+      if (absl::EndsWith(base, ".sock")) base.resize(base.size() - 5);
+      c.mem_socket = base + ".mem.sock";
+    }
+    if (c.mem_socket[0] != '/') {
+      return Invalid(sources, "mem_socket",
+                     absl::StrCat("must be an absolute path, got '", c.mem_socket, "'"));
+    }
+    if (c.mem_socket == *path) {
+      return Invalid(sources, "mem_socket", "must differ from the listen socket");
+    }
   }
   if (c.staging_bytes < (uint64_t{1} << 20) || c.staging_bytes > (uint64_t{1} << 48)) {
     return Invalid(sources, "staging_bytes",
@@ -563,6 +582,7 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name) 
 
 DaemonConfig DefaultConfig() {
   DaemonConfig c;
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr) c.xdg_runtime_dir = xdg;
   if (const char* library = std::getenv("GPUFEED_NVJPEG_LIBRARY"); library != nullptr) {
     c.nvjpeg_library = library;
   }

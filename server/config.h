@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/os/runtime_dir.h"
 #include "spdlog/common.h"
 
 namespace gpufeed::server {
@@ -22,8 +23,15 @@ namespace gpufeed::server {
 enum class ReadMode { kMmap, kPread };
 
 struct DaemonConfig {
-  // "unix:///path" or "unix:path": the gRPC socket.
-  std::string listen = "unix:///run/gpufeed/gpufeed.sock";
+  // "unix:///path" or "unix:path": the gRPC socket; "": gpufeed.sock in the runtime directory
+  // (common/os/runtime_dir.h), which Daemon::Start makes and fills in here.
+  std::string listen;
+  // Where the sockets go when `listen` is "": made mode 0755 if missing; where the daemon may
+  // not make or write it (not root), $XDG_RUNTIME_DIR/gpufeed instead. Clients look in
+  // /run/gpufeed, then $XDG_RUNTIME_DIR/gpufeed.
+  std::string runtime_dir = kSystemRuntimeDir;
+  // $XDG_RUNTIME_DIR at start-up (DefaultConfig reads it): runtime_dir's fallback. No flag.
+  std::string xdg_runtime_dir;
   // The memory socket; empty: beside the gRPC socket, "<name>.mem.sock" (filled in by
   // validation).
   std::string mem_socket;

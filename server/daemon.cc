@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/os/file.h"
+#include "common/os/runtime_dir.h"
 #include "common/os/unix_socket.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
@@ -66,6 +67,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
   d->clock_ = deps.clock;
   const DaemonConfig& c = d->config_;
+  // No --listen: both sockets in the runtime directory, made now (issue 31: a bare gpufeedd
+  // starts), or in $XDG_RUNTIME_DIR/gpufeed where the daemon may not make it.
+  std::string runtime_note;
+  if (c.listen.empty()) {
+    GPUFEED_ASSIGN_OR_RETURN(
+        const RuntimeDir dir,
+        PrepareRuntimeDir(c.runtime_dir,
+                          c.xdg_runtime_dir.empty() ? nullptr : c.xdg_runtime_dir.c_str(),
+                          ::geteuid()));
+    d->config_.listen = absl::StrCat("unix://", dir.path, "/", kSocketName);
+    if (c.mem_socket.empty()) d->config_.mem_socket = absl::StrCat(dir.path, "/", kMemSocketName);
+    if (c.mem_socket == absl::StrCat(dir.path, "/", kSocketName)) {
+      return absl::InvalidArgumentError("mem_socket: must differ from the listen socket");
+    }
+    runtime_note = absl::StrCat("; ", dir.how);
+  }
   GPUFEED_ASSIGN_OR_RETURN(const std::string socket_path, UnixPathOf(c.listen));
   // The gRPC socket is ours (peer credentials, docs/SECURITY.md section 1): bound now, so a
   // socket in use is fatal before anything else starts; accepting starts with the server.
@@ -240,9 +257,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   d->SetServing(true);
   const std::string status = absl::StrCat("serving on ", c.listen, ", staging ",
                                           c.staging_bytes >> 20, " MiB, ", c.threads, " threads");
-  spdlog::info("gpufeedd {} serving on {} (memory socket {}), staging {} MiB, {} threads, "
+  spdlog::info("gpufeedd {} serving on {} (memory socket {}{}), staging {} MiB, {} threads, "
                "{} reads{}{}",
-               kVersion, c.listen, c.mem_socket, c.staging_bytes >> 20, c.threads,
+               kVersion, c.listen, c.mem_socket, runtime_note, c.staging_bytes >> 20, c.threads,
                ReadModeName(c.read_mode),
                c.metrics_listen.empty() ? "" : absl::StrCat(", metrics on ", c.metrics_listen),
                c.health_listen.empty() ? "" : absl::StrCat(", health on ", c.health_listen));

@@ -45,6 +45,12 @@ extern "C" {
 
 uint32_t gpufeed_api_version(void) { return GPUFEED_API_VERSION; }
 
+const char* gpufeed_default_socket(void) {
+  thread_local std::string socket;
+  socket = gpufeed::client::DefaultSocket();
+  return socket.c_str();
+}
+
 const char* gpufeed_last_error(void) { return last_error.c_str(); }
 
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options) {

@@ -1,6 +1,7 @@
 // The public Session and Batch: thin handles on internal::SessionCore (session_core.h).
 #include "gpufeed/client.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/rpc.h"
 #include "client/cpp/session_core.h"
+#include "common/os/runtime_dir.h"
 #include "common/status.h"
 
 namespace gpufeed::client {
@@ -74,7 +76,12 @@ Session::~Session() {
   if (core_ != nullptr) (void)core_->DetachWhenUnused();
 }
 
+std::string DefaultSocket() {
+  return DefaultSocketPath(std::getenv("XDG_RUNTIME_DIR"), kSystemRuntimeDir);
+}
+
 std::string SocketPath(const std::string& given) {
+  if (given.empty()) return DefaultSocket();
   for (const char* scheme : {"unix://", "unix:"}) {
     if (absl::StartsWith(given, scheme)) return given.substr(std::strlen(scheme));
   }

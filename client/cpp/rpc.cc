@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/os/fd.h"
 #include "common/os/peer_cred.h"
+#include "gpufeed/client.h"
 
 namespace gpufeed::client::internal {
 
@@ -31,9 +32,9 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view context) {
 absl::Status CheckSocket(const std::string& socket) {
   struct stat st {};
   if (::stat(socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
-    return absl::UnavailableError(absl::StrCat("no gpufeedd socket at ", socket,
-                                               " (is gpufeedd running? set the socket path with "
-                                               "--socket or GPUFEED_SOCKET)"));
+    return absl::UnavailableError(absl::StrCat(kNoDaemonListening, socket,
+                                               ": no socket there (is gpufeedd running? it logs "
+                                               "where it listens)"));
   }
   return absl::OkStatus();
 }
@@ -101,10 +102,8 @@ absl::Status ProbeSocket(const std::string& socket) {
   }
   const int error = errno;
   if (error == ECONNREFUSED) {
-    return absl::UnavailableError(
-        absl::StrCat("nothing listens on ", socket,
-                     ": a stale socket file (gpufeedd stopped or crashed?); "
-                     "start gpufeedd, or set the socket with --socket or GPUFEED_SOCKET"));
+    return absl::UnavailableError(absl::StrCat(
+        kNoDaemonListening, socket, ": a stale socket file (gpufeedd stopped or crashed?)"));
   }
   if (error == EACCES || error == EPERM) {
     struct stat st {};

@@ -18,14 +18,15 @@ namespace gpufeed::client::internal {
 // The daemon's status with `context` prepended to its message, keeping its code.
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view context);
 
-// UNAVAILABLE naming `socket` when no Unix socket is there (no daemon to talk to).
+// UNAVAILABLE "no gpufeedd listening at SOCKET: no socket there (...)" (kNoDaemonListening)
+// when no Unix socket is there (no daemon to talk to).
 absl::Status CheckSocket(const std::string& socket);
 
 // CheckSocket, then one connection attempt, so that the usual ways of not reaching a daemon
-// get a one-line message in our words rather than gRPC's: UNAVAILABLE for a stale socket file
-// (nothing listens: the daemon stopped or crashed), PERMISSION_DENIED naming the socket's mode,
-// owner and group when this process may not connect. For a first Attach and the admin client;
-// a re-attach retries through CheckSocket alone.
+// get a one-line message in our words rather than gRPC's: UNAVAILABLE "no gpufeedd listening
+// at SOCKET: a stale socket file ..." (the daemon stopped or crashed), PERMISSION_DENIED naming the
+// socket's mode, owner and group when this process may not connect. For a first Attach and the
+// admin client; a re-attach retries through CheckSocket alone.
 absl::Status ProbeSocket(const std::string& socket);
 
 // Whether the server at the other end of a connected memory socket is one this client hands

@@ -65,7 +65,8 @@ int Main(int argc, char** argv) {
   CLI::App app("inspect gpufeedd and consume from it", "gpufeedctl");
   app.footer(
       "--socket and -o go before or after the command. The socket defaults to $GPUFEED_SOCKET,\n"
-      "then /run/gpufeed/gpufeed.sock.");
+      "then /run/gpufeed/gpufeed.sock if it exists, then $XDG_RUNTIME_DIR/gpufeed/gpufeed.sock\n"
+      "(where a gpufeedd run without root listens).");
   // Subcommands inherit these (and the footer): a flag given twice takes the last value, and
   // --socket and -o may come after the command too, as they always could.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -75,7 +76,7 @@ int Main(int argc, char** argv) {
   app.get_formatter()->label("SUBCOMMAND", "COMMAND");
 
   GlobalFlags global;
-  global.socket = client::kDefaultSocket;
+  global.socket = "";  // client::DefaultSocket(), by SocketPath below
   app.add_option("--socket", global.socket, "gpufeedd's Unix socket")
       ->type_name("PATH")
       ->envname("GPUFEED_SOCKET");

@@ -3,13 +3,20 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "gpufeed/client.h"
 
 namespace gpufeed::ctl {
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
-               std::string(status.message()).c_str());
+  // No daemon at the socket tried: say how to name another.
+  const bool no_daemon =
+      absl::IsUnavailable(status) && absl::StartsWith(status.message(), client::kNoDaemonListening);
+  std::fprintf(
+      stderr, "error: %s: %s%s\n", absl::StatusCodeToString(status.code()).c_str(),
+      std::string(status.message()).c_str(),
+      no_daemon ? "; give gpufeedctl its socket with --socket PATH (or GPUFEED_SOCKET)" : "");
   return 1;
 }
 

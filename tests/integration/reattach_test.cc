@@ -640,9 +640,8 @@ TEST(ReattachBoundTest, AStaleSocketFileIsNamedInOurWords) {
   auto admin = client::AdminClient::Connect(stale, absl::Seconds(1));
   EXPECT_EQ(admin.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(admin.status().message(),
-            absl::StrCat("nothing listens on ", stale,
-                         ": a stale socket file (gpufeedd stopped or crashed?); start gpufeedd, "
-                         "or set the socket with --socket or GPUFEED_SOCKET"));
+            absl::StrCat("no gpufeedd listening at ", stale,
+                         ": a stale socket file (gpufeedd stopped or crashed?)"));
   client::AttachOptions o;
   o.socket = stale;
   o.dataset = dir.File("none.bin");
@@ -650,7 +649,7 @@ TEST(ReattachBoundTest, AStaleSocketFileIsNamedInOurWords) {
   EXPECT_EQ(client::Session::Attach(o).status().message(), admin.status().message());
   o.socket = dir.File("missing.sock");
   EXPECT_THAT(client::Session::Attach(o).status().message(),
-              HasSubstr("no gpufeedd socket at " + o.socket));
+              HasSubstr("no gpufeedd listening at " + o.socket + ": no socket there"));
 }
 
 }  // namespace

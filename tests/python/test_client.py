@@ -33,7 +33,8 @@ def test_package_imports_without_torch():
 
 HOW = ("is gpufeedd running? Start it, or pass socket= the path it listens on "
        "(gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) or set "
-       "GPUFEED_SOCKET; the default is /run/gpufeed/gpufeed.sock")
+       "GPUFEED_SOCKET; the default is /run/gpufeed/gpufeed.sock (or "
+       "$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock for a gpufeedd run without root)")
 
 
 def test_no_daemon_names_the_socket(tmp_path, monkeypatch):
@@ -68,9 +69,9 @@ def test_stale_socket_names_the_socket(tmp_path):
     s.close()
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
-    assert str(e.value) == (f"nothing listens on {path}: a stale socket file (gpufeedd stopped "
-                            "or crashed?); start gpufeedd, or set the socket with socket= or "
-                            "GPUFEED_SOCKET")
+    assert str(e.value) == (f"no gpufeedd listening at {path}: a stale socket file (gpufeedd "
+                            "stopped or crashed?); start gpufeedd, or pass socket= the path it "
+                            "listens on or set GPUFEED_SOCKET")
 
 
 def test_default_socket(monkeypatch, tmp_path):
@@ -79,7 +80,7 @@ def test_default_socket(monkeypatch, tmp_path):
     path = str(tmp_path / "env.sock")
     monkeypatch.setenv("GPUFEED_SOCKET", path)
     assert gpufeed.Client().socket == path
-    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " + re.escape(path)):
+    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd listening at " + re.escape(path)):
         gpufeed.Client().attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert gpufeed.Client(tmp_path / "arg.sock").socket == str(tmp_path / "arg.sock")
     # The address as gpufeedd logs it ("serving on unix:///...") names the same path.

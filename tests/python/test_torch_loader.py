@@ -405,7 +405,7 @@ def test_errors(daemon, job, datasets, tmp_path):
                             f"open {missing} (errno 2): No such file or directory")
     with pytest.raises(gpufeed.InvalidArgument, match="device: want cpu or cuda"):
         _loader(daemon, datasets.records, kind="records", batch_size=1, device="meta")
-    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd socket at " +
+    with pytest.raises(gpufeed.Unavailable, match="no gpufeedd listening at " +
                        re.escape(str(tmp_path / "none.sock"))):
         len(gpufeed.torch.Loader(datasets.records, kind="records", batch_size=1, device="cpu",
                                  socket=tmp_path / "none.sock"))

@@ -43,8 +43,10 @@ int Cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurr
 TEST_F(ConfigTest, DefaultsAreValidatedAndDerivedFieldsFilled) {
   absl::StatusOr<DaemonConfig> c = Load({});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->listen, "unix:///run/gpufeed/gpufeed.sock");
-  EXPECT_EQ(c->mem_socket, "/run/gpufeed/gpufeed.mem.sock");
+  // Both sockets in the runtime directory, which Daemon::Start makes (runtime_dir_test).
+  EXPECT_EQ(c->listen, "");
+  EXPECT_EQ(c->mem_socket, "");
+  EXPECT_EQ(c->runtime_dir, "/run/gpufeed");
   EXPECT_EQ(c->staging_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->staging_slab_bytes, uint64_t{1} << 30);
   EXPECT_EQ(c->threads, Cores());
@@ -325,6 +327,8 @@ INSTANTIATE_TEST_SUITE_P(
             "mem_socket: must be an absolute path, got 'mem.sock'"),
         Bad("--mem_socket=/run/gpufeed/gpufeed.sock", "mem_socket: \"/run/gpufeed/gpufeed.sock\"",
             "mem_socket: must differ from the listen socket"),
+        Bad("--runtime_dir=run/gpufeed", "runtime_dir: \"run/gpufeed\"",
+            "runtime_dir: must be an absolute path, got 'run/gpufeed'"),
         Bad("--staging_bytes=1000", "staging_bytes: 1000",
             "staging_bytes: 1 MiB to 256 TiB, got 1000"),
         Bad("--staging_slab_bytes=4096", "staging_slab_bytes: 4096",

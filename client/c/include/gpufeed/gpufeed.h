@@ -108,11 +108,15 @@ typedef struct gpufeed_tensor {
 uint32_t gpufeed_api_version(void);
 /* The calling thread's message for its last failed call ("" if none). */
 const char* gpufeed_last_error(void);
+/* The socket used when the option "socket" is not set: /run/gpufeed/gpufeed.sock if it exists,
+ * else $XDG_RUNTIME_DIR/gpufeed/gpufeed.sock if that exists (a gpufeedd run without root),
+ * else /run/gpufeed/gpufeed.sock. Valid until the calling thread's next call of it. */
+const char* gpufeed_default_socket(void);
 
-/* Attach options, by key. Keys: socket, job, kind, dataset, token_dtype, delivery ("host" or
- * "device"), gpu ("" = current device, "cuda:N" or a "GPU-..." UUID), ipc ("auto", "vmm",
- * "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto", "cpu", "nvjpeg") and
- * augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
+/* Attach options, by key. Keys: socket (default: gpufeed_default_socket()), job, kind, dataset,
+ * token_dtype, delivery ("host" or "device"), gpu ("" = current device, "cuda:N" or a "GPU-..."
+ * UUID), ipc ("auto", "vmm", "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto",
+ * "cpu", "nvjpeg") and augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
  * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
  * refused with FAILED_PRECONDITION naming the fields that differ) (strings);
  * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, even, ring_slots,

@@ -28,11 +28,23 @@
 
 namespace gpufeed::client {
 
+// The system daemon's socket (gpufeedd run as root, or by systemd, without --listen).
 inline constexpr char kDefaultSocket[] = "/run/gpufeed/gpufeed.sock";
 
+// The socket a client uses when none is given: kDefaultSocket if it exists, else
+// $XDG_RUNTIME_DIR/gpufeed/gpufeed.sock if that exists (where a gpufeedd run without root
+// listens), else kDefaultSocket. Looked up at each call.
+std::string DefaultSocket();
+
+// How an UNAVAILABLE message starts when no daemon listens at the socket tried (no socket
+// file there, or a stale one): "no gpufeedd listening at SOCKET: WHY". Front ends add how to
+// name another socket (gpufeedctl: --socket PATH; Python: socket=).
+inline constexpr char kNoDaemonListening[] = "no gpufeedd listening at ";
+
 // The socket's path from what a user may paste: gpufeedd logs its address as gRPC spells it,
-// "unix:///run/gpufeed/gpufeed.sock" ("unix:PATH" too); those become the path. Anything else is
-// returned as it is. Session::Attach, AdminClient::Connect, gpufeedctl and Python apply it.
+// "unix:///run/gpufeed/gpufeed.sock" ("unix:PATH" too); those become the path; "" is
+// DefaultSocket(). Anything else is returned as it is. Session::Attach, AdminClient::Connect,
+// gpufeedctl and Python apply it.
 std::string SocketPath(const std::string& given);
 
 struct Position {
@@ -45,7 +57,7 @@ struct Position {
 };
 
 struct AttachOptions {
-  std::string socket = kDefaultSocket;  // path of gpufeedd's Unix socket
+  std::string socket;  // path of gpufeedd's Unix socket; "": DefaultSocket() at Attach
   std::string job = "default";
   int32_t rank = 0;
   int32_t world_size = 1;
@@ -217,7 +229,8 @@ struct SessionInfo {
 class Session {
  public:
   // Attaches, maps the ring (memory socket) and opens the stream. Errors carry the daemon's
-  // code and message; UNAVAILABLE naming the socket when no daemon answers there.
+  // code and message; UNAVAILABLE "no gpufeedd listening at SOCKET: ..." when no daemon
+  // answers there.
   static absl::StatusOr<std::unique_ptr<Session>> Attach(const AttachOptions& options);
   // Detaches; while Batches of it are still held, when the last of them is released (a held
   // batch keeps its bytes; Detach() likewise).
@@ -315,7 +328,7 @@ struct SessionSummary {
 class AdminClient {
  public:
   static absl::StatusOr<std::unique_ptr<AdminClient>> Connect(
-      const std::string& socket = kDefaultSocket, absl::Duration timeout = absl::Seconds(5));
+      const std::string& socket = "", absl::Duration timeout = absl::Seconds(5));
   ~AdminClient();
 
   absl::StatusOr<DaemonStatus> GetStatus();

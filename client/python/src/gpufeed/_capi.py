@@ -97,6 +97,7 @@ _p = ctypes.c_void_p
 _PROTOTYPES = {
     "gpufeed_api_version": (ctypes.c_uint32, []),
     "gpufeed_last_error": (ctypes.c_char_p, []),
+    "gpufeed_default_socket": (ctypes.c_char_p, []),
     "gpufeed_options_create": (_status, [ctypes.POINTER(_p)]),
     "gpufeed_options_destroy": (None, [_p]),
     "gpufeed_options_set_string": (_status, [_p, ctypes.c_char_p, ctypes.c_char_p]),

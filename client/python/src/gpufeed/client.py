@@ -34,7 +34,7 @@ import numpy as np
 from gpufeed import _capi
 from gpufeed import notices as _notices
 from gpufeed.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, OutOfRange
-from gpufeed.errors import Unavailable, error_for
+from gpufeed.errors import LibraryNotFound, Unavailable, error_for
 
 DEFAULT_SOCKET = "/run/gpufeed/gpufeed.sock"
 """gpufeedd's socket when neither the argument nor ``GPUFEED_SOCKET`` names one."""
@@ -85,8 +85,17 @@ def _dtype_name(dtype: Any) -> Optional[str]:
 
 
 def default_socket() -> str:
-    """The socket used when none is given: ``$GPUFEED_SOCKET``, else :data:`DEFAULT_SOCKET`."""
-    return os.environ.get("GPUFEED_SOCKET") or DEFAULT_SOCKET
+    """The socket used when none is given: ``$GPUFEED_SOCKET``, else the C library's rule
+    (``gpufeed_default_socket``): :data:`DEFAULT_SOCKET` if it exists, else
+    ``$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock`` (a gpufeedd run without root) if that exists,
+    else :data:`DEFAULT_SOCKET`."""
+    given = os.environ.get("GPUFEED_SOCKET")
+    if given:
+        return given
+    try:
+        return _capi.lib().gpufeed_default_socket().decode("utf-8", "replace")
+    except LibraryNotFound:
+        return DEFAULT_SOCKET
 
 
 def _socket_origin(given: Any) -> str:
@@ -116,15 +125,25 @@ def _check_socket(path: str, origin: str) -> None:
     raise Unavailable(
         f"{what} {path}{where}: is gpufeedd running? Start it, or pass socket= the path "
         f"it listens on (gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) "
-        f"or set GPUFEED_SOCKET; the default is {DEFAULT_SOCKET}")
+        f"or set GPUFEED_SOCKET; the default is {DEFAULT_SOCKET} (or "
+        f"$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock for a gpufeedd run without root)")
 
 
 def _for_python(error: Exception) -> Exception:
     """The C library's error in Python's words: its socket hints name gpufeedctl's
     ``--socket`` flag, which is ``socket=`` here."""
-    if isinstance(error, Unavailable) and "--socket" in error.message:
+    if not isinstance(error, Unavailable):
+        return error
+    if "--socket" in error.message:
         return Unavailable(error.message.replace("--socket", "socket="))
+    if error.message.startswith(_NO_DAEMON):
+        return Unavailable(f"{error.message}; start gpufeedd, or pass socket= the path it "
+                           "listens on or set GPUFEED_SOCKET")
     return error
+
+
+# The C library's "no daemon" prefix (client::kNoDaemonListening in client.h).
+_NO_DAEMON = "no gpufeedd listening at "
 
 
 def _check(lib: ctypes.CDLL, status: int) -> None:
@@ -623,7 +642,8 @@ def _shard_list(dataset: Any, kind: str) -> Optional[List[str]]:
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
-    ``socket`` defaults to ``$GPUFEED_SOCKET``, then ``/run/gpufeed/gpufeed.sock``. Making a
+    ``socket`` defaults to ``$GPUFEED_SOCKET``, then ``/run/gpufeed/gpufeed.sock`` or
+    ``$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock`` (:func:`default_socket`). Making a
     client contacts nothing; :meth:`attach` does (a daemon that is not running gives
     :class:`~gpufeed.Unavailable` naming the socket).
     """

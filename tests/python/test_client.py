@@ -45,21 +45,24 @@ def test_no_daemon_names_the_socket(tmp_path, monkeypatch):
         gpufeed.Client(path).attach("/tmp/whatever.bin", kind="tokens", batch_size=1)
     assert type(e.value) is gpufeed.Unavailable
     assert e.value.code == 14 and e.value.code_name == "UNAVAILABLE"
-    assert str(e.value) == f"no gpufeedd socket at {path} (the socket= argument): {HOW}"
+    assert str(e.value) == (f"no gpufeedd listening at {path} (the socket= argument): no socket there; "
+                            f"{HOW}")
     monkeypatch.setenv("GPUFEED_SOCKET", path)
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client().attach("/x.bin", kind="tokens", batch_size=1)
-    assert str(e.value) == f"no gpufeedd socket at {path} (from GPUFEED_SOCKET): {HOW}"
+    assert str(e.value) == (f"no gpufeedd listening at {path} (from GPUFEED_SOCKET): no socket there; "
+                            f"{HOW}")
     (tmp_path / "file").write_text("")
     with pytest.raises(gpufeed.Unavailable) as e:
         gpufeed.Client(tmp_path / "file").attach("/x.bin", kind="tokens", batch_size=1)
-    assert str(e.value) == f"not a socket: {tmp_path / 'file'} (the socket= argument): {HOW}"
+    assert str(e.value) == (f"no gpufeedd listening at {tmp_path / 'file'} (the socket= argument): "
+                            f"not a socket; {HOW}")
     monkeypatch.delenv("GPUFEED_SOCKET")
     if not os.path.exists(gpufeed.DEFAULT_SOCKET):
         with pytest.raises(gpufeed.Unavailable) as e:
             gpufeed.Client().attach("/x.bin", kind="tokens", batch_size=1)
-        assert str(e.value) == (f"no gpufeedd socket at {gpufeed.DEFAULT_SOCKET} (the "
-                                f"default): {HOW}")
+        assert str(e.value) == (f"no gpufeedd listening at {gpufeed.DEFAULT_SOCKET} (the "
+                                f"default): no socket there; {HOW}")
 
 
 def test_stale_socket_names_the_socket(tmp_path):

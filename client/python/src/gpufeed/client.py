@@ -114,17 +114,17 @@ def _check_socket(path: str, origin: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        what = "no gpufeedd socket at"
+        what = "no socket there"
     except OSError:
         return
     else:
         if stat.S_ISSOCK(mode):
             return
-        what = "not a socket:"
+        what = "not a socket"
     where = f" ({origin})" if origin else ""
     raise Unavailable(
-        f"{what} {path}{where}: is gpufeedd running? Start it, or pass socket= the path "
-        f"it listens on (gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) "
+        f"{_NO_DAEMON}{path}{where}: {what}; is gpufeedd running? Start it, or pass socket= "
+        f"the path it listens on (gpufeed.Client(socket=...), gpufeed.torch.Loader(..., socket=...)) "
         f"or set GPUFEED_SOCKET; the default is {DEFAULT_SOCKET} (or "
         f"$XDG_RUNTIME_DIR/gpufeed/gpufeed.sock for a gpufeedd run without root)")
 

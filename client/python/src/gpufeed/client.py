@@ -438,7 +438,7 @@ class Session:
         self.notices: Tuple[_notices.Notice, ...] = _notices.read(handle.lib, handle.ptr)
         """What the daemon reported about the dataset (samples left out at open, cautions):
         warned once here, as a :class:`~gpufeed.GpufeedWarning`."""
-        _notices.warn(self.notices, stacklevel=3)  # at the caller of Client.attach
+        _notices.warn(self.notices)  # at the first caller outside the package
 
     def _live(self) -> _SessionHandle:
         if self._handle is None:

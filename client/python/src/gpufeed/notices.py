@@ -14,6 +14,8 @@ program may filter like any warning::
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import warnings
 from typing import NamedTuple, Sequence, Tuple
 
@@ -55,8 +57,23 @@ def read(lib: ctypes.CDLL, session: int) -> Tuple[Notice, ...]:
     return tuple(out)
 
 
-def warn(notices: Sequence[Notice], stacklevel: int = 2) -> None:
-    """One :class:`GpufeedWarning` with every notice's message (none without notices)."""
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _outside_package_level() -> int:
+    """The ``stacklevel`` of the first caller outside this package (so a warning raised
+    under ``Loader.__iter__`` names the user's line, not the loader's)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn(notices: Sequence[Notice]) -> None:
+    """One :class:`GpufeedWarning` with every notice's message (none without notices),
+    attributed to the first line outside the gpufeed package that led here."""
     if notices:
         text = "\n".join(n.message for n in notices)
-        warnings.warn(f"gpufeed: {text}", GpufeedWarning, stacklevel=stacklevel + 1)
+        warnings.warn(f"gpufeed: {text}", GpufeedWarning, stacklevel=_outside_package_level())

@@ -106,8 +106,12 @@ def demo_env(tmp_path_factory: pytest.TempPathFactory, daemon) -> dict:
     demo = gpufeed.demo.write(str(root / "gpufeed-demo"))
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(sys.executable)
-    ctl = Path(GPUFEEDD).resolve().parents[1] / "client" / "ctl"
+    # A script, not a link: a virtual environment's python linked from elsewhere loses the
+    # environment (its pyvenv.cfg is found beside the path it was started by).
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    ctl = (Path(os.environ["GPUFEEDCTL"]).resolve().parent if os.environ.get("GPUFEEDCTL")
+           else Path(GPUFEEDD).resolve().parents[1] / "client" / "ctl")
     path = os.pathsep.join([str(bin_dir), str(Path(GPUFEEDD).resolve().parent), str(ctl),
                             os.environ.get("PATH", "")])
     src = str(ROOT / "client" / "python" / "src")

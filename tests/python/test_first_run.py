@@ -52,7 +52,9 @@ def start(argv: List[str], env: Dict[str, str], log: Path, socket: str) -> subpr
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 15
-    while not _answers(socket):
+    # Ready once it says so: the socket is bound (and connectable) before the memory socket
+    # and the GPUs are set up, and the "serving on" line comes last.
+    while not (_answers(socket) and b" serving on " in log.read_bytes()):
         if process.poll() is not None or time.monotonic() > deadline:
             stop(process)
             pytest.fail(f"gpufeedd did not listen on {socket}: {log.read_text()}")

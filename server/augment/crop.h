@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "server/decode/crop_box.h"
+
 namespace gpufeed::server {
 
 // A counter-based random source for one sample: SplitMix64 keyed by (seed, epoch, id).
@@ -23,15 +25,6 @@ class SampleRandom {
  private:
   uint64_t Next();
   uint64_t state_ = 0;
-};
-
-// A crop: top row, left column, height, width (torchvision's i, j, h, w).
-struct CropBox {
-  int top = 0;
-  int left = 0;
-  int height = 0;
-  int width = 0;
-  bool operator==(const CropBox&) const = default;
 };
 
 struct RandomResizedCropOptions {

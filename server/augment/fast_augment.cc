@@ -22,7 +22,7 @@
 #include <cstring>
 #include <vector>
 
-#include "server/device/augment_pixel.h"
+#include "server/augment/augment_pixel.h"
 
 namespace gpufeed::server {
 namespace {

@@ -3,7 +3,7 @@
 // (zero padding outside the resized image), flip and the output stage, straight into the
 // output row. Bit-equal to ResizedCrop (resize.h) then WriteImage (output.h), which stay as
 // the scalar reference, and to the GPU kernel's arithmetic as the CPU runs it (AugmentPixel,
-// device/augment_pixel.h): the same weights, the same sums in the same order (horizontal
+// augment/augment_pixel.h): the same weights, the same sums in the same order (horizontal
 // taps, then vertical taps), no fused multiply-adds.
 #pragma once
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/augment/crop.h"  // CropBox (header only)
+#include "server/decode/crop_box.h"
 
 namespace gpufeed::server {
 

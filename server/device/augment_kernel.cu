@@ -1,6 +1,6 @@
 #include "server/device/augment_kernel.h"
 
-#include "server/device/augment_pixel.h"
+#include "server/augment/augment_pixel.h"
 
 namespace gpufeed::server {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "server/device/augment_pixel.h"
+#include "server/augment/augment_pixel.h"
 
 namespace gpufeed::server {
 

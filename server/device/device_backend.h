@@ -14,9 +14,9 @@
 #include "absl/status/statusor.h"
 #include "common/os/fd.h"
 #include "common/progress.h"
+#include "server/augment/augment_pixel.h"
 #include "server/augment/output.h"
 #include "server/augment/staged.h"
-#include "server/device/augment_pixel.h"
 
 namespace gpufeed::server {
 

@@ -19,10 +19,10 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/os/file.h"
+#include "server/auth/caller.h"
 #include "server/feed/dataset_handles.h"
 #include "server/pipeline/dataset.h"
 #include "server/sampler/sampler.h"
-#include "server/session/caller.h"
 
 namespace gpufeed::server {
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/os/peer_cred.h"
-#include "server/session/caller.h"
+#include "server/auth/caller.h"
 
 namespace gpufeed::server {
 

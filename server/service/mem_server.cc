@@ -15,7 +15,7 @@
 #include "common/os/unix_socket.h"
 #include "common/status.h"
 #include "gpufeed/v1/feed.pb.h"
-#include "server/session/caller.h"
+#include "server/auth/caller.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {

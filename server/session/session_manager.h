@@ -23,9 +23,9 @@
 #include "common/progress.h"
 #include "common/thread_pool.h"
 #include "server/augment/pipeline.h"
+#include "server/auth/caller.h"
 #include "server/feed/feed.h"
 #include "server/feed/ids_budget.h"
-#include "server/session/caller.h"
 #include "server/session/session.h"
 #include "server/staging/staging_pool.h"
 

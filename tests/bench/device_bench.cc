@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   gt::TempDir dir;
   const uint64_t rows = static_cast<uint64_t>(gb * 1e9 / kRow);
   if (dataset.empty()) {
-    dataset = dir.File("records.npy");
+    dataset = dir.Join("records.npy");
     std::fprintf(stderr, "writing %lu rows (%.1f GB) to %s...\n", rows, rows * kRow / 1e9, dataset.c_str());
     WriteRecords(dataset, rows);
   }
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   // Warm the page cache with one pass (host delivery, no shuffle).
   gt::RunCtl(daemon.socket(), {"consume", "--job", "warm", "--kind", "records", "--dataset", dataset,
                                "--batch-size", "256", "--no-shuffle"},
-             dir.File("warm"));
+             dir.Join("warm"));
 
   // (b) device delivery to one consumer that only waits and releases.
   const double cpu0 = CpuSeconds(daemon.process().pid());
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
                                 "--batch-size", "256", "--ring-slots", "8", "--epochs", "0",
                                 "--max-batches", absl::StrCat(batches), "--device", "cuda:0",
                                 "-o", "json"},
-                               dir.File("b"));
+                               dir.Join("b"));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double cpu = CpuSeconds(daemon.process().pid()) - cpu0;
   if (b.exit_code != 0) {

@@ -119,7 +119,7 @@ Run Consume(const std::string& socket, const std::string& dataset, const Case& c
                              absl::StrCat(c.seq_len), "--batch-size", absl::StrCat(c.batch),
                              "--epochs", "0", "--max-batches", absl::StrCat(max_batches), "-o",
                              "json"}),
-        dir.File(absl::StrCat(name, "-", r))));
+        dir.Join(absl::StrCat(name, "-", r))));
   }
   Run run;
   for (auto& p : procs) {
@@ -143,7 +143,7 @@ Run Consume(const std::string& socket, const std::string& dataset, const Case& c
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   gt::TempDir dir;
-  const std::string dataset = dir.File("tokens.bin");
+  const std::string dataset = dir.Join("tokens.bin");
   const size_t tokens = quick ? (size_t{8} << 20) : (size_t{64} << 20);  // 16 or 128 MiB
   std::fprintf(stderr, "writing %zu MiB of tokens...\n", tokens * 2 >> 20);
   gt::WriteTokens(dataset, tokens);
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
   // Warm the page cache: one full pass over the file.
   gt::RunCtl(daemon.socket(), {"consume", "--job", "warm", "--dataset", dataset, "--seq-len",
                                "2048", "--batch-size", "64", "--no-shuffle"},
-             dir.File("warm"));
+             dir.Join("warm"));
 
   const std::vector<Case> cases = {{"B=64 seq_len=2048", 64, 2048}, {"B=256 seq_len=128", 256, 128}};
   std::vector<std::string> rows;
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
                                  {"consume", "--job", absl::StrCat("first", i), "--dataset", dataset,
                                   "--seq-len", "2048", "--batch-size", "64", "--max-batches", "1",
                                   "-o", "json"},
-                                 dir.File("first"));
+                                 dir.Join("first"));
     const size_t at = r.out.find("\"first_batch_ms\":");
     if (r.exit_code == 0 && at != std::string::npos) first_ms.push_back(std::stod(r.out.substr(at + 17)));
   }
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
   const double median = first_ms.empty() ? -1 : first_ms[first_ms.size() / 2];
 
   // (d) 64 shards of the same bytes (a shard boundary costs at most one window each).
-  const std::string shards = dir.File("shards");
+  const std::string shards = dir.Join("shards");
   std::filesystem::create_directories(shards);
   {
     std::ifstream in(dataset, std::ios::binary);
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
         gt::RunCtl(daemon.socket(),
                    {"consume", "--job", absl::StrCat("sfirst", i), "--dataset", shards, "--seq-len",
                     "2048", "--batch-size", "64", "--max-batches", "1", "-o", "json"},
-                   dir.File("sfirst"));
+                   dir.Join("sfirst"));
     const size_t at = r.out.find("\"first_batch_ms\":");
     if (r.exit_code == 0 && at != std::string::npos) {
       shard_first_ms.push_back(std::stod(r.out.substr(at + 17)));

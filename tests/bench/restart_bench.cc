@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--step-ms") == 0) step_ms = std::atoll(argv[i + 1]);
   }
   gt::TempDir dir;
-  const std::string dataset = dir.File("tokens.bin");
+  const std::string dataset = dir.Join("tokens.bin");
   gt::WriteTokens(dataset, 1 << 20);
   struct Row {
     const char* fault;
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       const absl::Time fault = absl::Now();
       if (kind == 2) {
         gt::CtlResult drained = gt::RunCtl(daemon->socket(), {"drain", "--timeout", "300ms"},
-                                           dir.File("drain"));
+                                           dir.Join("drain"));
         if (drained.exit_code != 0) {
           std::fprintf(stderr, "drain: %s\n", drained.err.c_str());
           return 1;

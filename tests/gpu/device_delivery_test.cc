@@ -36,7 +36,7 @@ class DeviceDeliveryTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
-    tokens_path_ = dir_.File("tokens.bin");
+    tokens_path_ = dir_.Join("tokens.bin");
     tokens_ = WriteTokens(tokens_path_, kTokens);
     daemon_ = std::make_unique<Daemon>(dir_);
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
@@ -67,15 +67,15 @@ TEST_P(DeviceDeliveryTest, TwoConsumersTwoEpochsByteExactInDeviceMemory) {
         CtlArgv(daemon_->socket(),
                 Consume({"--job", "dev", "--rank", absl::StrCat(r), "--world-size", "2",
                          "--batch-size", "32", "--seed", "5", "--epochs", "2", "--device",
-                         "cuda:0", "--checksum", "--ids", dir_.File(absl::StrCat("ids", r)),
+                         "cuda:0", "--checksum", "--ids", dir_.Join(absl::StrCat("ids", r)),
                          "-o", "json"})),
-        dir_.File(absl::StrCat("rank", r))));
+        dir_.Join(absl::StrCat("rank", r))));
   }
   std::map<int64_t, std::vector<int64_t>> by_epoch;
   uint64_t device_sum = 0;
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(ranks[r]->Wait(absl::Seconds(120)), 0) << ranks[r]->Stderr();
-    const std::vector<IdsLine> lines = ReadIdsFile(dir_.File(absl::StrCat("ids", r)));
+    const std::vector<IdsLine> lines = ReadIdsFile(dir_.Join(absl::StrCat("ids", r)));
     ASSERT_EQ(lines.size(), 2u * (16383 / 64));
     for (const IdsLine& l : lines) {
       auto& ids = by_epoch[l.epoch];
@@ -97,7 +97,7 @@ TEST_P(DeviceDeliveryTest, TwoConsumersTwoEpochsByteExactInDeviceMemory) {
                             Consume({"--job", "host", "--rank", absl::StrCat(r), "--world-size",
                                      "2", "--batch-size", "32", "--seed", "5", "--epochs", "2",
                                      "--checksum", "-o", "json"}),
-                            dir_.File("host"));
+                            dir_.Join("host"));
     ASSERT_EQ(host.exit_code, 0) << host.err;
     host_sum += static_cast<uint64_t>(JsonInt(host.out, "checksum"));
   }
@@ -162,7 +162,7 @@ TEST_P(DeviceDeliveryTest, KilledConsumerFreesItsDeviceMemory) {
   const CtlResult warm = RunCtl(daemon_->socket(),
                                 Consume({"--job", "warm", "--batch-size", "16", "--epochs", "0",
                                          "--max-batches", "2", "--device", "cuda:0"}),
-                                dir_.File("warm"));
+                                dir_.Join("warm"));
   ASSERT_EQ(warm.exit_code, 0) << warm.err;
   size_t free0 = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
@@ -171,12 +171,12 @@ TEST_P(DeviceDeliveryTest, KilledConsumerFreesItsDeviceMemory) {
                                      "--batch-size", "1024", "--ring-slots", "8", "--epochs",
                                      "0", "--max-batches", "100000000", "--step-ms", "20",
                                      "--device", "cuda:0"})),
-                    dir_.File("victim"));
+                    dir_.Join("victim"));
   Subprocess survivor(CtlArgv(daemon_->socket(),
                               Consume({"--job", "k9", "--rank", "1", "--world-size", "2",
                                        "--batch-size", "1024", "--epochs", "1", "--step-ms",
                                        "30", "--device", "cuda:0", "--checksum"})),
-                      dir_.File("survivor"));
+                      dir_.Join("survivor"));
   auto sessions = [&] {
     auto admin = client::AdminClient::Connect(daemon_->socket());
     auto list = (*admin)->ListSessions();
@@ -227,8 +227,8 @@ TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
                 Consume({"--job", "two-gpus", "--rank", absl::StrCat(r), "--world-size", "2",
                          "--batch-size", "64", "--seed", "9", "--epochs", "1", "--device",
                          absl::StrCat("cuda:", r), "--step-ms", "5", "--checksum", "--ids",
-                         dir_.File(absl::StrCat("ids", r)), "-o", "json"})),
-        dir_.File(absl::StrCat("gpu", r))));
+                         dir_.Join(absl::StrCat("ids", r)), "-o", "json"})),
+        dir_.Join(absl::StrCat("gpu", r))));
   }
   // While they run: each rank's ring is on the GPU it named.
   std::string uuid[2];
@@ -255,7 +255,7 @@ TEST_P(DeviceDeliveryTest, TwoRanksOnTwoGpusEachInItsOwnGpu) {
   std::vector<int64_t> ids;
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(ranks[r]->Wait(absl::Seconds(120)), 0) << ranks[r]->Stderr();
-    const std::vector<IdsLine> lines = ReadIdsFile(dir_.File(absl::StrCat("ids", r)));
+    const std::vector<IdsLine> lines = ReadIdsFile(dir_.Join(absl::StrCat("ids", r)));
     ASSERT_EQ(lines.size(), 16383u / 128);
     for (const IdsLine& l : lines) ids.insert(ids.end(), l.ids.begin(), l.ids.end());
     EXPECT_EQ(static_cast<uint64_t>(JsonInt(ranks[r]->Stdout(), "checksum")),
@@ -274,7 +274,7 @@ TEST_P(DeviceDeliveryTest, RingBeyondTheDeviceBudgetIsRefused) {
   CtlResult r = RunCtl(small.socket(),
                        Consume({"--batch-size", "4096", "--ring-slots", "4", "--device", "cuda:0",
                                 "--max-batches", "1"}),
-                       dir.File("big"));
+                       dir.Join("big"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("RESOURCE_EXHAUSTED"));
   EXPECT_THAT(r.err, HasSubstr("--device_bytes"));

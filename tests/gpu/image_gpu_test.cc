@@ -37,7 +37,7 @@ class ImageGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
-    root_ = dir_.File("images");
+    root_ = dir_.Join("images");
     // 4:2:0 baseline JPEGs of a few sizes (nvJPEG's hardware takes them), a 4:4:4 one, and a
     // grayscale JPEG and a PNG that the CPU decodes on every path.
     const int sizes[][2] = {{150, 200}, {200, 150}, {120, 160}, {333, 500}, {97, 131}};
@@ -196,7 +196,7 @@ TEST_F(ImageGpuTest, NvjpegPathMatchesTheCpuPath) {
 // Acceptance: nvJPEG-decoded images equal libjpeg-turbo's within a mean absolute difference
 // of 1.0. A centre crop of the whole (square) image is the decoded image itself.
 TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
-  const std::string square = dir_.File("square");
+  const std::string square = dir_.Join("square");
   for (int i = 0; i < 16; ++i) {
     WriteFileBytes(absl::StrCat(square, "/c", i % 2, "/", i, ".jpg"),
           EncodeJpeg(Textured(160, 160, 100 + i), 160, 160, TJPF_RGB,
@@ -221,7 +221,7 @@ TEST_F(ImageGpuTest, NvjpegDecodeEqualsLibjpegTurboWithinMeanOne) {
 TEST(ImageGpuNoNvjpegTest, NvjpegAbsentIsFailedPreconditionAndAutoUsesTheCpu) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
   TempDir dir;
-  WriteFileBytes(dir.File("images/a/0.jpg"), EncodeJpeg(Textured(64, 64, 1), 64, 64, TJPF_RGB, TJSAMP_420, 90));
+  WriteFileBytes(dir.Join("images/a/0.jpg"), EncodeJpeg(Textured(64, 64, 1), 64, 64, TJPF_RGB, TJSAMP_420, 90));
   ::setenv("GPUFEED_NVJPEG_LIBRARY", "/nonexistent/libnvjpeg.so", 1);
   Daemon daemon(dir);
   ::unsetenv("GPUFEED_NVJPEG_LIBRARY");
@@ -229,7 +229,7 @@ TEST(ImageGpuNoNvjpegTest, NvjpegAbsentIsFailedPreconditionAndAutoUsesTheCpu) {
   client::AttachOptions o;
   o.socket = daemon.socket();
   o.kind = "image_folder";
-  o.dataset = dir.File("images");
+  o.dataset = dir.Join("images");
   o.batch_size = 1;
   o.delivery = "device";
   o.gpu = "cuda:0";

@@ -73,7 +73,7 @@ class NvjpegSessionsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device visible: GPU test skipped";
-    root_ = dir_.File("images");
+    root_ = dir_.Join("images");
     // Ordinary baseline 4:2:0 JPEGs of 330-640 px a side, as photographs are; every eighth
     // file is one the CPU decodes on every path (grayscale, progressive, PNG), so the number
     // of nvJPEG rows changes from batch to batch.
@@ -283,7 +283,7 @@ TEST_F(NvjpegSessionsTest, DecodeAutoMixesTheDecodersAndEveryRowMatchesTheCpuPat
 // is cut short). Asserts every session delivers every batch of every epoch, each sample of
 // the dataset exactly once per epoch, within a per-batch deadline.
 TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress) {
-  const std::string big = dir_.File("big");
+  const std::string big = dir_.Join("big");
   constexpr int kBig = 1024;
   for (int i = 0; i < kBig; ++i) {
     const int h = 300 + (i * 37) % 200, w = 300 + (i * 53) % 200;
@@ -385,7 +385,7 @@ TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress)
 // daemon without the wait passed this once (2026-12-02, at 12-14k images/s against the fixed
 // one's 17-24k); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
 TEST_F(NvjpegSessionsTest, BackToBackNvjpegBatchesOfTheSizesThatOnceSpunAlwaysProgress) {
-  const std::string root = dir_.File("baseline");
+  const std::string root = dir_.Join("baseline");
   constexpr int kFiles = 384;
   for (int i = 0; i < kFiles; ++i) {
     const int h = 200 + (i * 37) % 120, w = 200 + (i * 53) % 120;

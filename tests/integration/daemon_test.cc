@@ -45,7 +45,7 @@ constexpr size_t kTokens = 20000;  // (20000 - 1) / 16 = 1249 samples
 class DaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tokens_path_ = dir_.File("tokens.bin");
+    tokens_path_ = dir_.Join("tokens.bin");
     tokens_ = WriteTokens(tokens_path_, kTokens);
     daemon_ = std::make_unique<Daemon>(dir_, std::vector<std::string>{"--attach_timeout=3s"});
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
@@ -105,15 +105,15 @@ TEST_F(DaemonTest, FourRanksTwoEpochsExactlyOnceAndByteExact) {
         CtlArgv(daemon_->socket(),
                 Consume({"--job", "four", "--rank", absl::StrCat(r), "--world-size", "4",
                          "--batch-size", absl::StrCat(kBatch), "--seed", "7", "--epochs", "2",
-                         "--ids", dir_.File(absl::StrCat("ids", r)), "--checksum", "-o",
+                         "--ids", dir_.Join(absl::StrCat("ids", r)), "--checksum", "-o",
                          "json"})),
-        dir_.File(absl::StrCat("rank", r))));
+        dir_.Join(absl::StrCat("rank", r))));
   }
   std::map<int64_t, std::vector<int64_t>> by_epoch;
   std::vector<int64_t> epoch0_rank0;
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
-    const std::vector<IdsLine> lines = ReadIdsFile(dir_.File(absl::StrCat("ids", r)));
+    const std::vector<IdsLine> lines = ReadIdsFile(dir_.Join(absl::StrCat("ids", r)));
     ASSERT_EQ(lines.size(), static_cast<size_t>(2 * kSteps));
     for (size_t i = 0; i < lines.size(); ++i) {
       EXPECT_EQ(lines[i].rank, r);
@@ -188,18 +188,18 @@ TEST_F(DaemonTest, CppClientRowsEqualFileBytesWithPadding) {
 TEST_F(DaemonTest, ResumeFromPositionContinuesExactly) {
   CtlResult full = RunCtl(daemon_->socket(),
                           Consume({"--job", "full", "--batch-size", "32", "--seed", "11",
-                                   "--epochs", "2", "--ids", dir_.File("full.ids")}),
-                          dir_.File("full"));
+                                   "--epochs", "2", "--ids", dir_.Join("full.ids")}),
+                          dir_.Join("full"));
   ASSERT_EQ(full.exit_code, 0) << full.err;
-  const std::vector<IdsLine> expected = ReadIdsFile(dir_.File("full.ids"));
+  const std::vector<IdsLine> expected = ReadIdsFile(dir_.Join("full.ids"));
   ASSERT_EQ(expected.size(), 2u * (1249 / 32));
 
   for (int k : {5, 39, 50}) {  // mid-epoch, the epoch's last step, into the second epoch
     CtlResult first = RunCtl(daemon_->socket(),
                              Consume({"--job", "part", "--batch-size", "32", "--seed", "11",
                                       "--epochs", "2", "--max-batches", absl::StrCat(k), "--ids",
-                                      dir_.File("a.ids"), "-o", "json"}),
-                             dir_.File("a"));
+                                      dir_.Join("a.ids"), "-o", "json"}),
+                             dir_.Join("a"));
     ASSERT_EQ(first.exit_code, 0) << first.err;
     const int64_t e0 = JsonInt(first.out, "epoch");
     const int64_t s0 = JsonInt(first.out, "step");
@@ -208,12 +208,12 @@ TEST_F(DaemonTest, ResumeFromPositionContinuesExactly) {
         daemon_->socket(),
         Consume({"--job", "part", "--batch-size", "32", "--seed", "11", "--start-epoch",
                  absl::StrCat(e0), "--start-step", absl::StrCat(s0), "--epochs",
-                 absl::StrCat(2 - e0), "--ids", dir_.File("b.ids")}),
-        dir_.File("b"));
+                 absl::StrCat(2 - e0), "--ids", dir_.Join("b.ids")}),
+        dir_.Join("b"));
     ASSERT_EQ(rest.exit_code, 0) << rest.err;
-    std::vector<IdsLine> got = ReadIdsFile(dir_.File("a.ids"));
+    std::vector<IdsLine> got = ReadIdsFile(dir_.Join("a.ids"));
     ASSERT_EQ(got.size(), static_cast<size_t>(k));
-    for (IdsLine& l : ReadIdsFile(dir_.File("b.ids"))) got.push_back(std::move(l));
+    for (IdsLine& l : ReadIdsFile(dir_.Join("b.ids"))) got.push_back(std::move(l));
     ASSERT_EQ(got.size(), expected.size()) << "k=" << k;
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i].epoch, expected[i].epoch) << "k=" << k << " batch " << i;
@@ -232,13 +232,13 @@ TEST_F(DaemonTest, KilledConsumerLosesSessionAndSlotsReturn) {
                             Consume({"--job", "k9", "--rank", "0", "--world-size", "2",
                                      "--batch-size", "8", "--epochs", "0", "--max-batches",
                                      "1000000", "--step-ms", "20"})),
-                    dir_.File("victim"));
+                    dir_.Join("victim"));
   Subprocess survivor(CtlArgv(daemon_->socket(),
                               Consume({"--job", "k9", "--rank", "1", "--world-size", "2",
                                        "--batch-size", "8", "--epochs", "1", "--step-ms", "2",
-                                       "--checksum", "--ids", dir_.File("survivor.ids"), "-o",
+                                       "--checksum", "--ids", dir_.Join("survivor.ids"), "-o",
                                        "json"})),
-                      dir_.File("survivor"));
+                      dir_.Join("survivor"));
   // Wait until the victim is attached and streaming.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   bool seen = false;
@@ -261,7 +261,7 @@ TEST_F(DaemonTest, KilledConsumerLosesSessionAndSlotsReturn) {
   EXPECT_TRUE(gone) << "session of the killed consumer still listed after 1 s";
 
   ASSERT_EQ(survivor.Wait(), 0) << survivor.Stderr();
-  const std::vector<IdsLine> lines = ReadIdsFile(dir_.File("survivor.ids"));
+  const std::vector<IdsLine> lines = ReadIdsFile(dir_.Join("survivor.ids"));
   EXPECT_EQ(lines.size(), static_cast<size_t>(1249 / 16));
   EXPECT_EQ(static_cast<uint64_t>(JsonInt(survivor.Stdout(), "checksum")),
             TokensChecksum(tokens_, kSeqLen, lines));
@@ -270,7 +270,7 @@ TEST_F(DaemonTest, KilledConsumerLosesSessionAndSlotsReturn) {
   CtlResult again = RunCtl(daemon_->socket(),
                            Consume({"--job", "k9", "--rank", "0", "--world-size", "2",
                                     "--batch-size", "8", "--max-batches", "3"}),
-                           dir_.File("again"));
+                           dir_.Join("again"));
   EXPECT_EQ(again.exit_code, 0) << again.err;
   EXPECT_THAT(again.out, HasSubstr("rank 0: 3 batches"));
 }
@@ -283,13 +283,13 @@ struct BadInput {
 };
 
 TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
-  const std::string empty = dir_.File("empty.bin");
+  const std::string empty = dir_.Join("empty.bin");
   WriteTokens(empty, 0);
   auto write = [&](const std::string& name, const std::string& bytes) {
-    std::FILE* f = std::fopen(dir_.File(name).c_str(), "wb");
+    std::FILE* f = std::fopen(dir_.Join(name).c_str(), "wb");
     std::fwrite(bytes.data(), 1, bytes.size(), f);
     std::fclose(f);
-    return dir_.File(name);
+    return dir_.Join(name);
   };
   auto npy = [&](const std::string& name, const std::string& dict, size_t data_bytes) {
     std::string header = dict;
@@ -306,7 +306,7 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
   const std::string object =
       npy("o.npy", "{'descr': '|O', 'fortran_order': False, 'shape': (4,), }", 32);
   const std::string malformed = npy("m.npy", "{'descr': '<f4', 'fortran_order': Fa", 48);
-  const std::string missing = dir_.File("no-such-file.bin");
+  const std::string missing = dir_.Join("no-such-file.bin");
   const std::string bad_pipeline = write(
       "bad.json", R"({"ops": [{"center_crop": {"size": 224}}, {"flip": {"p": 2}}]})");
   const std::string eval_pipeline = std::string(GPUFEED_SOURCE_DIR) + "/deploy/pipelines/imagenet_eval.json";
@@ -370,7 +370,7 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
        "INVALID_ARGUMENT", "pipeline: not JSON"},
   };
   for (const BadInput& c : cases) {
-    CtlResult r = RunCtl(daemon_->socket(), c.args, dir_.File("bad"));
+    CtlResult r = RunCtl(daemon_->socket(), c.args, dir_.Join("bad"));
     EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.out << r.err;
     EXPECT_THAT(r.err, HasSubstr("error: " + c.code + ": ")) << c.name;
     EXPECT_THAT(r.err, HasSubstr(c.message)) << c.name;
@@ -388,7 +388,7 @@ TEST_F(DaemonTest, BadInputsGetTheirCodeAndAMessageNamingTheFieldOrPath) {
 // image of the epoch exactly once, float16 [B, 3, 224, 224] images with their labels, and the
 // same (seed, epoch) gives the same bytes on a second run.
 TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
-  const std::string root = dir_.File("images");
+  const std::string root = dir_.Join("images");
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 8; ++i) {
       const std::string path = absl::StrCat(root, "/class", c, "/img", i, ".jpg");
@@ -409,13 +409,13 @@ TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
                   {"consume", "--job", absl::StrCat("img", run), "--kind", "image_folder",
                    "--dataset", root, "--pipeline", pipeline, "--rank", absl::StrCat(r),
                    "--world-size", "2", "--batch-size", "4", "--seed", "3", "--epochs", "1",
-                   "--ids", dir_.File(absl::StrCat("img", run, r)), "--checksum", "-o", "json"}),
-          dir_.File(absl::StrCat("imgrank", run, r))));
+                   "--ids", dir_.Join(absl::StrCat("img", run, r)), "--checksum", "-o", "json"}),
+          dir_.Join(absl::StrCat("imgrank", run, r))));
     }
     std::vector<int64_t> ids;
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->Stderr();
-      for (const IdsLine& l : ReadIdsFile(dir_.File(absl::StrCat("img", run, r)))) {
+      for (const IdsLine& l : ReadIdsFile(dir_.Join(absl::StrCat("img", run, r)))) {
         ids.insert(ids.end(), l.ids.begin(), l.ids.end());
       }
       sums[run] += absl::StrCat(JsonInt(ranks[r]->Stdout(), "checksum"), ",");
@@ -433,7 +433,7 @@ TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
   // is, so each output value is (rgb / 255 - mean[c]) / std[c], NCHW, channels in RGB order,
   // where rgb is the test's own decode of the file. Tolerance: 1 level of 255 over the
   // smallest std (the resize's float sums) plus float16's rounding at |v| < 2.7 (2^-10).
-  const std::string flat = dir_.File("flat");
+  const std::string flat = dir_.Join("flat");
   std::vector<std::array<uint8_t, 3>> colours;  // by sample id: class c, image i -> id 2c + i
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 2; ++i) {
@@ -494,7 +494,7 @@ TEST_F(DaemonTest, ImageFolderTwoRanksThroughTheImagenetPipeline) {
 // Bad images end to end: skipped ones are replaced and counted in `feeds`; with
 // --bad-sample fail the stream ends with DATA_LOSS naming the file.
 TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
-  const std::string root = dir_.File("bad-images");
+  const std::string root = dir_.Join("bad-images");
   std::filesystem::create_directories(root + "/c");
   std::ofstream(root + "/c/0.jpg");  // empty
   std::ofstream(root + "/c/1.png") << "not a png";
@@ -528,12 +528,12 @@ TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
   batch->Release();
   ASSERT_TRUE((*session)->Detach().ok());
 
-  std::ofstream(dir_.File("cc.json")) << R"({"ops": [{"center_crop": {"size": 16}}]})";
+  std::ofstream(dir_.Join("cc.json")) << R"({"ops": [{"center_crop": {"size": 16}}]})";
   CtlResult fail = RunCtl(daemon_->socket(),
                           {"consume", "--kind", "image_folder", "--dataset", root, "--pipeline",
-                           dir_.File("cc.json"), "--batch-size", "8", "--no-shuffle",
+                           dir_.Join("cc.json"), "--batch-size", "8", "--no-shuffle",
                            "--bad-sample", "fail"},
-                          dir_.File("badfail"));
+                          dir_.Join("badfail"));
   EXPECT_EQ(fail.exit_code, 1);
   EXPECT_THAT(fail.err, HasSubstr("DATA_LOSS"));
   EXPECT_THAT(fail.err, HasSubstr(root + "/c/0.jpg (empty)"));
@@ -544,14 +544,14 @@ TEST_F(DaemonTest, BadImagesAreCountedInFeedsOrFailTheStream) {
 // 2): what goes wrong there is said in its own words, naming the path and the errno.
 TEST_F(DaemonTest, TheClientOpensTheDatasetAndNamesWhatGoesWrong) {
   client::AttachOptions missing = Options();
-  missing.dataset = dir_.File("nope.bin");
+  missing.dataset = dir_.Join("nope.bin");
   auto s = client::Session::Attach(missing);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.status().message(),
             absl::StrCat("attach: dataset.path: this process (uid ", ::geteuid(), ") cannot open ",
                          missing.dataset, " (errno 2): No such file or directory"));
   client::AttachOptions fifo = Options();
-  fifo.dataset = dir_.File("fifo.bin");
+  fifo.dataset = dir_.Join("fifo.bin");
   ASSERT_EQ(::mkfifo(fifo.dataset.c_str(), 0644), 0);
   s = client::Session::Attach(fifo);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
@@ -596,7 +596,7 @@ class RawProtocolTest : public DaemonTest {
   // Passes `fd` on the memory socket as open_dataset does (docs/SECURITY.md section 2).
   v1::MemResponse OpenDataset(int fd) {
     v1::MemResponse reply;
-    absl::StatusOr<UniqueFd> conn = ConnectUnix(dir_.File("gf.mem.sock"));
+    absl::StatusOr<UniqueFd> conn = ConnectUnix(dir_.Join("gf.mem.sock"));
     EXPECT_TRUE(conn.ok()) << conn.status();
     if (!conn.ok()) return reply;
     EXPECT_TRUE(SetSocketTimeout(conn->get(), absl::Seconds(5)).ok());
@@ -756,7 +756,7 @@ TEST_F(RawProtocolTest, StreamWithAWrongTokenIsPermissionDenied) {
 // The memory socket answers garbage, oversized frames and wrong tokens with an error and
 // keeps serving; the descriptor goes only to the token's holder.
 TEST_F(RawProtocolTest, MemorySocketRefusesWhatItShouldAndSurvivesGarbage) {
-  const std::string mem = dir_.File("gf.mem.sock");
+  const std::string mem = dir_.Join("gf.mem.sock");
   auto ask = [&](const std::string& payload, bool raw) -> absl::StatusOr<Frame> {
     GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem));
     GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), absl::Seconds(5)));
@@ -804,7 +804,7 @@ TEST_F(RawProtocolTest, MemorySocketRefusesWhatItShouldAndSurvivesGarbage) {
   EXPECT_TRUE(right->fd.valid());
   // Still serving.
   CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
-                           dir_.File("after"));
+                           dir_.Join("after"));
   EXPECT_EQ(after.exit_code, 0) << after.err;
 }
 
@@ -824,7 +824,7 @@ TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
   EXPECT_EQ(again.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(again.error_message(), HasSubstr("dataset.handle: no such handle"));
 
-  const std::string fifo = dir_.File("fifo");
+  const std::string fifo = dir_.Join("fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   UniqueFd fd(::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   ASSERT_TRUE(fd.valid());
@@ -837,7 +837,7 @@ TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
   CtlResult ctl = RunCtl(daemon_->socket(),
                          {"consume", "--dataset", fifo, "--token-dtype", "uint16", "--seq-len",
                           "4", "--batch-size", "1", "--max-batches", "1"},
-                         dir_.File("fifo-out"));
+                         dir_.Join("fifo-out"));
   EXPECT_NE(ctl.exit_code, 0);
   EXPECT_THAT(ctl.err, HasSubstr("dataset.path: " + fifo + " is a FIFO, not a regular file"));
 }
@@ -845,7 +845,7 @@ TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
 // One client dribbling its memory-socket request a byte every 0.9 s (issue 12, item 6) is cut
 // off at mem_request_timeout (2 s) for the whole request, and delays nobody meanwhile.
 TEST_F(RawProtocolTest, ADribblingMemoryClientIsCutOffAndDelaysNobody) {
-  absl::StatusOr<UniqueFd> slow = ConnectUnix(dir_.File("gf.mem.sock"));
+  absl::StatusOr<UniqueFd> slow = ConnectUnix(dir_.Join("gf.mem.sock"));
   ASSERT_TRUE(slow.ok()) << slow.status();
   ASSERT_TRUE(SetSocketTimeout(slow->get(), absl::Seconds(10)).ok());
   const absl::Time connected = absl::Now();
@@ -859,7 +859,7 @@ TEST_F(RawProtocolTest, ADribblingMemoryClientIsCutOffAndDelaysNobody) {
   });
   const absl::Time started = absl::Now();
   CtlResult ctl = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
-                         dir_.File("fast"));
+                         dir_.Join("fast"));
   EXPECT_EQ(ctl.exit_code, 0) << ctl.err;
   EXPECT_LT(absl::Now() - started, absl::Milliseconds(1500));
   absl::StatusOr<Frame> cut = RecvFrame(slow->get(), 1 << 16);
@@ -897,7 +897,7 @@ TEST_F(DaemonTest, SigtermEndsStreamsWithUnavailableAndExitsZero) {
                               Consume({"--batch-size", "8", "--epochs", "0", "--max-batches",
                                        "100000000", "--step-ms", "5", "--reconnect-timeout",
                                        "0"})),
-                      dir_.File("consumer"));
+                      dir_.Join("consumer"));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   ASSERT_FALSE(Sessions().empty());
@@ -915,7 +915,7 @@ TEST_F(DaemonTest, SigtermEndsStreamsWithUnavailableAndExitsZero) {
 class ShrinkTest : public DaemonTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
-    tokens_path_ = dir_.File("tokens.bin");
+    tokens_path_ = dir_.Join("tokens.bin");
     tokens_ = WriteTokens(tokens_path_, kTokens);
     daemon_ = std::make_unique<Daemon>(dir_, std::vector<std::string>{"--read_mode=" + GetParam()});
     ASSERT_TRUE(daemon_->ready()) << daemon_->process().Stderr();
@@ -925,13 +925,13 @@ class ShrinkTest : public DaemonTest, public ::testing::WithParamInterface<std::
 INSTANTIATE_TEST_SUITE_P(ReadModes, ShrinkTest, ::testing::Values("mmap", "pread"));
 
 TEST_P(ShrinkTest, ShrunkenDatasetIsDataLossNotACrash) {
-  const std::string path = dir_.File("shrinking.bin");
+  const std::string path = dir_.Join("shrinking.bin");
   WriteTokens(path, kTokens);
   Subprocess consumer(CtlArgv(daemon_->socket(),
                               {"consume", "--dataset", path, "--seq-len", "16", "--batch-size",
                                "8", "--epochs", "0", "--max-batches", "100000000", "--step-ms",
                                "5", "--no-shuffle"}),
-                      dir_.File("shrink"));
+                      dir_.Join("shrink"));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (Sessions().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
@@ -941,21 +941,21 @@ TEST_P(ShrinkTest, ShrunkenDatasetIsDataLossNotACrash) {
   EXPECT_TRUE(daemon_->process().Running());
   // And it goes on serving others.
   CtlResult after = RunCtl(daemon_->socket(), Consume({"--batch-size", "8", "--max-batches", "2"}),
-                           dir_.File("after"));
+                           dir_.Join("after"));
   EXPECT_EQ(after.exit_code, 0) << after.err;
 }
 
 // The C ABI, from a program compiled as C.
 TEST_F(DaemonTest, CApiProgram) {
   // And a WebDataset whose key img.001 is key img without an image: its notice (issue 31).
-  const std::string shards = dir_.File("wds");
+  const std::string shards = dir_.Join("wds");
   std::filesystem::create_directories(shards);
   const std::vector<uint8_t> png = EncodePng(Picture(6, 7, 3, 1), 6, 7);
   const std::string image(png.begin(), png.end());
   std::ofstream(shards + "/train-0.tar", std::ios::binary)
       << TarFile("a.cls", "0") + TarFile("a.png", image) + TarFile("img.001.cls", "1") +
              TarFile("img.001.jpg", image) + TarEnd();
-  Subprocess c({C_API_TEST_PATH, daemon_->socket(), tokens_path_, shards}, dir_.File("c"));
+  Subprocess c({C_API_TEST_PATH, daemon_->socket(), tokens_path_, shards}, dir_.Join("c"));
   EXPECT_EQ(c.Wait(), 0) << c.Stdout() << c.Stderr();
   EXPECT_THAT(c.Stdout(), HasSubstr("c api ok"));
 }

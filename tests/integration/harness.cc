@@ -28,16 +28,6 @@ extern char** environ;
 
 namespace gpufeed::testing {
 
-TempDir::TempDir() {
-  char tmpl[] = "/tmp/gpufeed-test-XXXXXX";
-  path_ = ::mkdtemp(tmpl);
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 Subprocess::Subprocess(const std::vector<std::string>& argv, const std::string& out_prefix)
     : out_(out_prefix + ".out"), err_(out_prefix + ".err") {
   posix_spawn_file_actions_t actions;
@@ -105,11 +95,11 @@ std::string GpufeedctlPath() {
 }
 
 Daemon::Daemon(const TempDir& dir, std::vector<std::string> extra_flags)
-    : socket_(dir.File("gf.sock")) {
+    : socket_(dir.Join("gf.sock")) {
   std::vector<std::string> argv = {GpufeeddPath(), "--listen=unix://" + socket_,
                                    "--staging_bytes=67108864", "--threads=2"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  process_ = std::make_unique<Subprocess>(argv, dir.File("gpufeedd"));
+  process_ = std::make_unique<Subprocess>(argv, dir.Join("gpufeedd"));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline && process_->Running()) {
     auto admin = client::AdminClient::Connect(socket_, absl::Seconds(1));

@@ -11,19 +11,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gpufeed::testing {
-
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // A child process with stdout and stderr captured into files.
 class Subprocess {

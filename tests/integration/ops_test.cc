@@ -65,7 +65,7 @@ grpc::StatusCode Call(const std::string& target,
 class OpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tokens_ = dir_.File("tokens.bin");
+    tokens_ = dir_.Join("tokens.bin");
     WriteTokens(tokens_, 1 << 16);  // (65536 - 1) / 32 = 2047 samples of seq_len 32
   }
   std::vector<std::string> Consume(std::vector<std::string> extra) {
@@ -85,7 +85,7 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
   // One epoch: 2047 samples / 8 = 255 batches of 8 x 33 uint16 = 528 bytes each.
   CtlResult run = RunCtl(daemon.socket(), Consume({"--job", "train", "--rank", "0"}),
-                         dir_.File("run"));
+                         dir_.Join("run"));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const std::string text = HttpGet(port, "/metrics");
   ASSERT_FALSE(text.empty());
@@ -102,7 +102,7 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   Subprocess slow(CtlArgv(daemon.socket(), Consume({"--job", "slow", "--rank", "3", "--world-size",
                                                     "4", "--epochs", "0", "--max-batches",
                                                     "100000", "--step-ms", "20"})),
-                  dir_.File("slow"));
+                  dir_.Join("slow"));
   // Until its wall time is long enough for the ratios below to mean something.
   const std::string labels = absl::StrCat("{job=\"slow\",rank=\"3\",uid=\"", ::getuid(), "\"}");
   ASSERT_TRUE(Eventually(
@@ -130,9 +130,9 @@ TEST_F(OpsTest, MetricsCountWhatWasDeliveredAndPassPromtool) {
   if (::system("command -v promtool >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "promtool not installed: `promtool check metrics` not run";
   }
-  const std::string scrape = dir_.File("scrape.txt");
+  const std::string scrape = dir_.Join("scrape.txt");
   std::ofstream(scrape) << live;
-  Subprocess lint({"/bin/sh", "-c", "promtool check metrics < " + scrape}, dir_.File("promtool"));
+  Subprocess lint({"/bin/sh", "-c", "promtool check metrics < " + scrape}, dir_.Join("promtool"));
   EXPECT_EQ(lint.Wait(), 0) << lint.Stdout() << lint.Stderr();
 }
 
@@ -171,7 +171,7 @@ TEST_F(OpsTest, HealthOnTheTcpPortFollowsDrain) {
   Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "d", "--epochs", "0",
                                                         "--max-batches", "100000", "--step-ms",
                                                         "5"})),
-                      dir_.File("consumer"));
+                      dir_.Join("consumer"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "d"); }, absl::Seconds(20)))
       << consumer.Stderr();
   auto admin = client::AdminClient::Connect(daemon.socket());
@@ -187,7 +187,7 @@ TEST_F(OpsTest, HealthOnTheTcpPortFollowsDrain) {
   EXPECT_TRUE(status->draining);
   // New sessions are refused, naming the drain.
   CtlResult refused = RunCtl(daemon.socket(), Consume({"--job", "late", "--max-batches", "1"}),
-                             dir_.File("late"));
+                             dir_.Join("late"));
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_THAT(refused.err, HasSubstr("UNAVAILABLE"));
   EXPECT_THAT(refused.err, HasSubstr("draining"));
@@ -205,10 +205,10 @@ TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
   Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "f", "--epochs", "0",
                                                         "--max-batches", "40", "--step-ms", "10",
                                                         "-o", "json"})),
-                      dir_.File("consumer"));
+                      dir_.Join("consumer"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "f"); }, absl::Seconds(20)))
       << consumer.Stderr();
-  CtlResult drain = RunCtl(daemon.socket(), {"drain", "--timeout", "30s"}, dir_.File("drain"));
+  CtlResult drain = RunCtl(daemon.socket(), {"drain", "--timeout", "30s"}, dir_.Join("drain"));
   EXPECT_EQ(drain.exit_code, 0) << drain.err;
   EXPECT_THAT(drain.err, HasSubstr("1 sessions attached, new ones refused"));
   EXPECT_THAT(drain.err, HasSubstr("gpufeedd has exited"));
@@ -218,35 +218,35 @@ TEST_F(OpsTest, DrainCommandWaitsForTheLastSessionOrTheTimeout) {
 
   // A consumer that never ends: the daemon exits at the timeout and the consumer is told.
   TempDir dir2;
-  WriteTokens(dir2.File("t.bin"), 1 << 16);
+  WriteTokens(dir2.Join("t.bin"), 1 << 16);
   Daemon second(dir2);
   ASSERT_TRUE(second.ready());
-  Subprocess forever(CtlArgv(second.socket(), {"consume", "--dataset", dir2.File("t.bin"),
+  Subprocess forever(CtlArgv(second.socket(), {"consume", "--dataset", dir2.Join("t.bin"),
                                                "--seq-len", "32", "--batch-size", "8", "--epochs",
                                                "0", "--max-batches", "100000000", "--step-ms",
                                                "5", "--reconnect-timeout", "0"}),
-                     dir2.File("forever"));
+                     dir2.Join("forever"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(second.socket(), ""); }, absl::Seconds(20)))
       << forever.Stderr();
   const absl::Time start = absl::Now();
-  CtlResult timed = RunCtl(second.socket(), {"drain", "--timeout", "1s"}, dir2.File("drain"));
+  CtlResult timed = RunCtl(second.socket(), {"drain", "--timeout", "1s"}, dir2.Join("drain"));
   EXPECT_EQ(timed.exit_code, 0) << timed.err;
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
   EXPECT_NE(forever.Wait(absl::Seconds(10)), 0);
   EXPECT_THAT(forever.Stderr(), HasSubstr("UNAVAILABLE"));
   EXPECT_THAT(second.process().Stderr(), HasSubstr("deadline passed with 1 sessions attached"));
 
-  CtlResult bad = RunCtl(second.socket(), {"drain", "--timeout", "soon"}, dir2.File("bad"));
+  CtlResult bad = RunCtl(second.socket(), {"drain", "--timeout", "soon"}, dir2.Join("bad"));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.err, HasSubstr("--timeout: want a duration such as 60s"));
 }
 
 TEST_F(OpsTest, ConfigFileIsReadValidatedAndOverriddenByFlags) {
-  const std::string socket = dir_.File("cfg.sock");
-  const std::string config = dir_.File("gpufeedd.textproto");
+  const std::string socket = dir_.Join("cfg.sock");
+  const std::string config = dir_.Join("gpufeedd.textproto");
   std::ofstream(config) << "# comment\nlisten: \"unix://" << socket
                         << "\"\nthreads: 3\nstaging_bytes: 33554432\nlog_format: \"json\"\n";
-  Subprocess daemon({GpufeeddPath(), "--config=" + config}, dir_.File("cfg"));
+  Subprocess daemon({GpufeeddPath(), "--config=" + config}, dir_.Join("cfg"));
   bool ready = false;
   for (int i = 0; i < 200 && !ready; ++i) {
     auto admin = client::AdminClient::Connect(socket, absl::Seconds(1));
@@ -270,7 +270,7 @@ TEST_F(OpsTest, ConfigFileIsReadValidatedAndOverriddenByFlags) {
 
   // A flag on the command line wins over the file.
   Subprocess text({GpufeeddPath(), "--config=" + config, "--log_format=text", "--threads=2"},
-                  dir_.File("cfg2"));
+                  dir_.Join("cfg2"));
   ready = false;
   for (int i = 0; i < 200 && !ready; ++i) {
     auto a = client::AdminClient::Connect(socket, absl::Seconds(1));
@@ -284,26 +284,26 @@ TEST_F(OpsTest, ConfigFileIsReadValidatedAndOverriddenByFlags) {
   EXPECT_THAT(text.Stderr(), ::testing::Not(HasSubstr("{\"time\"")));
 
   // Bad files are fatal, naming the file, line and field.
-  const std::string typo = dir_.File("typo.textproto");
+  const std::string typo = dir_.Join("typo.textproto");
   std::ofstream(typo) << "listen: \"unix:///tmp/x.sock\"\nthread: 3\n";
-  Subprocess bad({GpufeeddPath(), "--config=" + typo}, dir_.File("typo"));
+  Subprocess bad({GpufeeddPath(), "--config=" + typo}, dir_.Join("typo"));
   EXPECT_EQ(bad.Wait(), 1);
   EXPECT_THAT(bad.Stderr(), HasSubstr(typo + ": line 2"));
   EXPECT_THAT(bad.Stderr(), HasSubstr("thread"));
-  const std::string value = dir_.File("value.json");
-  std::ofstream(value) << "{\"listen\": \"unix://" << dir_.File("v.sock")
+  const std::string value = dir_.Join("value.json");
+  std::ofstream(value) << "{\"listen\": \"unix://" << dir_.Join("v.sock")
                        << "\", \"readMode\": \"bogus\"}";
-  Subprocess bad_value({GpufeeddPath(), "--config=" + value}, dir_.File("value"));
+  Subprocess bad_value({GpufeeddPath(), "--config=" + value}, dir_.Join("value"));
   EXPECT_EQ(bad_value.Wait(), 1);
   EXPECT_THAT(bad_value.Stderr(), HasSubstr("read_mode: want mmap or pread, got 'bogus'"));
-  Subprocess missing({GpufeeddPath(), "--config=" + dir_.File("nope")}, dir_.File("missing"));
+  Subprocess missing({GpufeeddPath(), "--config=" + dir_.Join("nope")}, dir_.Join("missing"));
   EXPECT_EQ(missing.Wait(), 1);
-  EXPECT_THAT(missing.Stderr(), HasSubstr("config: cannot read " + dir_.File("nope")));
+  EXPECT_THAT(missing.Stderr(), HasSubstr("config: cannot read " + dir_.Join("nope")));
 }
 
 TEST_F(OpsTest, SystemdNotifyReadyThenStopping) {
   // The test is systemd: a datagram socket whose path goes in NOTIFY_SOCKET.
-  const std::string path = dir_.File("notify.sock");
+  const std::string path = dir_.Join("notify.sock");
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -337,11 +337,11 @@ TEST_F(OpsTest, StatsAndVersion) {
                                                         "--world-size", "2", "--epochs", "0",
                                                         "--max-batches", "100000", "--step-ms",
                                                         "10"})),
-                      dir_.File("consumer"));
+                      dir_.Join("consumer"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon.socket(), "s"); }, absl::Seconds(20)))
       << consumer.Stderr();
   CtlResult stats = RunCtl(daemon.socket(), {"-o", "json", "stats", "--interval", "500ms"},
-                           dir_.File("stats"));
+                           dir_.Join("stats"));
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   // One session of job s, rank 1, at about 100 batches/s (10 ms a step): between 20 and 110.
   const size_t at = stats.out.find(R"("job":"s","rank":1,"delivery":"host",)");
@@ -362,16 +362,16 @@ TEST_F(OpsTest, StatsAndVersion) {
   EXPECT_GE(number("consumer_wait_pct"), 0) << session;
   EXPECT_LT(number("consumer_wait_pct"), 20) << session;
   CtlResult table = RunCtl(daemon.socket(), {"stats", "--count", "1", "--interval", "200ms"},
-                           dir_.File("table"));
+                           dir_.Join("table"));
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("PRODUCER_BLOCKED"));
   EXPECT_THAT(table.out, HasSubstr("CONSUMER_WAIT"));
   consumer.Kill(SIGKILL);
 
-  CtlResult version = RunCtl(daemon.socket(), {"-o", "json", "version"}, dir_.File("version"));
+  CtlResult version = RunCtl(daemon.socket(), {"-o", "json", "version"}, dir_.Join("version"));
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_EQ(version.out, "{\"gpufeedctl\":\"0.1.0\",\"gpufeedd\":\"0.1.0\"}\n");
-  CtlResult wrong = RunCtl(daemon.socket(), {"stats", "--timeout", "1s"}, dir_.File("wrong"));
+  CtlResult wrong = RunCtl(daemon.socket(), {"stats", "--timeout", "1s"}, dir_.Join("wrong"));
   EXPECT_EQ(wrong.exit_code, 2);
   EXPECT_THAT(wrong.err, HasSubstr("stats does not take --timeout"));
 }
@@ -384,17 +384,17 @@ TEST_F(OpsTest, SessionsShowTheUidThatAttached) {
   Subprocess consumer(CtlArgv(daemon.socket(), Consume({"--job", "owned", "--epochs", "0",
                                                         "--max-batches", "100000", "--step-ms",
                                                         "10"})),
-                      dir_.File("consumer"));
+                      dir_.Join("consumer"));
   const std::string want = absl::StrCat("\"owner_uid\":", ::getuid(), ",\"job\":\"owned\"");
   CtlResult json;
   for (int i = 0; i < 100; ++i) {  // until the consumer has attached
-    json = RunCtl(daemon.socket(), {"-o", "json", "sessions"}, dir_.File("sessions"));
+    json = RunCtl(daemon.socket(), {"-o", "json", "sessions"}, dir_.Join("sessions"));
     if (json.out.find(want) != std::string::npos) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   ASSERT_EQ(json.exit_code, 0) << json.err;
   EXPECT_THAT(json.out, HasSubstr(want));
-  CtlResult table = RunCtl(daemon.socket(), {"sessions"}, dir_.File("table"));
+  CtlResult table = RunCtl(daemon.socket(), {"sessions"}, dir_.Join("table"));
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, ::testing::StartsWith("ID  UID"));
   EXPECT_THAT(table.out,
@@ -413,8 +413,8 @@ TEST_F(OpsTest, AMetricsPortInUseIsAClearErrorAndExitOne) {
   Daemon first(dir_, {listen});
   ASSERT_TRUE(first.ready()) << first.process().Stderr();
   TempDir other;
-  Subprocess second({GpufeeddPath(), "--listen=unix://" + other.File("gf.sock"), listen},
-                    other.File("second"));
+  Subprocess second({GpufeeddPath(), "--listen=unix://" + other.Join("gf.sock"), listen},
+                    other.Join("second"));
   EXPECT_EQ(second.Wait(absl::Seconds(20)), 1) << second.Stderr();
   EXPECT_THAT(second.Stderr(),
               HasSubstr(absl::StrCat("gpufeedd cannot start: UNAVAILABLE: metrics_listen: cannot "
@@ -432,19 +432,19 @@ TEST_F(OpsTest, TheSocketAddressAsTheDaemonLogsItIsAccepted) {
   EXPECT_EQ(client::SocketPath(address), daemon.socket());
   EXPECT_EQ(client::SocketPath("unix:" + daemon.socket()), daemon.socket());
   EXPECT_EQ(client::SocketPath("/a/b.sock"), "/a/b.sock");
-  CtlResult status = RunCtl(address, {"status"}, dir_.File("status"));
+  CtlResult status = RunCtl(address, {"status"}, dir_.Join("status"));
   EXPECT_EQ(status.exit_code, 0) << status.err;
-  CtlResult run = RunCtl(address, Consume({"--max-batches", "3", "--ids", dir_.File("u.ids")}),
-                         dir_.File("run"));
+  CtlResult run = RunCtl(address, Consume({"--max-batches", "3", "--ids", dir_.Join("u.ids")}),
+                         dir_.Join("run"));
   EXPECT_EQ(run.exit_code, 0) << run.err;
-  EXPECT_EQ(ReadIdsFile(dir_.File("u.ids")).size(), 3u);
+  EXPECT_EQ(ReadIdsFile(dir_.Join("u.ids")).size(), 3u);
   EXPECT_TRUE(client::AdminClient::Connect(address).ok());
 }
 
 TEST_F(OpsTest, CtlCommandLine) {
   Daemon daemon(dir_);
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
-  CtlResult help = RunCtl(daemon.socket(), {"--help"}, dir_.File("help"));
+  CtlResult help = RunCtl(daemon.socket(), {"--help"}, dir_.Join("help"));
   EXPECT_EQ(help.exit_code, 0) << help.err;
   const std::vector<std::string> consume_flags = absl::StrSplit(
       "--job --rank --world-size --kind --dataset --arrays --token-dtype --seq-len --vocab-size "
@@ -457,7 +457,7 @@ TEST_F(OpsTest, CtlCommandLine) {
         "drain", "--timeout", "version", "consume", "GPUFEED_SOCKET"}) {
     EXPECT_THAT(help.out, HasSubstr(word));
   }
-  CtlResult consume_help = RunCtl(daemon.socket(), {"consume", "--help"}, dir_.File("chelp"));
+  CtlResult consume_help = RunCtl(daemon.socket(), {"consume", "--help"}, dir_.Join("chelp"));
   EXPECT_EQ(consume_help.exit_code, 0) << consume_help.err;
   for (const std::string& flag : consume_flags) {
     EXPECT_THAT(help.out, HasSubstr(flag + " "));
@@ -468,16 +468,16 @@ TEST_F(OpsTest, CtlCommandLine) {
   CtlResult inline_form =
       RunCtl(daemon.socket(),
              {"consume", "--dataset=" + tokens_, "--seq-len=32", "--batch-size=8",
-              "--max-batches=3", "--seed=010", "--ids=" + dir_.File("inline.ids"), "--output=json"},
-             dir_.File("inline"));
+              "--max-batches=3", "--seed=010", "--ids=" + dir_.Join("inline.ids"), "--output=json"},
+             dir_.Join("inline"));
   ASSERT_EQ(inline_form.exit_code, 0) << inline_form.err;
   EXPECT_EQ(JsonInt(inline_form.out, "batches"), 3) << inline_form.out;
   CtlResult spaced =
       RunCtl(daemon.socket(),
-             Consume({"--max-batches", "3", "--seed", "10", "--ids", dir_.File("spaced.ids")}),
-             dir_.File("spaced"));
+             Consume({"--max-batches", "3", "--seed", "10", "--ids", dir_.Join("spaced.ids")}),
+             dir_.Join("spaced"));
   ASSERT_EQ(spaced.exit_code, 0) << spaced.err;
-  EXPECT_EQ(ReadFile(dir_.File("inline.ids")), ReadFile(dir_.File("spaced.ids")));
+  EXPECT_EQ(ReadFile(dir_.Join("inline.ids")), ReadFile(dir_.Join("spaced.ids")));
 
   struct Refusal {
     std::vector<std::string> args;
@@ -500,7 +500,7 @@ TEST_F(OpsTest, CtlCommandLine) {
        "error: INVALID_ARGUMENT: --epochs: --start-epoch + --epochs overflows int64"},
   };
   for (const Refusal& r : refusals) {
-    CtlResult result = RunCtl(daemon.socket(), r.args, dir_.File("refused"));
+    CtlResult result = RunCtl(daemon.socket(), r.args, dir_.Join("refused"));
     EXPECT_EQ(result.exit_code, r.exit_code) << absl::StrJoin(r.args, " ") << ": " << result.err;
     EXPECT_THAT(result.err, HasSubstr(r.message)) << absl::StrJoin(r.args, " ");
   }

@@ -68,7 +68,7 @@ int64_t SlowestRank(const std::string& socket, const std::string& job, int world
 class ReattachTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    tokens_path_ = dir_.File("tokens.bin");
+    tokens_path_ = dir_.Join("tokens.bin");
     tokens_ = WriteTokens(tokens_path_, kTokens);
     StartDaemon();
   }
@@ -90,11 +90,11 @@ class ReattachTest : public ::testing::TestWithParam<int> {
         "-o", "json"};
     args.insert(args.end(), more.begin(), more.end());
     return std::make_unique<Subprocess>(CtlArgv(daemon_->socket(), args),
-                                        dir_.File(absl::StrCat(job, rank)));
+                                        dir_.Join(absl::StrCat(job, rank)));
   }
 
   std::string IdsPath(const std::string& job, int rank) const {
-    return dir_.File(absl::StrCat(job, rank, ".ids"));
+    return dir_.Join(absl::StrCat(job, rank, ".ids"));
   }
 
   std::vector<client::SessionSummary> Sessions(const std::string& job) {
@@ -149,7 +149,7 @@ TEST_P(ReattachTest, RanksResumeExactlyAcrossDaemonRestarts) {
     if (signal == kDrain) {
       // The streams run on through the drain, then end with UNAVAILABLE when it times out.
       CtlResult drained = RunCtl(daemon_->socket(), {"drain", "--timeout", "300ms"},
-                                 dir_.File(absl::StrCat("drain", i)));
+                                 dir_.Join(absl::StrCat("drain", i)));
       ASSERT_EQ(drained.exit_code, 0) << drained.err;
     } else {
       daemon_->process().Kill(signal);
@@ -237,10 +237,10 @@ class ReattachImagesTest : public ::testing::Test {
         state = state * 1664525u + 1013904223u;
         p = static_cast<uint8_t>(state >> 24);
       }
-      WriteFileBytes(dir_.File(absl::StrCat("images/c", i % 3, "/", i, ".jpg")),
+      WriteFileBytes(dir_.Join(absl::StrCat("images/c", i % 3, "/", i, ".jpg")),
                      EncodeJpeg(pixels, h, w, TJPF_RGB, kSubsampling[i % 4], 90));
     }
-    std::ofstream(dir_.File("pipeline.json"))
+    std::ofstream(dir_.Join("pipeline.json"))
         << R"({"ops": [{"random_resized_crop": {"size": 24}}, {"flip": {"p": 0.5}},
                        {"cast": {"dtype": "DTYPE_UINT8"}},
                        {"layout": {"layout": "IMAGE_LAYOUT_NCHW"}}]})";
@@ -260,9 +260,9 @@ class ReattachImagesTest : public ::testing::Test {
                                      "--kind",
                                      "image_folder",
                                      "--dataset",
-                                     dir_.File("images"),
+                                     dir_.Join("images"),
                                      "--pipeline",
-                                     dir_.File("pipeline.json"),
+                                     dir_.Join("pipeline.json"),
                                      "--job",
                                      job,
                                      "--rank",
@@ -284,11 +284,11 @@ class ReattachImagesTest : public ::testing::Test {
                                      "json"};
     args.insert(args.end(), more.begin(), more.end());
     return std::make_unique<Subprocess>(CtlArgv(daemon_->socket(), args),
-                                        dir_.File(absl::StrCat(job, rank)));
+                                        dir_.Join(absl::StrCat(job, rank)));
   }
 
   std::string IdsPath(const std::string& job, int rank) const {
-    return dir_.File(absl::StrCat(job, rank, ".ids"));
+    return dir_.Join(absl::StrCat(job, rank, ".ids"));
   }
 
   // The job's ranks, run to the end: each one's stdout.
@@ -379,14 +379,14 @@ TEST_F(ReattachImagesTest, RegionDecodedRanksResumeExactlyAndEqualWholeFileDecod
 
 TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait) {
   TempDir dir;
-  WriteTokens(dir.File("t.bin"), kTokens);
+  WriteTokens(dir.Join("t.bin"), kTokens);
   auto daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
   Subprocess consumer(
-      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16",
+      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.Join("t.bin"), "--seq-len", "16",
                                  "--batch-size", "4", "--epochs", "0", "--max-batches",
                                  "100000000", "--step-ms", "5", "--reconnect-timeout", "1s"}),
-      dir.File("consumer"));
+      dir.Join("consumer"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon->socket(), ""); }, absl::Seconds(10)));
   daemon->process().Kill(SIGKILL);
   ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
@@ -405,23 +405,23 @@ TEST(ReattachBoundTest, ADaemonThatDoesNotComeBackFailsNamingTheSocketAndTheWait
 // --reconnect-timeout does: an outage of 1.5 s does not end a consumer with --timeout-ms 300.
 TEST(ReattachBoundTest, AnOutageLongerThanTimeoutMsIsRiddenThrough) {
   TempDir dir;
-  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  const std::vector<uint16_t> tokens = WriteTokens(dir.Join("t.bin"), kTokens);
   auto daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
   Subprocess consumer(
-      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16",
+      CtlArgv(daemon->socket(), {"consume", "--dataset", dir.Join("t.bin"), "--seq-len", "16",
                                  "--batch-size", "4", "--step-ms", "5", "--timeout-ms", "300",
-                                 "--ids", dir.File("c.ids"), "--checksum", "-o", "json"}),
-      dir.File("consumer"));
+                                 "--ids", dir.Join("c.ids"), "--checksum", "-o", "json"}),
+      dir.Join("consumer"));
   ASSERT_TRUE(
-      Eventually([&] { return ReadIdsFile(dir.File("c.ids")).size() >= 20; }, absl::Seconds(20)));
+      Eventually([&] { return ReadIdsFile(dir.Join("c.ids")).size() >= 20; }, absl::Seconds(20)));
   daemon->process().Kill(SIGKILL);
   ASSERT_NE(daemon->process().Wait(absl::Seconds(10)), -1);
   absl::SleepFor(absl::Milliseconds(1500));  // the outage's length, not a wait for a state
   daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
   ASSERT_EQ(consumer.Wait(), 0) << consumer.Stderr();
-  const std::vector<IdsLine> lines = ReadIdsFile(dir.File("c.ids"));
+  const std::vector<IdsLine> lines = ReadIdsFile(dir.Join("c.ids"));
   ASSERT_EQ(lines.size(), static_cast<size_t>((kTokens - 1) / 16 / 4));  // one epoch
   for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i].step, static_cast<int64_t>(i));
   EXPECT_EQ(static_cast<uint64_t>(JsonInt(consumer.Stdout(), "checksum")),
@@ -434,15 +434,15 @@ TEST(ReattachBoundTest, AnOutageLongerThanTimeoutMsIsRiddenThrough) {
 // about 2 x keepalive + reconnect_timeout, not at --timeout-ms (10 minutes here).
 TEST(ReattachBoundTest, AStoppedDaemonIsFoundByKeepaliveAndFailsWithinTheBound) {
   TempDir dir;
-  WriteTokens(dir.File("t.bin"), kTokens);
+  WriteTokens(dir.Join("t.bin"), kTokens);
   auto daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
   Subprocess consumer(
       CtlArgv(daemon->socket(),
-              {"consume", "--dataset", dir.File("t.bin"), "--seq-len", "16", "--batch-size", "4",
+              {"consume", "--dataset", dir.Join("t.bin"), "--seq-len", "16", "--batch-size", "4",
                "--epochs", "0", "--max-batches", "100000000", "--step-ms", "5",
                "--reconnect-timeout", "3s", "--keepalive", "1s", "--timeout-ms", "600000"}),
-      dir.File("consumer"));
+      dir.Join("consumer"));
   ASSERT_TRUE(Eventually([&] { return JobHasDelivered(daemon->socket(), ""); }, absl::Seconds(10)));
   daemon->process().Kill(SIGSTOP);
   const absl::Time stopped = absl::Now();
@@ -468,7 +468,7 @@ class ReclaimTest : public ::testing::TestWithParam<bool> {};
 TEST_P(ReclaimTest, AConsumerKilledBeforeItsStreamFreesItsRingWithinASecond) {
   const bool mapped = GetParam();
   TempDir dir;
-  WriteTokens(dir.File("t.bin"), kTokens);
+  WriteTokens(dir.Join("t.bin"), kTokens);
   const int port = FreePort();
   Daemon daemon(dir, {"--attach_timeout=60s", absl::StrCat("--metrics_listen=127.0.0.1:", port)});
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
@@ -477,9 +477,9 @@ TEST_P(ReclaimTest, AConsumerKilledBeforeItsStreamFreesItsRingWithinASecond) {
   absl::StatusOr<client::DaemonStatus> before = (*admin)->GetStatus();
   ASSERT_TRUE(before.ok()) << before.status();
 
-  std::vector<std::string> argv = {ATTACH_ONLY_PATH, daemon.socket(), dir.File("t.bin")};
+  std::vector<std::string> argv = {ATTACH_ONLY_PATH, daemon.socket(), dir.Join("t.bin")};
   if (mapped) argv.push_back("map");
-  Subprocess orphan(argv, dir.File("orphan"));
+  Subprocess orphan(argv, dir.Join("orphan"));
   ASSERT_TRUE(Eventually([&] { return absl::StrContains(orphan.Stdout(), "attached "); },
                          absl::Seconds(20)))
       << orphan.Stderr();
@@ -557,10 +557,10 @@ bool RowsAreTheFile(const client::Batch& b, const std::vector<uint16_t>& tokens)
 // worse, free a slot of its own); the stream goes on at the next step.
 TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
   TempDir dir;
-  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  const std::vector<uint16_t> tokens = WriteTokens(dir.Join("t.bin"), kTokens);
   auto daemon = std::make_unique<Daemon>(dir);
   ASSERT_TRUE(daemon->ready()) << daemon->process().Stderr();
-  client::AttachOptions o = InOrderOptions(daemon->socket(), "cpp", dir.File("t.bin"), 4);
+  client::AttachOptions o = InOrderOptions(daemon->socket(), "cpp", dir.Join("t.bin"), 4);
   o.stop_epoch = 1;
   o.reconnect_timeout = absl::Seconds(30);
   constexpr int64_t kSteps1 = (kTokens - 1) / kSeqLen / 8;  // 156
@@ -602,11 +602,11 @@ TEST(ReattachClientTest, AHeldBatchOutlivesTheRestartAndItsReleaseGoesNowhere) {
 // released: the held batch keeps its bytes, and the session then goes.
 TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsForIt) {
   TempDir dir;
-  const std::vector<uint16_t> tokens = WriteTokens(dir.File("t.bin"), kTokens);
+  const std::vector<uint16_t> tokens = WriteTokens(dir.Join("t.bin"), kTokens);
   Daemon daemon(dir);
   ASSERT_TRUE(daemon.ready()) << daemon.process().Stderr();
   auto session =
-      client::Session::Attach(InOrderOptions(daemon.socket(), "held", dir.File("t.bin"), 2));
+      client::Session::Attach(InOrderOptions(daemon.socket(), "held", dir.Join("t.bin"), 2));
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<client::Batch> held = (*session)->Next(absl::Seconds(10));
   ASSERT_TRUE(held.ok()) << held.status();
@@ -629,7 +629,7 @@ TEST(ReattachClientTest, ABatchHeldPastItsSessionKeepsItsBytesAndTheDetachWaitsF
 // (bound once, nobody listening: a killed daemon's) and a missing one.
 TEST(ReattachBoundTest, AStaleSocketFileIsNamedInOurWords) {
   TempDir dir;
-  const std::string stale = dir.File("stale.sock");
+  const std::string stale = dir.Join("stale.sock");
   {
     UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_un addr{};
@@ -644,10 +644,10 @@ TEST(ReattachBoundTest, AStaleSocketFileIsNamedInOurWords) {
                          ": a stale socket file (gpufeedd stopped or crashed?)"));
   client::AttachOptions o;
   o.socket = stale;
-  o.dataset = dir.File("none.bin");
+  o.dataset = dir.Join("none.bin");
   o.seq_len = 4;
   EXPECT_EQ(client::Session::Attach(o).status().message(), admin.status().message());
-  o.socket = dir.File("missing.sock");
+  o.socket = dir.Join("missing.sock");
   EXPECT_THAT(client::Session::Attach(o).status().message(),
               HasSubstr("no gpufeedd listening at " + o.socket + ": no socket there"));
 }

@@ -1,17 +1,19 @@
-// A temporary directory (mkdtemp) removed with everything in it when the owner goes away.
+// A temporary directory (mkdtemp) removed with everything in it when the owner goes away:
+// the one TempDir of every test, benchmark and harness (no gtest: benchmarks use it too).
 #pragma once
 
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <system_error>
-
-#include "gtest/gtest.h"
 
 namespace gpufeed::testing {
 
@@ -22,8 +24,9 @@ class TempDir {
     std::string pattern =
         std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/gpufeed_test_XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
-      ADD_FAILURE() << "mkdtemp(" << pattern << ") failed: " << errno;
-      return;
+      // Nothing of a test can run without its directory.
+      std::fprintf(stderr, "TempDir: mkdtemp(%s) failed: errno %d\n", pattern.c_str(), errno);
+      std::abort();
     }
     path_ = pattern;
   }
@@ -50,7 +53,10 @@ class TempDir {
     std::ofstream out(p, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.close();
-    if (!out) ADD_FAILURE() << "writing " << p << " failed";
+    if (!out) {
+      std::fprintf(stderr, "TempDir: writing %s failed\n", p.c_str());
+      std::abort();
+    }
     return p;
   }
 

@@ -13,18 +13,14 @@
 #include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gpufeed::client::internal {
 namespace {
 
 class PassDatasetTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/gpufeed_client_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::system(absl::StrCat("rm -rf ", dir_).c_str()); }
+  void SetUp() override { dir_ = temp_.path(); }
 
   absl::Status Pass(v1::DatasetKind kind, const std::string& path, v1::AttachRequest* r) {
     // No daemon there.
@@ -35,6 +31,7 @@ class PassDatasetTest : public ::testing::Test {
     return core.PassDataset(r);
   }
 
+  gpufeed::testing::TempDir temp_;
   std::string dir_;
 };
 

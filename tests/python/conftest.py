@@ -33,6 +33,19 @@ if _SRC:  # an installed package finds its own library (the wheel's gpufeed/_lib
                           str(ROOT / "build" / "client" / "c" / "libgpufeed_c.so"))
 GPUFEEDD = os.environ.get("GPUFEEDD") or str(ROOT / "build" / "server" / "gpufeedd")
 
+
+def gpufeedctl() -> str:
+    """gpufeedctl: $GPUFEEDCTL, else the one of GPUFEEDD's build tree; skips the test
+    visibly where there is neither."""
+    given = os.environ.get("GPUFEEDCTL")
+    if given:
+        return given
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(GPUFEEDD))),
+                          "client", "ctl", "gpufeedctl")
+    if not os.path.exists(beside):
+        pytest.skip("no gpufeedctl beside $GPUFEEDD (set $GPUFEEDCTL)")
+    return beside
+
 import reference  # noqa: E402  (tests/python/reference.py, after the path is set)
 
 

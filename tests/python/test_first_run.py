@@ -20,21 +20,10 @@ from typing import Dict, List, Optional
 import pytest
 
 import gpufeed
-from conftest import GPUFEEDD
+from conftest import GPUFEEDD, gpufeedctl
 
 USER = 10031  # a uid (and gid) of no one: gpufeedd run without root
 SYSTEM_SOCKET = "/run/gpufeed/gpufeed.sock"
-
-
-def _gpufeedctl() -> str:
-    given = os.environ.get("GPUFEEDCTL")
-    if given:
-        return given
-    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(GPUFEEDD))),
-                          "client", "ctl", "gpufeedctl")
-    if not os.path.exists(beside):
-        pytest.skip("no gpufeedctl beside $GPUFEEDD (set $GPUFEEDCTL)")
-    return beside
 
 
 def _answers(path: str) -> bool:
@@ -99,7 +88,7 @@ def test_a_bare_gpufeedd_makes_its_runtime_directory_and_says_where_it_listens(t
         line = serving_line(tmp_path / "log")
         assert f"serving on unix://{sock} (memory socket {runtime}/gpufeed.mem.sock; runtime " \
                f"directory {runtime} created), " in line, line
-        status = subprocess.run([_gpufeedctl(), "--socket", sock, "status"],
+        status = subprocess.run([gpufeedctl(), "--socket", sock, "status"],
                                 capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stderr
     finally:
@@ -151,7 +140,7 @@ def test_without_root_it_listens_in_xdg_runtime_dir_where_clients_look(monkeypat
                 pytest.skip(f"{SYSTEM_SOCKET} exists here: clients would (rightly) go there first")
             # Clients of that user find it with no socket named: gpufeedctl, and Python through
             # the C library's rule.
-            status = subprocess.run(as_user + [_gpufeedctl(), "status"], env=env,
+            status = subprocess.run(as_user + [gpufeedctl(), "status"], env=env,
                                     capture_output=True, text=True, timeout=30)
             assert status.returncode == 0, status.stderr
             monkeypatch.delenv("GPUFEED_SOCKET", raising=False)
@@ -166,7 +155,7 @@ def test_without_root_it_listens_in_xdg_runtime_dir_where_clients_look(monkeypat
 
 def test_gpufeedctl_without_a_daemon_says_how_to_name_the_socket(tmp_path):
     absent = str(tmp_path / "absent.sock")
-    run = subprocess.run([_gpufeedctl(), "--socket", absent, "status"], env=env_without_socket(),
+    run = subprocess.run([gpufeedctl(), "--socket", absent, "status"], env=env_without_socket(),
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 1
     assert run.stderr == (f"error: UNAVAILABLE: no gpufeedd listening at {absent}: no socket there "
@@ -175,7 +164,7 @@ def test_gpufeedctl_without_a_daemon_says_how_to_name_the_socket(tmp_path):
     if os.path.exists(SYSTEM_SOCKET):
         return
     # No socket named, none in $XDG_RUNTIME_DIR either: the system path is the one named.
-    run = subprocess.run([_gpufeedctl(), "status"],
+    run = subprocess.run([gpufeedctl(), "status"],
                          env=env_without_socket(XDG_RUNTIME_DIR=str(tmp_path)),
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 1

@@ -22,6 +22,7 @@ import pytest
 
 import gpufeed
 import reference
+from conftest import gpufeedctl
 
 OPS = [{"center_crop": 4}]
 # Members in tar order: keys good0, img (img.001.* and img.002.*: one key, as consecutive
@@ -105,24 +106,12 @@ def test_a_program_may_filter_them(daemon, job, dotted):
             attach(daemon, job, shards)
 
 
-def _gpufeedctl() -> str:
-    given = os.environ.get("GPUFEEDCTL")
-    if given:
-        return given
-    daemon_binary = os.environ.get("GPUFEEDD", "")
-    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(daemon_binary))),
-                          "client", "ctl", "gpufeedctl")
-    if not daemon_binary or not os.path.exists(beside):
-        pytest.skip("no gpufeedctl beside $GPUFEEDD (set $GPUFEEDCTL)")
-    return beside
-
-
 def test_feeds_count_them_in_bad_samples(daemon, job, dotted):
     shards, _ = dotted
     with pytest.warns(gpufeed.GpufeedWarning):
         session = attach(daemon, job, shards)
     with session:
-        run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "-o", "json", "feeds"],
+        run = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "-o", "json", "feeds"],
                              capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, run.stderr
         mine = [f for f in json.loads(run.stdout) if f["dataset"] == str(shards)]
@@ -134,7 +123,7 @@ def test_gpufeedctl_consume_prints_each_notice(daemon, job, dotted, tmp_path):
     shards, shard = dotted
     pipeline = tmp_path / "ops.json"
     pipeline.write_text(json.dumps({"ops": OPS}))
-    base = [_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "webdataset",
+    base = [gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "webdataset",
             "--dataset", str(shards), "--batch-size", "2", "--pipeline", str(pipeline),
             "--max-batches", "1"]
     run = subprocess.run(base + ["--job", job], capture_output=True, text=True, timeout=60)

@@ -12,6 +12,7 @@ import pytest
 
 import gpufeed
 import reference
+from conftest import gpufeedctl
 
 N = 29
 
@@ -183,18 +184,6 @@ def test_the_single_file_form_is_unchanged(daemon, job, xy):
         assert batch.numpy()["data"].tobytes() == arrays["x"][:4].tobytes()
 
 
-def _gpufeedctl():
-    given = os.environ.get("GPUFEEDCTL")
-    if given:
-        return given
-    daemon_binary = os.environ.get("GPUFEEDD", "")
-    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(daemon_binary))),
-                          "client", "ctl", "gpufeedctl")
-    if not daemon_binary or not os.path.exists(beside):
-        pytest.skip("no gpufeedctl beside $GPUFEEDD (set $GPUFEEDCTL)")
-    return beside
-
-
 @pytest.mark.parametrize("form", ["names", "paths"])
 def test_gpufeedctl_consume_arrays_dumps_every_tensor(daemon, job, xy, tmp_path_factory, form):
     import subprocess
@@ -203,7 +192,7 @@ def test_gpufeedctl_consume_arrays_dumps_every_tensor(daemon, job, xy, tmp_path_
     out = tmp_path_factory.mktemp("dump") / "b"
     where = (["--dataset", str(root), "--arrays", "x=x.npy,y=y.npy"] if form == "names"
              else ["--arrays", f"x={root}/x.npy,y={root}/y.npy"])
-    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+    run = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
                           "--job", f"{job}-{form}", "--batch-size", "5", "--seed", "3",
                           "--max-batches", "1", "--dump", str(out)] + where,
                          capture_output=True, text=True, timeout=60)
@@ -213,7 +202,7 @@ def test_gpufeedctl_consume_arrays_dumps_every_tensor(daemon, job, xy, tmp_path_
     for name in "xy":
         got = np.load(f"{out}.{name}.npy")
         assert got.dtype == arrays[name].dtype and got.tobytes() == arrays[name][ids].tobytes()
-    bad = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+    bad = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
                           "--job", f"{job}-{form}-bad", "--batch-size", "5",
                           "--arrays", "x=x.npy,y"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "--arrays: 'y' is not NAME=FILE" in bad.stderr
@@ -237,7 +226,7 @@ def test_gpufeedctl_consume_checksums_every_tensor(daemon, job, xy, tmp_path_fac
 
     root, arrays = xy
     ids_file = tmp_path_factory.mktemp("ids") / "ids.jsonl"
-    base = [_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+    base = [gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
             "--batch-size", "4", "--seed", "5", "--epochs", "1", "--no-drop-last", "--checksum",
             "--dataset", str(root), "--arrays", "x=x.npy,y=y.npy,w=w.npy"]
     text = subprocess.run(base + ["--job", f"{job}-text", "--ids", str(ids_file)],
@@ -268,7 +257,7 @@ def test_gpufeedctl_consume_json_is_json_for_any_dataset_path(daemon, job, tmp_p
     odd = tmp_path / "it's \"odd\" \\ café"
     odd.mkdir()
     np.save(odd / "r.npy", np.arange(40, dtype=np.int32).reshape(20, 2))
-    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
+    run = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "consume", "--kind", "records",
                           "--job", job, "--batch-size", "4", "--max-batches", "2", "--checksum",
                           "--dataset", str(odd / "r.npy"), "-o", "json"],
                          capture_output=True, text=True, timeout=60)

@@ -504,22 +504,21 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
     }
   }
   if (!access_.dataset_roots.empty()) {
+    const auto outside = [&](absl::string_view field, absl::string_view name) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(field, ": ", name, " lies outside the directories gpufeedd serves ",
+                       "(dataset_roots: ", absl::StrJoin(access_.dataset_roots, ", "), ")"));
+    };
+    if (relative.empty() && !Beneath(resolved, access_.dataset_roots)) {
+      return outside("dataset.path", d.path);
+    }
     // A list's directory may be far above its files (their deepest common one): each file's
     // place decides.
     for (size_t i = 0; i < relative.size(); ++i) {
       const std::string place = absl::StrCat(resolved == "/" ? "" : resolved, "/", relative[i]);
       if (!Beneath(place, access_.dataset_roots)) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("dataset.paths[", i, "]: ", d.paths[i],
-                         " lies outside the directories gpufeedd serves (dataset_roots: ",
-                         absl::StrJoin(access_.dataset_roots, ", "), ")"));
+        return outside(absl::StrCat("dataset.paths[", i, "]"), d.paths[i]);
       }
-    }
-    if (relative.empty() && !Beneath(resolved, access_.dataset_roots)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("dataset.path: ", d.path,
-                       " lies outside the directories gpufeedd serves (dataset_roots: ",
-                       absl::StrJoin(access_.dataset_roots, ", "), ")"));
     }
   }
   d.walk = access_.walk;

@@ -402,10 +402,10 @@ def test_bad_lists_are_refused_naming_the_entry(daemon, job, three):
 
 
 def test_gpufeedctl_consume_takes_several_datasets_as_a_list(daemon, job, three, tmp_path_factory):
-    from test_records_arrays import _gpufeedctl
+    from conftest import gpufeedctl
     root, parts = three
     out = tmp_path_factory.mktemp("dump") / "b"
-    run = subprocess.run([_gpufeedctl(), "--socket", daemon.socket, "consume", "--job", job,
+    run = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "consume", "--job", job,
                           "--seq-len", str(SEQ), "--batch-size", "3", "--no-shuffle",
                           "--max-batches", "1", "--dump", str(out),
                           "--dataset", str(root / "c.bin"), str(root / "a.bin")],

@@ -1,0 +1,193 @@
+#include "server/share/share_cache.h"
+
+#include <iterator>
+#include <utility>
+
+namespace gpufeed::server {
+
+namespace {
+
+void Add(ShareCounters& to, const ShareCounters& from) {
+  to.hits += from.hits;
+  to.misses += from.misses;
+  to.inserts += from.inserts;
+  to.bypassed += from.bypassed;
+  to.raced += from.raced;
+  to.evictions += from.evictions;
+  to.bytes += from.bytes;
+  to.entries += from.entries;
+}
+
+}  // namespace
+
+ShareCache::Member& ShareCache::Member::operator=(Member&& other) noexcept {
+  if (this != &other) {
+    Leave();
+    cache_ = std::exchange(other.cache_, nullptr);
+    group_ = std::exchange(other.group_, nullptr);
+    cursor_ = other.cursor_;
+  }
+  return *this;
+}
+
+void ShareCache::Member::Leave() {
+  if (cache_ != nullptr) cache_->Remove(*this);
+  cache_ = nullptr;
+  group_ = nullptr;
+}
+
+ShareCache::Member ShareCache::Join(const std::string& key, int64_t cursor) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<GroupState>& g = groups_[key];
+  if (g == nullptr) {
+    g = std::make_unique<GroupState>();
+    g->key = key;
+  }
+  Member m;
+  m.cache_ = this;
+  m.group_ = g.get();
+  m.cursor_ = g->cursors.insert(cursor);
+  return m;
+}
+
+void ShareCache::Remove(Member& m) {
+  absl::MutexLock lock(&mu_);
+  GroupState& g = *m.group_;
+  g.cursors.erase(m.cursor_);
+  DropPassed(g);
+  if (g.cursors.empty()) {
+    Add(gone_, g.counters);
+    gone_.bytes = gone_.entries = 0;  // DropPassed freed them all
+    const std::string key = g.key;  // erase destroys g
+    groups_.erase(key);
+  }
+}
+
+void ShareCache::MoveCursor(Member& m, int64_t cursor) {
+  if (*m.cursor_ == cursor) return;
+  m.group_->cursors.erase(m.cursor_);
+  m.cursor_ = m.group_->cursors.insert(cursor);
+  DropPassed(*m.group_);
+}
+
+void ShareCache::Member::Advance(int64_t cursor) {
+  absl::MutexLock lock(&cache_->mu_);
+  cache_->MoveCursor(*this, cursor);
+}
+
+std::vector<std::shared_ptr<const Image>> ShareCache::Member::Claim(std::span<const uint64_t> ids,
+                                                                    int64_t next) {
+  std::vector<std::shared_ptr<const Image>> found(ids.size());
+  absl::MutexLock lock(&cache_->mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto it = group_->entries.find(ids[i]);
+    if (it == group_->entries.end()) {
+      ++group_->counters.misses;
+    } else {
+      ++group_->counters.hits;
+      found[i] = it->second.image;
+    }
+  }
+  cache_->MoveCursor(*this, next);
+  return found;
+}
+
+void ShareCache::Member::Offer(uint64_t id, int64_t at, std::shared_ptr<const Image> image) {
+  const uint64_t bytes = image->rgb.size() + kEntryOverhead;
+  ShareCache& c = *cache_;
+  absl::MutexLock lock(&c.mu_);
+  GroupState& g = *group_;
+  if (g.entries.contains(id)) {  // another member's decode came first
+    ++g.counters.raced;
+    return;
+  }
+  const int64_t next_use = NextUse(g, at);
+  if (next_use == kNever || bytes > c.budget_) {
+    ++g.counters.bypassed;
+    return;
+  }
+  while (c.used_ + bytes > c.budget_) {
+    // The entry of every group used farthest ahead; kept over this one when no farther.
+    GroupState* victim_group = nullptr;
+    std::pair<int64_t, uint64_t> victim{-1, 0};
+    for (auto& [key, other] : c.groups_) {
+      const std::pair<int64_t, uint64_t> far = Farthest(*other);
+      if (far.first > victim.first) {
+        victim = far;
+        victim_group = other.get();
+      }
+    }
+    if (victim_group == nullptr || victim.first <= next_use) {
+      ++g.counters.bypassed;
+      return;
+    }
+    c.Erase(*victim_group, victim.second);
+    ++victim_group->counters.evictions;
+  }
+  g.entries[id] = Entry{std::move(image), at, bytes};
+  g.by_at.emplace(at, id);
+  c.used_ += bytes;
+  ++g.counters.inserts;
+  ++g.counters.entries;
+  g.counters.bytes += bytes;
+}
+
+int64_t ShareCache::NextUse(const GroupState& g, int64_t at) {
+  auto behind = g.cursors.upper_bound(at);  // the first cursor past `at`
+  if (behind == g.cursors.begin()) return kNever;
+  return at - *std::prev(behind);
+}
+
+std::pair<int64_t, uint64_t> ShareCache::Farthest(const GroupState& g) {
+  if (g.by_at.empty()) return {-1, 0};
+  if (g.cursors.empty() || g.by_at.begin()->first < *g.cursors.begin()) {
+    return {kNever, g.by_at.begin()->second};
+  }
+  // Between two neighbouring cursors (and past the last), the entry farthest from the lower
+  // cursor is the last one before the upper: one lookup per distinct cursor.
+  std::pair<int64_t, uint64_t> best{-1, 0};
+  for (auto c = g.cursors.begin(); c != g.cursors.end(); c = g.cursors.upper_bound(*c)) {
+    const auto upper = g.cursors.upper_bound(*c);
+    auto last = upper == g.cursors.end() ? g.by_at.end()
+                                         : g.by_at.lower_bound({*upper, uint64_t{0}});
+    if (last == g.by_at.begin()) continue;
+    --last;
+    if (last->first < *c) continue;
+    if (last->first - *c > best.first) best = {last->first - *c, last->second};
+  }
+  return best;
+}
+
+void ShareCache::Erase(GroupState& g, uint64_t id) {
+  const auto it = g.entries.find(id);
+  g.by_at.erase({it->second.at, id});
+  used_ -= it->second.bytes;
+  g.counters.bytes -= it->second.bytes;
+  --g.counters.entries;
+  g.entries.erase(it);
+}
+
+void ShareCache::DropPassed(GroupState& g) {
+  while (!g.by_at.empty() &&
+         (g.cursors.empty() || g.by_at.begin()->first < *g.cursors.begin())) {
+    Erase(g, g.by_at.begin()->second);
+  }
+}
+
+ShareCounters ShareCache::counters() const {
+  absl::MutexLock lock(&mu_);
+  ShareCounters all = gone_;
+  for (const auto& [key, g] : groups_) Add(all, g->counters);
+  return all;
+}
+
+std::vector<ShareGroupInfo> ShareCache::Groups() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<ShareGroupInfo> out;
+  for (const auto& [key, g] : groups_) {
+    out.push_back({key, static_cast<int>(g->cursors.size()), g->counters});
+  }
+  return out;
+}
+
+}  // namespace gpufeed::server

@@ -1,0 +1,130 @@
+// The node-wide cache of decoded samples that the jobs of a sharing group fill for each other.
+//
+// The jobs of a group visit one order (the group's order seed): the sample at order position
+// `at` (epoch * samples per epoch + position in the epoch) is the same sample for every job,
+// whatever its batch size, world size or pace. Each member (a session) tells the cache where
+// it will read next (its cursor), so the cache knows every member's future and can keep what
+// is read again soonest. A member's cursor is the first order position it has not claimed; it
+// claims a batch (looks up every row, then moves its cursor past the batch) before it decodes
+// the misses, so its own decodes lie behind its cursor and count only for the others:
+// - a sample decoded at position `at` is next needed by the nearest member behind it (cursor
+//   <= at), after (at - that cursor) more positions; with none behind, never (it is not kept);
+// - when the budget is full the entry whose next use is farthest goes (Belady's rule), or the
+//   new one is not kept when it would be the farthest itself;
+// - an entry every member has passed is dropped at once.
+// Nothing here waits: a miss is the caller's own decode, and a member that stalls only makes
+// the entries ahead of it far (evicted first), never blocks another. A member that ends (its
+// session ended, killed or not) stops counting at once.
+//
+// Entries are whole decoded images (Image, full size): what each job then does with them
+// (crop, resize, flip, normalize, keyed by the job's own augmentation seed) is the job's own,
+// so a hit or a miss gives the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "server/decode/image_decoder.h"
+
+namespace gpufeed::server {
+
+struct ShareCounters {
+  uint64_t hits = 0;       // Find that returned an entry
+  uint64_t misses = 0;     // Find that did not: the caller decodes
+  uint64_t inserts = 0;    // Offer kept
+  uint64_t bypassed = 0;   // Offer not kept: no member behind it, or farther than every entry
+  uint64_t raced = 0;      // Offer of a sample another member had just offered
+  uint64_t evictions = 0;  // entries pushed out for a nearer one (not those every member passed)
+  uint64_t bytes = 0;      // held now
+  uint64_t entries = 0;    // held now
+};
+
+struct ShareGroupInfo {
+  std::string key;
+  int members = 0;
+  ShareCounters counters;
+};
+
+class ShareCache {
+  struct GroupState;
+
+ public:
+  // Bytes an entry costs beyond its pixels (the map, the index, the Image).
+  static constexpr uint64_t kEntryOverhead = 128;
+
+  explicit ShareCache(uint64_t budget_bytes) : budget_(budget_bytes) {}
+  ShareCache(const ShareCache&) = delete;
+  ShareCache& operator=(const ShareCache&) = delete;
+
+  // One session's place in a group. Move-only; its destruction leaves the group.
+  class Member {
+   public:
+    Member() = default;
+    Member(Member&& other) noexcept { *this = std::move(other); }
+    Member& operator=(Member&& other) noexcept;
+    ~Member() { Leave(); }
+
+    // Claims a batch: the decoded sample of each id in `ids` or null (a miss: the caller
+    // decodes it), then moves the cursor to `next` (the batch's end), as one step.
+    std::vector<std::shared_ptr<const Image>> Claim(std::span<const uint64_t> ids, int64_t next);
+    // Moves the cursor without reading (forward, or back: a resume at an old position).
+    void Advance(int64_t cursor);
+    // `image`, a whole decode by this member of the sample at order position `at` (behind its
+    // cursor), for the others.
+    void Offer(uint64_t id, int64_t at, std::shared_ptr<const Image> image);
+    void Leave();
+
+   private:
+    friend class ShareCache;
+    ShareCache* cache_ = nullptr;
+    GroupState* group_ = nullptr;
+    std::multiset<int64_t>::iterator cursor_;
+  };
+
+  // Joins the group `key` (made on first use; gone with its last member) at `cursor`.
+  Member Join(const std::string& key, int64_t cursor);
+
+  uint64_t budget_bytes() const { return budget_; }
+  // All groups together.
+  ShareCounters counters() const;
+  std::vector<ShareGroupInfo> Groups() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const Image> image;
+    int64_t at = 0;
+    uint64_t bytes = 0;
+  };
+  struct GroupState {
+    std::string key;
+    std::multiset<int64_t> cursors;
+    absl::flat_hash_map<uint64_t, Entry> entries;  // by sample id
+    std::set<std::pair<int64_t, uint64_t>> by_at;  // (at, id) of every entry
+    ShareCounters counters;
+  };
+  void MoveCursor(Member& m, int64_t cursor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Order positions until the next use of position `at`; kNever when no member is behind it.
+  static constexpr int64_t kNever = INT64_MAX;
+  static int64_t NextUse(const GroupState& g, int64_t at);
+  // The entry of `g` used farthest ahead: (distance, id); distance -1 when `g` has none.
+  static std::pair<int64_t, uint64_t> Farthest(const GroupState& g);
+  void Erase(GroupState& g, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the entries of `g` that every member has passed (all of them when it has none).
+  void DropPassed(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remove(Member& m);
+
+  const uint64_t budget_;
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::unique_ptr<GroupState>> groups_ ABSL_GUARDED_BY(mu_);
+  ShareCounters gone_ ABSL_GUARDED_BY(mu_);  // the counters of groups that ended
+};
+
+}  // namespace gpufeed::server

@@ -1,0 +1,235 @@
+#include "server/share/share_cache.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gpufeed::server {
+namespace {
+
+constexpr uint64_t kEntry = 1024;
+
+// An image whose entry costs exactly kEntry bytes (pixels plus the entry overhead), its
+// pixels all `fill`.
+std::shared_ptr<const Image> ImageOf(uint8_t fill = 7, uint64_t bytes = kEntry) {
+  auto image = std::make_shared<Image>();
+  image->height = 1;
+  image->width = static_cast<int>((bytes - ShareCache::kEntryOverhead) / 3);
+  image->rgb.assign(bytes - ShareCache::kEntryOverhead, fill);
+  return image;
+}
+
+// One row's claim: the sample's pixels' first byte, or -1 for a miss.
+int ClaimOne(ShareCache::Member& m, uint64_t id, int64_t next) {
+  const uint64_t ids[] = {id};
+  const std::vector<std::shared_ptr<const Image>> got = m.Claim(ids, next);
+  return got[0] == nullptr ? -1 : got[0]->rgb[0];
+}
+
+TEST(ShareCacheTest, AMemberAloneKeepsNothing) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member solo = cache.Join("g", 0);
+  EXPECT_EQ(ClaimOne(solo, /*id=*/5, /*next=*/1), -1);
+  solo.Offer(5, /*at=*/0, ImageOf());  // nobody is behind position 0
+  const ShareCounters c = cache.counters();
+  EXPECT_EQ(c.misses, 1u);
+  EXPECT_EQ(c.bypassed, 1u);
+  EXPECT_EQ(c.inserts, 0u);
+  EXPECT_EQ(c.bytes, 0u);
+}
+
+TEST(ShareCacheTest, TheLeaderDecodesForTheOneBehindAndThePassedEntryIsDropped) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member lead = cache.Join("g", 100);
+  ShareCache::Member trail = cache.Join("g", 0);
+  EXPECT_EQ(ClaimOne(lead, 42, 101), -1);
+  lead.Offer(42, 100, ImageOf(9));
+  EXPECT_EQ(cache.counters().inserts, 1u);
+  EXPECT_EQ(cache.counters().bytes, kEntry);
+  EXPECT_EQ(cache.counters().entries, 1u);
+  trail.Advance(100);
+  EXPECT_EQ(ClaimOne(trail, 42, 101), 9);
+  EXPECT_EQ(cache.counters().hits, 1u);
+  // Both members are past position 100: nobody reads it again, so it is gone (not evicted).
+  EXPECT_EQ(cache.counters().entries, 0u);
+  EXPECT_EQ(cache.counters().bytes, 0u);
+  EXPECT_EQ(cache.counters().evictions, 0u);
+}
+
+TEST(ShareCacheTest, AFullCacheKeepsWhatIsReadSoonest) {
+  // Members at 0 and 50 read positions 0, 1, ...; room for two entries. Next uses: position 30
+  // in 30 (by the member at 0), 60 in 10 (at 50), 40 in 40 (at 0), 55 in 5 (at 50).
+  ShareCache cache(2 * kEntry);
+  ShareCache::Member a = cache.Join("g", 0);
+  ShareCache::Member b = cache.Join("g", 50);
+  ShareCache::Member lead = cache.Join("g", 1000);
+  lead.Offer(1, 30, ImageOf(1));
+  lead.Offer(2, 60, ImageOf(2));
+  lead.Offer(3, 40, ImageOf(3));  // farther than both: not kept
+  EXPECT_EQ(cache.counters().bypassed, 1u);
+  EXPECT_EQ(cache.counters().evictions, 0u);
+  lead.Offer(4, 55, ImageOf(4));  // the entry at 30 is now the farthest: it goes
+  EXPECT_EQ(cache.counters().evictions, 1u);
+  EXPECT_EQ(cache.counters().bytes, 2 * kEntry);
+  const uint64_t ids[] = {1, 2, 3, 4};
+  const std::vector<std::shared_ptr<const Image>> got = b.Claim(ids, 50);  // b stays at 50
+  EXPECT_EQ(got[0], nullptr);
+  ASSERT_NE(got[1], nullptr);
+  EXPECT_EQ(got[1]->rgb[0], 2);
+  EXPECT_EQ(got[2], nullptr);
+  ASSERT_NE(got[3], nullptr);
+  EXPECT_EQ(got[3]->rgb[0], 4);
+}
+
+TEST(ShareCacheTest, AStalledMembersEntriesAreTheFarthest) {
+  // The member at 0 has stalled; the one at 500 keeps reading. What only the stalled member
+  // will read is farther than what the one at 500 reads next, so it goes first.
+  ShareCache cache(2 * kEntry);
+  ShareCache::Member stalled = cache.Join("g", 0);
+  ShareCache::Member reader = cache.Join("g", 500);
+  ShareCache::Member lead = cache.Join("g", 2000);
+  lead.Offer(1, 400, ImageOf(1));  // in 400, by the stalled member only
+  lead.Offer(2, 510, ImageOf(2));  // in 10, by the reader
+  lead.Offer(3, 520, ImageOf(3));  // in 20: pushes out the entry at 400
+  EXPECT_EQ(cache.counters().evictions, 1u);
+  EXPECT_EQ(ClaimOne(reader, 2, 515), 2);
+  EXPECT_EQ(ClaimOne(reader, 3, 521), 3);
+  EXPECT_EQ(ClaimOne(stalled, 1, 0), -1);
+}
+
+TEST(ShareCacheTest, AMemberThatLeavesStopsCountingAtOnce) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member lead = cache.Join("g", 11);
+  {
+    ShareCache::Member trail = cache.Join("g", 0);
+    lead.Offer(1, 10, ImageOf());
+    EXPECT_EQ(cache.counters().entries, 1u);
+  }  // killed: nobody is behind position 10 any more
+  EXPECT_EQ(cache.counters().entries, 0u);
+  EXPECT_EQ(cache.counters().bytes, 0u);
+  const std::vector<ShareGroupInfo> groups = cache.Groups();
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].key, "g");
+  EXPECT_EQ(groups[0].members, 1);
+  EXPECT_EQ(groups[0].counters.inserts, 1u);
+}
+
+TEST(ShareCacheTest, AGroupEndsWithItsLastMemberAndItsCountersStay) {
+  ShareCache cache(100 * kEntry);
+  {
+    ShareCache::Member lead = cache.Join("g", 11);
+    ShareCache::Member trail = cache.Join("g", 0);
+    lead.Offer(1, 10, ImageOf(5));
+    EXPECT_EQ(ClaimOne(trail, 1, 1), 5);
+  }
+  EXPECT_TRUE(cache.Groups().empty());
+  const ShareCounters c = cache.counters();
+  EXPECT_EQ(c.hits, 1u);
+  EXPECT_EQ(c.inserts, 1u);
+  EXPECT_EQ(c.bytes, 0u);
+  EXPECT_EQ(c.entries, 0u);
+}
+
+TEST(ShareCacheTest, GroupsAreApartAndShareOneBudget) {
+  ShareCache cache(2 * kEntry);
+  ShareCache::Member a_lead = cache.Join("a", 101), a_trail = cache.Join("a", 0);
+  ShareCache::Member b_lead = cache.Join("b", 101), b_trail = cache.Join("b", 90);
+  a_lead.Offer(7, 100, ImageOf(1));  // in 100
+  b_lead.Offer(7, 100, ImageOf(2));  // in 10: the same id in another group
+  EXPECT_EQ(ClaimOne(a_trail, 7, 0), 1);
+  EXPECT_EQ(ClaimOne(b_trail, 7, 90), 2);
+  b_lead.Offer(8, 95, ImageOf(3));  // in 5: group a's entry is the node's farthest
+  EXPECT_EQ(cache.counters().evictions, 1u);
+  EXPECT_EQ(ClaimOne(a_trail, 7, 0), -1);
+  EXPECT_EQ(ClaimOne(b_trail, 8, 90), 3);
+  const std::vector<ShareGroupInfo> groups = cache.Groups();
+  ASSERT_EQ(groups.size(), 2u);
+  for (const ShareGroupInfo& g : groups) {
+    EXPECT_EQ(g.counters.evictions, g.key == "a" ? 1u : 0u) << g.key;
+    EXPECT_EQ(g.counters.entries, g.key == "a" ? 0u : 2u) << g.key;
+  }
+}
+
+TEST(ShareCacheTest, AnEntryLargerThanTheBudgetIsNotKept) {
+  ShareCache cache(kEntry);
+  ShareCache::Member lead = cache.Join("g", 11), trail = cache.Join("g", 0);
+  lead.Offer(1, 10, ImageOf(7, 2 * kEntry));
+  EXPECT_EQ(cache.counters().bypassed, 1u);
+  EXPECT_EQ(cache.counters().bytes, 0u);
+}
+
+TEST(ShareCacheTest, AResumeAtAnOldPositionMakesLaterEntriesUseful) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member a = cache.Join("g", 50), b = cache.Join("g", 71);
+  b.Offer(1, 70, ImageOf(3));  // in 20, by a
+  b.Advance(0);                // b resumes from the epoch's start
+  a.Advance(71);               // a passes it; b is still behind it
+  EXPECT_EQ(cache.counters().entries, 1u);
+  b.Advance(70);
+  EXPECT_EQ(ClaimOne(b, 1, 71), 3);
+  EXPECT_EQ(cache.counters().entries, 0u);
+}
+
+// Four members 50 positions apart read 2,000 positions each in lockstep, the leader first
+// (id = position). With room for the 150 positions between the last and the first, each
+// sample is decoded once: the leader misses, the others hit. Decodes per read: 1/4.
+TEST(ShareCacheTest, MembersInLockstepDecodeEachSampleOnce) {
+  constexpr int kMembers = 4, kLength = 2000, kGap = 50;
+  ShareCache cache(160 * kEntry);
+  std::vector<ShareCache::Member> members;
+  for (int t = 0; t < kMembers; ++t) members.push_back(cache.Join("g", (kMembers - 1 - t) * kGap));
+  std::vector<int> hits(kMembers, 0);
+  for (int step = 0; step < kLength; ++step) {
+    for (int t = 0; t < kMembers; ++t) {
+      const int64_t at = (kMembers - 1 - t) * kGap + step;
+      const uint64_t ids[] = {static_cast<uint64_t>(at)};
+      if (members[t].Claim(ids, at + 1)[0] != nullptr) {
+        ++hits[t];
+      } else {
+        members[t].Offer(ids[0], at, ImageOf());
+      }
+      ASSERT_LE(cache.counters().bytes, cache.budget_bytes());
+    }
+  }
+  // A trailing member misses only the positions before the next member's start.
+  EXPECT_EQ(hits, (std::vector<int>{0, kLength - kGap, kLength - kGap, kLength - kGap}));
+  const ShareCounters c = cache.counters();
+  EXPECT_EQ(c.misses, uint64_t{kLength + 3 * kGap});  // the leader's, and each other's first 50
+  EXPECT_EQ(c.evictions, 0u);
+  members.clear();
+  EXPECT_EQ(cache.counters().bytes, 0u);
+  EXPECT_TRUE(cache.Groups().empty());
+}
+
+// Threads at their own pace (a trailing member may pass the one ahead): the counters add up
+// and the budget holds whatever the interleaving.
+TEST(ShareCacheTest, ConcurrentMembersStayInBudget) {
+  constexpr int kMembers = 4, kLength = 2000;
+  ShareCache cache(64 * kEntry);
+  std::vector<ShareCache::Member> members;
+  for (int t = 0; t < kMembers; ++t) members.push_back(cache.Join("g", t * 50));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kMembers; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t at = t * 50; at < t * 50 + kLength; ++at) {
+        const uint64_t ids[] = {static_cast<uint64_t>(at)};
+        if (members[t].Claim(ids, at + 1)[0] == nullptr) {
+          members[t].Offer(ids[0], at, ImageOf());
+        }
+        EXPECT_LE(cache.counters().bytes, cache.budget_bytes());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const ShareCounters c = cache.counters();
+  EXPECT_EQ(c.hits + c.misses, uint64_t{kMembers} * kLength);
+  // Every miss was offered once: kept, not kept, or another member's came first.
+  EXPECT_EQ(c.inserts + c.bypassed + c.raced, c.misses);
+  members.clear();
+  EXPECT_EQ(cache.counters().bytes, 0u);
+  EXPECT_EQ(cache.counters().entries, 0u);
+}
+
+}  // namespace
+}  // namespace gpufeed::server

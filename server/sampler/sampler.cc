@@ -1,5 +1,6 @@
 #include "server/sampler/sampler.h"
 
+#include <algorithm>
 #include <bit>
 #include <limits>
 
@@ -109,7 +110,14 @@ Position Sampler::Next(Position p) const {
   return p;
 }
 
-int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids) const {
+std::pair<uint64_t, uint64_t> Sampler::GlobalBatchSpan(Position p) const {
+  const uint64_t global = static_cast<uint64_t>(config_.batch_size) * config_.world_size;
+  const uint64_t first = static_cast<uint64_t>(p.step) * global;
+  return {std::min(first, config_.num_samples), std::min(first + global, config_.num_samples)};
+}
+
+int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids,
+                           std::span<uint64_t> positions) const {
   const EpochOrder order(config_.num_samples, config_.seed, p.epoch, config_.shuffle);
   const uint64_t n = config_.num_samples;
   const uint64_t b = static_cast<uint64_t>(config_.batch_size);
@@ -124,6 +132,7 @@ int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids) con
       const uint64_t k = static_cast<uint64_t>(p.step) * b + i;
       const uint64_t index = k * w + static_cast<uint64_t>(rank);
       ids[i] = static_cast<int64_t>(order.At(index % n));
+      if (i < positions.size()) positions[i] = index % n;
       if (k < per_rank) ++valid;
     }
     return valid;
@@ -133,6 +142,7 @@ int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids) con
   for (uint64_t i = 0; i < b && i < ids.size(); ++i) {
     const uint64_t index = first + i;
     ids[i] = static_cast<int64_t>(order.At(index < n ? index : index % n));
+    if (i < positions.size()) positions[i] = index < n ? index : index % n;
     if (index < n) ++valid;
   }
   return valid;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -89,7 +90,14 @@ class Sampler {
   // Writes the sample ids of `rank`'s slice of global batch `p` into `ids` (batch_size of
   // them) and returns how many leading rows are real samples (the rest are padding). Computes
   // only those positions of the epoch's order, none before them.
-  int64_t RankSlice(Position p, int32_t rank, std::span<int64_t> ids) const;
+  // With `positions` (as many as `ids`, or none), also each row's place in the epoch's order
+  // (< num_samples: a padded row's wrapped place), which is the same sample for every sampler
+  // of the same order (seed, shuffle, num_samples), whatever its batch size or world size.
+  int64_t RankSlice(Position p, int32_t rank, std::span<int64_t> ids,
+                    std::span<uint64_t> positions = {}) const;
+  // The places in the epoch's order that global batch `p` reads (all ranks): [first, end),
+  // end at most num_samples.
+  std::pair<uint64_t, uint64_t> GlobalBatchSpan(Position p) const;
 
  private:
   explicit Sampler(const SamplerConfig& config);

@@ -23,7 +23,7 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 std::unique_ptr<Sampler> MakeSampler(uint64_t n, int64_t b, int32_t w, uint64_t seed, bool shuffle,
-                                     bool drop_last) {
+                                     bool drop_last, bool even = false) {
   SamplerConfig c;
   c.num_samples = n;
   c.batch_size = b;
@@ -31,6 +31,7 @@ std::unique_ptr<Sampler> MakeSampler(uint64_t n, int64_t b, int32_t w, uint64_t 
   c.seed = seed;
   c.shuffle = shuffle;
   c.drop_last = drop_last;
+  c.even = even;
   absl::StatusOr<std::unique_ptr<Sampler>> s = Sampler::Create(c);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -182,6 +183,40 @@ TEST(SamplerTest, PaddingWrapsToTheEpochStart) {
   EXPECT_THAT(r0.ids, ElementsAre(id(8), id(9), id(0), id(1)));
   EXPECT_EQ(r1.valid, 0);
   EXPECT_THAT(r1.ids, ElementsAre(id(2), id(3), id(4), id(5)));
+}
+
+// Positions name each row's place in the epoch's order: the sample there is the same for
+// samplers of one order whatever their batch size, world size or split (sharing groups key
+// their cache by it).
+TEST(SamplerTest, PositionsAreTheRowsPlacesInTheOrderForEveryLayout) {
+  const std::vector<uint64_t> perm = EpochPermutation(103, 7, 2, true);
+  for (const auto& [b, w, even] : {std::tuple{int64_t{8}, 1, false}, std::tuple{int64_t{16}, 2, false},
+                                   std::tuple{int64_t{10}, 2, true}, std::tuple{int64_t{32}, 1, false}}) {
+    std::unique_ptr<Sampler> s = MakeSampler(103, b, w, 7, true, /*drop_last=*/false, even);
+    ASSERT_NE(s, nullptr);
+    for (int64_t step = 0; step < s->steps_per_epoch(); ++step) {
+      const auto [first, end] = s->GlobalBatchSpan({2, step});
+      EXPECT_EQ(first, std::min<uint64_t>(103, step * b * w));
+      EXPECT_EQ(end, std::min<uint64_t>(103, (step + 1) * b * w));
+      for (int32_t rank = 0; rank < w; ++rank) {
+        std::vector<int64_t> ids(b);
+        std::vector<uint64_t> positions(b);
+        s->RankSlice({2, step}, rank, std::span<int64_t>(ids), std::span<uint64_t>(positions));
+        for (int64_t i = 0; i < b; ++i) {
+          ASSERT_LT(positions[i], 103u);
+          EXPECT_EQ(static_cast<uint64_t>(ids[i]), perm[positions[i]])
+              << "B=" << b << " W=" << w << " step " << step << " rank " << rank << " row " << i;
+        }
+      }
+    }
+  }
+  // The last global batch of N=10, W=2, B=4 wraps: rank 0's rows are places 8, 9, 0, 1.
+  std::unique_ptr<Sampler> s = MakeSampler(10, 4, 2, 3, true, /*drop_last=*/false);
+  std::vector<int64_t> ids(4);
+  std::vector<uint64_t> positions(4);
+  s->RankSlice({0, 1}, 0, std::span<int64_t>(ids), std::span<uint64_t>(positions));
+  EXPECT_THAT(positions, ElementsAre(8, 9, 0, 1));
+  EXPECT_EQ(s->GlobalBatchSpan({0, 1}), std::make_pair(uint64_t{8}, uint64_t{10}));
 }
 
 // even: DistributedSampler's split. N=103, W=2, B=10: ceil(103/2) = 52 real samples a rank

@@ -1,5 +1,7 @@
 #include "client/ctl/commands/batch_io.h"
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -174,6 +176,21 @@ absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, size_t tensor
     sum += SampleChecksum(host->data() + static_cast<uint64_t>(r) * row_bytes, elements, width);
   }
   return sum;
+}
+
+absl::StatusOr<uint64_t> BatchDigest(const client::Batch& batch, void* stream) {
+  uint64_t digest = 14695981039346656037ull;
+  for (const client::Tensor& t : batch.tensors()) {
+    absl::StatusOr<std::vector<std::byte>> host = HostBytes(t, stream);
+    if (!host.ok()) return host.status();
+    const uint64_t rows = t.shape.empty() ? 0 : static_cast<uint64_t>(t.shape[0]);
+    const uint64_t row_bytes = rows == 0 ? 0 : host->size() / rows;
+    const uint64_t valid = std::min<uint64_t>(rows, static_cast<uint64_t>(batch.valid_count()));
+    for (uint64_t i = 0; i < valid * row_bytes; ++i) {
+      digest = (digest ^ static_cast<uint8_t>((*host)[i])) * 1099511628211ull;
+    }
+  }
+  return digest;
 }
 
 absl::Status DumpBatch(const client::Batch& batch, const std::string& prefix, void* stream) {

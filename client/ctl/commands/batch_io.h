@@ -44,6 +44,9 @@ class ConsumerStream {
 // sum of sum_j (j+1) * t_j, t_j a sample's j-th element read as an unsigned integer of its
 // width, mod 2^64. Device batches are copied back on `stream` first.
 absl::StatusOr<uint64_t> BatchChecksum(const client::Batch& batch, size_t tensor, void* stream);
+// FNV-1a (64 bits) of the bytes of every tensor's valid rows, in tensor order: equal digests
+// are, for a test, equal batches byte for byte.
+absl::StatusOr<uint64_t> BatchDigest(const client::Batch& batch, void* stream);
 
 // Writes each tensor of `batch` as PREFIX.<tensor>.npy and its ids as PREFIX.ids.npy.
 absl::Status DumpBatch(const client::Batch& batch, const std::string& prefix, void* stream);

@@ -217,13 +217,19 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     ++batches;
     samples += batch->valid_count();
     for (const auto& t : batch->tensors()) bytes += t.byte_size;
+    if (on_device) {
+      if (absl::Status s = batch->WaitReady(stream.get()); !s.ok()) return Fail(s);
+    }
     if (ids_out.is_open()) {
       ids_out << "{\"rank\":" << o.rank << ",\"epoch\":" << batch->epoch()
               << ",\"step\":" << batch->step() << ",\"ids\":[" << absl::StrJoin(batch->ids(), ",")
-              << "],\"valid\":" << batch->valid_count() << "}\n";
-    }
-    if (on_device) {
-      if (absl::Status s = batch->WaitReady(stream.get()); !s.ok()) return Fail(s);
+              << "],\"valid\":" << batch->valid_count();
+      if (flags.checksum) {
+        absl::StatusOr<uint64_t> digest = BatchDigest(*batch, stream.get());
+        if (!digest.ok()) return Fail(digest.status());
+        ids_out << ",\"digest\":\"" << absl::StrCat(absl::Hex(*digest, absl::kZeroPad16)) << "\"";
+      }
+      ids_out << "}\n";
     }
     if (!flags.dump.empty() && batches == 1) {
       if (absl::Status s = DumpBatch(*batch, flags.dump, stream.get()); !s.ok()) return Fail(s);
@@ -344,7 +350,8 @@ Command AddConsume(CLI::App& app) {
   f.keepalive.AddTo(*cli, "--keepalive", "DURATION",
                     "ping gpufeedd this often; one that does not answer for as long\n"
                     "again (stopped, frozen) counts as gone: 10s (default), 0 = no pings");
-  cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid")
+  cli->add_option("--ids", f.ids, "write one JSON line per batch: rank, epoch, step, ids, valid; with\n"
+                  "--checksum also digest (FNV-1a 64 of the valid rows' bytes, every tensor)")
       ->type_name("FILE");
   cli->add_flag("--checksum", f.checksum,
                 "print \"checksum <u64>\" (the first tensor's): sum over valid samples of\n"

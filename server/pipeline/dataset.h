@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,7 @@
 #include "server/augment/pipeline.h"
 #include "server/augment/stage_arena.h"
 #include "server/augment/staged.h"
+#include "server/decode/image_decoder.h"
 #include "server/pipeline/cpu_rows.h"
 #include "server/reader/dataset.h"
 #include "server/reader/image_folder.h"
@@ -59,15 +61,33 @@ struct StageTarget {
   CpuRows cpu;
 };
 
+// A sharing group's part in one row (server/share/share_cache.h): the sample's whole decode
+// from the group's cache, or, for a sample a member behind will read, this row's whole decode
+// for the cache. A row gives the same bytes whichever way it goes: a random resized crop of a
+// whole decode equals one of a region decode (DecodeOptions::region), and every draw depends
+// on (the job's seed, epoch, sample) only.
+struct SharedRow {
+  std::shared_ptr<const Image> found;    // in: the group's decode of the sample
+  bool wanted = false;                   // in, without `found`: decode the file whole
+  std::shared_ptr<const Image> decoded;  // out, when wanted: that whole decode
+};
+
 // A dataset of images: finished on the CPU through ReadSampleAt, or staged for the GPU.
 class ImageDataset : public Dataset {
  public:
+  // ReadSampleAt with the row's share of a sharing group (null: none). A pipeline with
+  // dct_scaling decodes each sample at its own scale and shares nothing.
+  virtual absl::StatusOr<uint64_t> ReadImageAt(uint64_t id, const SampleContext& context,
+                                               std::span<const std::span<std::byte>> rows,
+                                               SharedRow* share) const = 0;
   // The staged layout of a batch of `batch` samples.
   virtual StagedLayout StagedLayoutFor(int64_t batch) const = 0;
   // Stages sample `id` as row `row` of a staged batch (its record, label and arena bytes) and
-  // returns the id actually staged, as ReadSampleAt does.
+  // returns the id actually staged, as ReadSampleAt does. `share` as ReadImageAt's, on the
+  // CPU decode path only (kCpuDecode: nvJPEG's pixels are not the CPU decoder's).
   virtual absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context,
-                                                 int64_t row, const StageTarget& target) const = 0;
+                                                 int64_t row, const StageTarget& target,
+                                                 SharedRow* share = nullptr) const = 0;
 };
 
 absl::StatusOr<std::unique_ptr<ImageDataset>> OpenImageFolder(const DatasetSpec& spec,

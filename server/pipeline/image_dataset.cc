@@ -60,14 +60,19 @@ class SourcedImageDataset final : public ImageDataset {
 
   absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,
                                         std::span<const std::span<std::byte>> rows) const override {
+    return ReadImageAt(id, context, rows, nullptr);
+  }
+
+  absl::StatusOr<uint64_t> ReadImageAt(uint64_t id, const SampleContext& context,
+                                       std::span<const std::span<std::byte>> rows,
+                                       SharedRow* share) const override {
     return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
-      absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
-      if (!bytes.ok()) return bytes.status();
       SampleRandom random(context.seed, context.epoch, sample);
       StagedGeometry g;
-      absl::StatusOr<Image> image = DecodePlanned(*bytes, random, &g);
+      absl::StatusOr<std::shared_ptr<const Image>> image =
+          DecodeShared(sample, sample == id ? share : nullptr, random, &g);
       if (!image.ok()) return image.status();
-      Augment(*image, g, rows[0].data());
+      Augment(**image, g, rows[0].data());
       const int64_t label = source_->label(sample);
       std::memcpy(rows[1].data(), &label, sizeof(label));
       return absl::OkStatus();
@@ -79,7 +84,11 @@ class SourcedImageDataset final : public ImageDataset {
   }
 
   absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context, int64_t row,
-                                         const StageTarget& target) const override {
+                                         const StageTarget& target,
+                                         SharedRow* share) const override {
+    if (target.mode == StageMode::kCpuDecode && share != nullptr) {
+      return StageSharedAt(id, context, row, target, share);
+    }
     const StagedLayout& layout = *target.layout;
     auto* record = reinterpret_cast<StagedRecord*>(target.slot + layout.records_offset) + row;
     std::byte* arena = target.slot + layout.arena_offset;
@@ -124,6 +133,26 @@ class SourcedImageDataset final : public ImageDataset {
         if (!image.ok()) return image.status();
         StageDecoded(*image, g, target, record);
       }
+      const int64_t label = source_->label(sample);
+      std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
+                  sizeof(label));
+      return absl::OkStatus();
+    });
+  }
+
+  // StageSampleAt on the CPU decode path with a sharing group's row.
+  absl::StatusOr<uint64_t> StageSharedAt(uint64_t id, const SampleContext& context, int64_t row,
+                                         const StageTarget& target, SharedRow* share) const {
+    const StagedLayout& layout = *target.layout;
+    auto* record = reinterpret_cast<StagedRecord*>(target.slot + layout.records_offset) + row;
+    return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
+      SampleRandom random(context.seed, context.epoch, sample);
+      StagedGeometry g;
+      absl::StatusOr<std::shared_ptr<const Image>> image =
+          DecodeShared(sample, sample == id ? share : nullptr, random, &g);
+      if (!image.ok()) return image.status();
+      *record = StagedRecord{};
+      StageDecoded(**image, g, target, record);
       const int64_t label = source_->label(sample);
       std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
                   sizeof(label));
@@ -209,6 +238,38 @@ class SourcedImageDataset final : public ImageDataset {
     if (!planned.ok()) return planned.status();
     *g = *planned;
     return image;
+  }
+
+  // The sample's pixels and geometry with a sharing group's row (null: none): the group's
+  // decode where the row found one (no read, no decode), a whole decode handed back for the
+  // group where one is wanted, else DecodePlanned's. A whole decode plans the geometry on the
+  // image's size as DecodePlanned plans it on the header's: the same draws, the same box.
+  absl::StatusOr<std::shared_ptr<const Image>> DecodeShared(uint64_t sample, SharedRow* share,
+                                                            SampleRandom& random,
+                                                            StagedGeometry* g) const {
+    if (share != nullptr && plan_.dct_scaling) share = nullptr;
+    if (share != nullptr && share->found != nullptr) {
+      absl::StatusOr<StagedGeometry> planned =
+          PlanGeometry(share->found->height, share->found->width, random);
+      if (!planned.ok()) return planned.status();
+      *g = *planned;
+      return share->found;
+    }
+    absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
+    if (!bytes.ok()) return bytes.status();
+    if (share == nullptr || !share->wanted) {
+      absl::StatusOr<Image> image = DecodePlanned(*bytes, random, g);
+      if (!image.ok()) return image.status();
+      return std::make_shared<const Image>(std::move(*image));
+    }
+    absl::StatusOr<Image> image = Decode(*bytes);
+    if (!image.ok()) return image.status();
+    Count(metrics::Decoder::kCpu);
+    absl::StatusOr<StagedGeometry> planned = PlanGeometry(image->height, image->width, random);
+    if (!planned.ok()) return planned.status();
+    *g = *planned;
+    share->decoded = std::make_shared<const Image>(std::move(*image));
+    return share->decoded;
   }
 
   // The bin of a region decode's estimated cost (cpu_rows.h) for a row of decode auto, recorded

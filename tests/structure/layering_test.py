@@ -24,7 +24,7 @@ LAYERS = [
     ["common/os", "common/cuda"],
     ["server/auth", "server/reader", "server/staging", "server/sampler", "server/decode",
      "client/cpp"],
-    ["server/augment", "client/c", "client/ctl"],
+    ["server/augment", "server/share", "client/c", "client/ctl"],
     ["server/device", "server/pipeline"],
     ["server/feed"],
     ["server/session"],

@@ -398,6 +398,83 @@ TEST_F(ImageFolderDatasetTest, RegionDecodesGiveTheRowsOfWholeDecodes) {
   }
 }
 
+// A sharing group's rows (SharedRow) give the bytes a private read gives: a row that decodes
+// whole for the group, and one that takes that decode from the group, equal the region decode
+// of a random resized crop (and a PNG's whole decode), sample by sample, epoch by epoch, on
+// the CPU path and the staged CPU-decode path; a found row reads no file.
+TEST_F(ImageFolderDatasetTest, SharedRowsGiveThePrivateBytes) {
+  std::filesystem::remove_all(root_);
+  constexpr int kSamples = 12;
+  for (int i = 0; i < kSamples; ++i) {
+    const int h = 40 + (i * 29) % 70, w = 40 + (i * 41) % 90;
+    const std::string name = absl::StrCat(root_, "/c", i % 2, "/", 100 + i);
+    if (i % 4 == 3) {
+      WriteFileBytes(name + ".png", EncodePng(Picture(h, w, 3, i), h, w));
+    } else {
+      WriteFileBytes(name + ".jpg", EncodeJpeg(Picture(h, w, 3, i), h, w, TJPF_RGB, TJSAMP_420, 90));
+    }
+  }
+  auto opened = Open({RandomResizedCropStep{16, {}}, FlipStep{0.5}});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const auto& ds = dynamic_cast<const ImageDataset&>(**opened);
+  const size_t row_bytes = ds.tensors()[0].byte_size;
+  const StagedLayout layout = ds.StagedLayoutFor(1);
+  auto read = [&](uint64_t id, SampleContext ctx, SharedRow* share) {
+    std::vector<uint8_t> image(row_bytes, 0xff);
+    int64_t label = -1;
+    std::vector<std::span<std::byte>> rows = {
+        std::as_writable_bytes(std::span<uint8_t>(image)),
+        std::span<std::byte>(reinterpret_cast<std::byte*>(&label), 8)};
+    EXPECT_EQ(*ds.ReadImageAt(id, ctx, rows, share), id);
+    image.resize(image.size() + 8);
+    std::memcpy(image.data() + row_bytes, &label, 8);
+    return image;
+  };
+  // The staged row's record and label, and the arena's pixels it names.
+  auto stage = [&](uint64_t id, SampleContext ctx, SharedRow* share) {
+    std::vector<std::byte> slot(layout.stride_bytes);
+    StageArena arena(layout);
+    const StageTarget target{StageMode::kCpuDecode, &layout, slot.data(), &arena, {}};
+    EXPECT_EQ(*ds.StageSampleAt(id, ctx, 0, target, share), id);
+    const auto* record = reinterpret_cast<const StagedRecord*>(slot.data() + layout.records_offset);
+    std::vector<uint8_t> out(sizeof(StagedGeometry) + 8 + record->host_bytes);
+    std::memcpy(out.data(), &record->geometry, sizeof(StagedGeometry));
+    std::memcpy(out.data() + sizeof(StagedGeometry), slot.data() + layout.labels_offset, 8);
+    std::memcpy(out.data() + sizeof(StagedGeometry) + 8,
+                slot.data() + layout.arena_offset + record->host_offset, record->host_bytes);
+    return out;
+  };
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    for (uint64_t id = 0; id < kSamples; ++id) {
+      const SampleContext ctx{static_cast<uint64_t>(7 + epoch), epoch};
+      const std::vector<uint8_t> own = read(id, ctx, nullptr);
+      SharedRow first{nullptr, /*wanted=*/true, nullptr};
+      EXPECT_EQ(read(id, ctx, &first), own) << "sample " << id << " epoch " << epoch;
+      ASSERT_NE(first.decoded, nullptr);
+      EXPECT_EQ(first.decoded->top, 0);
+      EXPECT_EQ(first.decoded->left, 0);
+      // Another job (another seed) takes the decode: the same as its own private read.
+      const SampleContext other{ctx.seed + 100, epoch};
+      SharedRow found{first.decoded, false, nullptr};
+      EXPECT_EQ(read(id, other, &found), read(id, other, nullptr)) << "sample " << id;
+      EXPECT_EQ(found.decoded, nullptr);
+      SharedRow staged_found{first.decoded, false, nullptr};
+      SharedRow staged_wanted{nullptr, true, nullptr};
+      const std::vector<uint8_t> staged_own = stage(id, other, nullptr);
+      EXPECT_EQ(stage(id, other, &staged_found), staged_own) << "sample " << id;
+      EXPECT_EQ(stage(id, other, &staged_wanted), staged_own) << "sample " << id;
+      ASSERT_NE(staged_wanted.decoded, nullptr);
+      EXPECT_EQ(staged_wanted.decoded->rgb, first.decoded->rgb);
+    }
+  }
+  // A found row reads no file: the group's decode stands in for a file that is gone.
+  SharedRow keep{nullptr, true, nullptr};
+  const std::vector<uint8_t> before = read(0, {7, 0}, &keep);
+  std::filesystem::remove_all(root_ + "/c0/100.jpg");
+  SharedRow found{keep.decoded, false, nullptr};
+  EXPECT_EQ(read(0, {7, 0}, &found), before);
+}
+
 // decode auto's rows for the CPU (cpu_rows.h): with a known histogram, the CPU takes the
 // rows whose crop boxes cost a region decode least, about `share` of them; before it, and
 // without a random resized crop, rows spread evenly by index as before.

@@ -130,8 +130,9 @@ def proto_names(proto: str) -> Set[str]:
 
 
 def check_names(page: str, names: Set[str], where: str, what: str) -> List[str]:
+    spans = re.findall(r"`([^`\n]+)`", page)  # code spans, paired in order
     return [f"{where}: {what} {n} is not described" for n in sorted(names)
-            if not re.search(rf"`[^`]*\b{n}\b[^`]*`", page)]
+            if not any(re.search(rf"\b{n}\b", span) for span in spans)]
 
 
 def c_functions(header: str) -> Set[str]:
@@ -152,7 +153,7 @@ def check_python(page: str, loader: Set[str], attach: Set[str]) -> List[str]:
     where = f"{REF}/python-api.md"
     problems = []
     for what, names in (("gpufeed.torch.Loader", loader), ("gpufeed.Client.attach", attach)):
-        match = re.search(rf"`{re.escape(what.rsplit('.', 1)[1])}\((.*?)\)`", page, re.S)
+        match = re.search(rf"\b{what.rsplit('.', 1)[1]}\(([^`]*)\)`", page)
         given = set(re.findall(r"(\w+)(?:=|,|\))", match.group(1) + ")")) if match else set()
         problems += [f"{where}: {what}'s argument {n} is not in its signature there"
                      for n in sorted(names - given)]

@@ -171,10 +171,22 @@ def check_links(readme: str, pages: dict) -> List[str]:
     for rel, text in sorted(pages.items()):
         base = (ROOT / rel).parent
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
-            file = target.split("#", 1)[0]
-            if file and not re.match(r"[a-z]+:", file) and not (base / file).exists():
+            file, _, anchor = target.partition("#")
+            if re.match(r"[a-z]+:", file):
+                continue
+            path = base / file if file else ROOT / rel
+            if not path.exists():
                 problems.append(f"{rel}: link to {target}, which does not exist")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text()):
+                problems.append(f"{rel}: link to {target}, whose page has no such heading")
     return problems
+
+
+def anchors(page: str) -> Set[str]:
+    """The anchors GitHub gives a page's headings (outside code blocks)."""
+    page = re.sub(r"^```.*?^```", "", page, flags=re.M | re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", page, re.M)}
 
 
 # ---- a check must be able to fail ---------------------------------------------------------

@@ -150,6 +150,11 @@ TEST_F(DeviceRingGpuTest, ASlotsReadyAndReleaseEventsWorkOnAStream) {
   absl::StatusOr<std::unique_ptr<DeviceRingMapping>> m = DeviceRingMapping::MapVmm(
       0, UniqueFd(*fd), ring->size(),
       {std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))});
+  if (!m.ok() && absl::StartsWith(m.status().message(), "opening ready event of slot 0: ")) {
+    cudaEventDestroy(ready);
+    GTEST_SKIP() << "this CUDA opens no IPC event in the process that made it (" << m.status()
+                 << "): DeviceDeliveryTest covers the events across processes";
+  }
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ((*m)->release_event_handles().size(), 1u);
   EXPECT_EQ((*m)->release_event_handles()[0].size(), sizeof(cudaIpcEventHandle_t));

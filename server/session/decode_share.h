@@ -1,5 +1,5 @@
 // decode auto with --adaptive_decode: how much of each staged batch the CPU pool decodes,
-// nvJPEG the rest. Measured on an H200 (tests/gpu/interference_on_device.sh): without MPS
+// nvJPEG the rest. Measured on an H200 (.ci/device/interference_on_device.sh): without MPS
 // nvJPEG's hardware engines cost a training process on the same GPU about 8.5 ms of its time
 // per batch of 256 images (~33 us an image) in every output format (RGBI launches one
 // colour-conversion kernel per image, YUV none, and both cost the same) and however the

@@ -69,7 +69,7 @@ struct StagedRingRoom {
 // not fit now (the slabs' free blocks, what is left of the quota, the GPU). Its
 // slots are large (~168 MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too
 // few: each fill must then finish within one consumer step, behind the batch's GPU work.
-// ResNet-50 on an H200 (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01)
+// ResNet-50 on an H200 (.ci/device/resnet_goals_on_device.sh, 12 threads, 2026-12-01)
 // trained at 89.8-91.2 % of its synthetic rate with 2 slots and at 97.1 % with 4, its data
 // wait 1.4-2.5 % and 1.2 %.
 int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes,

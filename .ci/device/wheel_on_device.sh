@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15: the self-contained wheel on the GPU machine, which has no gRPC, protobuf or Abseil.
-# Here: tests/run.sh && client/python/build_wheel.sh && tests/gpu/bundle.sh (which copies
+# Here: tests/run.sh && client/python/build_wheel.sh && .ci/device/bundle.sh (which copies
 # dist/gpufeed-*.whl into the bundle); device: run with carry [".devbundle"]:
-#   bash tests/gpu/wheel_on_device.sh
+#   bash .ci/device/wheel_on_device.sh
 # Installs the wheel into a fresh venv (torch and numpy from the system's site-packages,
 # pytest from the bundle's wheels), checks that every library of the package resolves inside
 # the venv or is the system's glibc/libstdc++, and runs tests/python against the installed

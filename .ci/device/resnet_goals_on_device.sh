@@ -6,8 +6,8 @@
 #   synthetic (the ceiling), gpufeed (nvJPEG + GPU augment, device delivery), torchvision's
 #   DataLoader (15 workers a rank, pin_memory); then under MPS: synthetic and gpufeed.
 # Prints a table (images/s, % of synthetic, the ranks' data wait) and one JSON line; logs
-# under $OUT. Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry
-# [".devbundle"]: bash tests/bench/resnet_goals_on_device.sh [STEPS]. ONLY="gpufeed ..." runs
+# under $OUT. Here: tests/run.sh && .ci/device/bundle.sh; device: run with carry
+# [".devbundle"]: bash .ci/device/resnet_goals_on_device.sh [STEPS]. ONLY="gpufeed ..." runs
 # those tags alone; RINGS="2 4" runs the gpufeed tags once per ring depth (--ring-slots);
 # THREADS="4 12:4" runs the gpufeed tag once per daemon thread count, T:R with a ring of R
 # slots (tags gpufeed-tT[-rR] past the first; the first is the plain gpufeed row);
@@ -21,7 +21,7 @@ steps=${1:-300}
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-goals
 rm -rf "$out"; mkdir -p "$out" "$final"
-source "$(dirname "$0")/../gpu/device_env.sh"
+source "$(dirname "$0")/device_env.sh"
 gpus=$(nvidia-smi -L | wc -l)
 data=/tmp/gpufeed-images
 image_dataset "$data" "${IMAGES:-20000}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package on the GPU machine (issue 5), in one call:
-#   here:   tests/run.sh && tests/gpu/bundle.sh   (the bundle carries pytest's wheels too)
-#   device: run with carry [".devbundle"]:  bash tests/gpu/run_python_on_device.sh [STEPS]
+#   here:   tests/run.sh && .ci/device/bundle.sh   (the bundle carries pytest's wheels too)
+#   device: run with carry [".devbundle"]:  bash .ci/device/run_python_on_device.sh [STEPS]
 # pytest tests/python (device tests included), then train_ddp.py (ResNet-50, bf16,
 # channels_last, batch 256, one GPU) fed synthetically, by gpufeed and by a torchvision
 # DataLoader(num_workers=15), on the 20,000-JPEG dataset; a table in $OUT/python.md.

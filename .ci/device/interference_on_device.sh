@@ -12,8 +12,8 @@
 #   4. the CPU image path (decode cpu, augment cpu, 16 threads), libjpeg-turbo's one-core
 #      rate and torchvision's DataLoader (15 workers), for part 4's goal (CPU_AUGMENT_BENCH=0
 #      leaves out the one-core augment table).
-# Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-# bash tests/gpu/interference_on_device.sh. SKIP="ncu train vary cpu" leaves parts out.
+# Here: tests/run.sh && .ci/device/bundle.sh; device: run with carry [".devbundle"]:
+# bash .ci/device/interference_on_device.sh. SKIP="ncu train vary cpu" leaves parts out.
 set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-interference

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs for device delivery, in one call (see tests/gpu/bundle.sh for what travels):
-#   here:   tests/gpu/bundle.sh            (build must exist: tests/run.sh)
-#   device: run with carry [".devbundle"]:  bash tests/gpu/run_on_device.sh
+# Everything the GPU machine runs for device delivery, in one call (see .ci/device/bundle.sh for what travels):
+#   here:   .ci/device/bundle.sh            (build must exist: tests/run.sh)
+#   device: run with carry [".devbundle"]:  bash .ci/device/run_on_device.sh
 # Writes its logs under $OUT (default /tmp/gpufeed-out).
 set -u
 out=${OUT:-/tmp/gpufeed-out}

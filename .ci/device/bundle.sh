@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what tests/gpu/run_on_device.sh needs into .devbundle/ (ignored by git), stripped to
+# Packs what .ci/device/run_on_device.sh needs into .devbundle/ (ignored by git), stripped to
 # stay well inside the device tool's 64 MiB carry limit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,12 +20,12 @@ for f in "$build/server/gpufeedd" "$build/client/ctl/gpufeedctl" "$build/client/
     [[ $name =~ $own ]] || cp -Ln "$path" "$out/lib/$name" 2>/dev/null || true
   done
 done
-# pytest for tests/gpu/run_python_on_device.sh (the GPU machine has no pytest, no network).
+# pytest for .ci/device/run_python_on_device.sh (the GPU machine has no pytest, no network).
 mkdir -p "$root/.devbundle/wheels"
 cp "${GPUFEED_PYTEST_WHEELS:-/tmp/wheels}"/*.whl "$root/.devbundle/wheels/" 2>/dev/null ||
   pip download -q pytest -d "$root/.devbundle/wheels" --python-version 3.12 --only-binary=:all: ||
   echo "no pytest wheels: run_python_on_device.sh needs pytest on the GPU machine" >&2
-# The self-contained wheel (client/python/build_wheel.sh), for tests/gpu/wheel_on_device.sh.
+# The self-contained wheel (client/python/build_wheel.sh), for .ci/device/wheel_on_device.sh.
 cp "$root"/dist/gpufeed-*.whl "$root/.devbundle/wheels/" 2>/dev/null ||
   echo "no dist/gpufeed-*.whl: run client/python/build_wheel.sh for wheel_on_device.sh" >&2
 strip --strip-unneeded "$root"/.devbundle/bin/* "$root"/.devbundle/lib/* 2>/dev/null || true

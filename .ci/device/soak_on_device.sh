@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 17's GPU soak on the GPU machine: tests/gpu/soak.py for MINUTES (default 10) on one
+# Issue 17's GPU soak on the GPU machine: .ci/device/soak.py for MINUTES (default 10) on one
 # gpufeedd (--threads 12), four consumers on cuda:0 (nvJPEG and CPU-decode train paths, two
 # ranks of an nvJPEG eval job), each batch against the CPU path. Here: tests/run.sh &&
-# tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-#   bash tests/gpu/soak_on_device.sh            # in the foreground (needs MINUTES < 9.5)
-#   START=1 bash tests/gpu/soak_on_device.sh    # starts it in the background and returns
-#   WAIT=1 bash tests/gpu/soak_on_device.sh     # a later call: waits for it, reports
+# .ci/device/bundle.sh; device: run with carry [".devbundle"]:
+#   bash .ci/device/soak_on_device.sh            # in the foreground (needs MINUTES < 9.5)
+#   START=1 bash .ci/device/soak_on_device.sh    # starts it in the background and returns
+#   WAIT=1 bash .ci/device/soak_on_device.sh     # a later call: waits for it, reports
 # A soak longer than one device call (600 s) is started in one call and waited for in the
 # next; the machine stays up between two calls made back to back. Logs in /tmp/gpufeed-soak;
 # summary.log (the table and JSON line) and logs.tgz under $OUT.
@@ -51,7 +51,7 @@ start_daemon "$sock" "$out/gpufeedd.log" --threads=12 --staging_bytes=$((4 << 30
     --device_bytes=$((8 << 30)) || { echo 1 >"$out/soak.rc"; exit 1; }
 export PYTHONPATH=$root/client/python/src GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
 log "soak: ${MINUTES:-10} minutes"
-python3 "$root/tests/gpu/soak.py" --data "$data" --socket "$sock" --minutes "${MINUTES:-10}" \
+python3 "$root/.ci/device/soak.py" --data "$data" --socket "$sock" --minutes "${MINUTES:-10}" \
     >"$out/soak.log" 2>&1
 rc=$?
 stop_daemon

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A release's checks on the GPU machine, in one call (here: tests/run.sh && tests/gpu/bundle.sh;
+# A release's checks on the GPU machine, in one call (here: tests/run.sh && .ci/device/bundle.sh;
 # the previous release's gpufeedd, gpufeedctl and image_bench in .devbundle/old/, if any, for
 # the before/after steps). Written for issue 10, rerun for issue 12. Steps:
 #   1. the GPU suite (label gpu), new daemon;

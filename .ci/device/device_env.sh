@@ -1,5 +1,5 @@
 # Sourced by the scripts that run on the GPU machine, after they set $out (their log folder):
-# the bundle's binaries and libraries (tests/gpu/bundle.sh), nvJPEG's library, and the helpers
+# the bundle's binaries and libraries (.ci/device/bundle.sh), nvJPEG's library, and the helpers
 # every such script uses. Sets root, bundle, ctl, GPUFEEDD (unless set: another daemon binary
 # to run), GPUFEEDCTL, GPUFEED_NVJPEG_LIBRARY.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

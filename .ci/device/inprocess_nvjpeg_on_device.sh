@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Issue 14: would nvJPEG in the training's own CUDA context (a consumer-side decode) cost the
 # training less than in another process's, as gpufeedd's does today? Synthetic ResNet-50
-# (tests/bench/inprocess_nvjpeg_probe.py, one GPU, no MPS) alone; with nvJPEG's hardware
+# (.ci/device/inprocess_nvjpeg_probe.py, one GPU, no MPS) alone; with nvJPEG's hardware
 # decode of 256 images every STEP_MS in a thread of the same process; beside image_bench
 # nvjpeg doing the same in its own process (the daemon's case); alone again.
 # INPROCESS="59:0 59:-1 0:0": in-process rows as MS:PRIORITY (one batch every MS, 0: back to
 # back; the decode stream's priority, -1: above the training's); OTHER="59": other-process
 # rows. 59 ms is a batch per training step: every row to nvJPEG.
-# Here: tests/run.sh && tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-# bash tests/bench/inprocess_nvjpeg_on_device.sh. Prints a table and one JSON line.
+# Here: tests/run.sh && .ci/device/bundle.sh; device: run with carry [".devbundle"]:
+# bash .ci/device/inprocess_nvjpeg_on_device.sh. Prints a table and one JSON line.
 set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-inprocess
 rm -rf "$out"; mkdir -p "$out" "$final"
-source "$(dirname "$0")/../gpu/device_env.sh"
+source "$(dirname "$0")/device_env.sh"
 bench=$bundle/bin/image_bench
-probe=$root/tests/bench/inprocess_nvjpeg_probe.py
+probe=$root/.ci/device/inprocess_nvjpeg_probe.py
 steps=${STEPS:-200}
 data=/tmp/gpufeed-images
 image_dataset "$data" "${IMAGES:-3000}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs for the image paths (issue 4), in one call:
-#   here:   tests/run.sh && tests/gpu/bundle.sh
-#   device: run with carry [".devbundle"]:  bash tests/gpu/run_images_on_device.sh [SECONDS]
+#   here:   tests/run.sh && .ci/device/bundle.sh
+#   device: run with carry [".devbundle"]:  bash .ci/device/run_images_on_device.sh [SECONDS]
 # GPU tests, compute-sanitizer on the kernel and nvJPEG, the 20,000-JPEG dataset, nvJPEG's
 # decode limit, gpufeed's three paths, torchvision's two baselines, the torchvision output
 # comparison, then one table (images.md) and JSON lines (images.jsonl) under $OUT, with the

@@ -5,8 +5,8 @@
 # Each case runs image_bench nvjpeg (a progress line a second on stderr) under a watchdog: no
 # new line for STALL_S (8) seconds is a stall, recorded with the process's thread states and
 # kernel wait channels and the GPU's engine use, then killed. Prints a table and a JSON line.
-# Here: tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-# bash tests/gpu/nvjpeg_batch_sizes_on_device.sh. SKIP="alone beside daemon"; CASES and BESIDE_CASES
+# Here: .ci/device/bundle.sh; device: run with carry [".devbundle"]:
+# bash .ci/device/nvjpeg_batch_sizes_on_device.sh. SKIP="alone beside daemon"; CASES and BESIDE_CASES
 # (below) pick the runs.
 set -u
 final=${OUT:-/tmp/gpufeed-out}

@@ -2,15 +2,15 @@
 # Issue 16's image benchmark on the GPU machine: the same JPEGs as an ImageFolder and as
 # WebDataset tar shards, read the way users drive them (gpufeedctl consume), through nvJPEG +
 # the GPU kernel with device delivery, and through the CPU path with host delivery. Here:
-# tests/run.sh && tests/gpu/bundle.sh; device: run with carry [".devbundle"]:
-#   bash tests/bench/webdataset_on_device.sh        IMAGES=5000 SHARDS=16 BATCHES=300
+# tests/run.sh && .ci/device/bundle.sh; device: run with carry [".devbundle"]:
+#   bash .ci/device/webdataset_on_device.sh        IMAGES=5000 SHARDS=16 BATCHES=300
 # Prints a table (batches/s, images/s, the shards' rate against the folder's) and a JSON line;
 # summary.log under $OUT.
 set -u
 final=${OUT:-/tmp/gpufeed-out}
 out=/tmp/gpufeed-wds
 rm -rf "$out"; mkdir -p "$out" "$final"
-source "$(dirname "$0")/../gpu/device_env.sh"
+source "$(dirname "$0")/device_env.sh"
 images=${IMAGES:-5000} shards=${SHARDS:-16} batches=${BATCHES:-300}
 folder=/tmp/gpufeed-wds-folder tars=$out/shards
 python3 "$root/tests/bench/image/make_dataset.py" --out "$folder" --images "$images" --classes 100 \

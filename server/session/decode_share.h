@@ -26,7 +26,7 @@
 // version grew the share when the ring filled and shrank it when the consumer waited; at
 // ResNet-50's pace on the H200 the ring of 2 large batches was never full and the consumer
 // waited a little on every batch for other reasons, so the share stayed 0: measured.)
-// StageTarget::cpu carries the share to the rows; pipeline/cpu_rows.h picks which rows.
+// StageTarget::cpu carries the share to the rows; images/cpu_rows.h picks which rows.
 #pragma once
 
 #include <algorithm>

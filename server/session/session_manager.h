@@ -76,7 +76,7 @@ struct SessionManagerOptions {
   // decode auto: the CPU pool decodes the share of each batch it keeps up with, nvJPEG the
   // rest (session/decode_share.h); off: nvJPEG for every row it can.
   bool adaptive_decode = false;
-  // adaptive_decode: the CPU takes the rows estimated cheapest for it (pipeline/cpu_rows.h);
+  // adaptive_decode: the CPU takes the rows estimated cheapest for it (images/cpu_rows.h);
   // off: its rows are spread evenly by index.
   bool cheapest_cpu_rows = true;
   // One batch's time budget (SessionParams::max_batch_time); zero: none.

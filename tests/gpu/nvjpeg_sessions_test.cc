@@ -26,7 +26,7 @@
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "tests/gpu/gpu_image_testing.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/image_files.h"

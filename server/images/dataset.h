@@ -17,7 +17,7 @@
 #include "server/augment/pipeline.h"
 #include "server/augment/stage_arena.h"
 #include "server/augment/staged.h"
-#include "server/pipeline/cpu_rows.h"
+#include "server/images/cpu_rows.h"
 #include "server/reader/dataset.h"
 #include "server/reader/image_folder.h"
 
@@ -55,7 +55,7 @@ struct StageTarget {
   const StagedLayout* layout = nullptr;
   std::byte* slot = nullptr;
   StageArena* arena = nullptr;
-  // kNvjpeg: the rows decoded on the CPU all the same (pipeline/cpu_rows.h).
+  // kNvjpeg: the rows decoded on the CPU all the same (images/cpu_rows.h).
   CpuRows cpu;
 };
 

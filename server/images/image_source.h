@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 
 namespace gpufeed::server {
 

@@ -1,4 +1,4 @@
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"

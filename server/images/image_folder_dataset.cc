@@ -9,8 +9,8 @@
 #include "common/os/fd.h"
 #include "common/os/file.h"
 #include "server/decode/image_decoder.h"
-#include "server/pipeline/dataset.h"
-#include "server/pipeline/image_source.h"
+#include "server/images/dataset.h"
+#include "server/images/image_source.h"
 #include "server/reader/image_folder.h"
 #include "spdlog/spdlog.h"
 

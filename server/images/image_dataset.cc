@@ -16,8 +16,8 @@
 #include "server/augment/fast_augment.h"
 #include "server/augment/pipeline.h"
 #include "server/decode/image_decoder.h"
-#include "server/pipeline/dataset.h"
-#include "server/pipeline/image_source.h"
+#include "server/images/dataset.h"
+#include "server/images/image_source.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {

@@ -58,7 +58,7 @@ struct DaemonConfig {
   bool adaptive_decode = true;
   // A random resized crop decodes only its crop box of a CPU-decoded JPEG (bit-equal).
   bool region_decode = true;
-  // adaptive_decode: the CPU takes the rows cheapest for it (pipeline/cpu_rows.h); off: by
+  // adaptive_decode: the CPU takes the rows cheapest for it (images/cpu_rows.h); off: by
   // index.
   bool cheapest_cpu_rows = true;
   // Liveness from progress (common/progress.h): stalled once a pipeline thread has been in one

@@ -365,7 +365,7 @@ class CudaRing final : public DeviceRing {
       rc = cudaEventSynchronize(sc.free.get()) == cudaSuccess ? 0 : -1;
     }
     // Nor may a call start before the stream work of the one before it is done, on any ring
-    // of this GPU: measured on an H200 (nvJPEG 13.0, tests/gpu/nvjpeg_batch_sizes_on_device.sh),
+    // of this GPU: measured on an H200 (nvJPEG 13.0, .ci/device/nvjpeg_batch_sizes_on_device.sh),
     // back-to-back calls of 64, 65, 80, 96 or 192 images made nvjpegDecodeBatched spin for ever
     // within seconds (the engines idle), where the same calls with a stream synchronisation
     // after each never did. Bounded as above: our own stream work.

@@ -21,7 +21,7 @@
 #include "common/os/file.h"
 #include "server/auth/caller.h"
 #include "server/feed/dataset_handles.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "server/sampler/sampler.h"
 
 namespace gpufeed::server {
@@ -124,7 +124,7 @@ class Feed {
   const std::optional<StagedLayout>& staged_layout() const { return staged_layout_; }
   // As Fill, in staged form (`mode` kCpuDecode or kNvjpeg) into a slot of staged_layout():
   // one sample per task of `parallel`. kNvjpeg leaves the rows `cpu` takes (a share from
-  // session/decode_share.h, the cheapest for the CPU: pipeline/cpu_rows.h) to the CPU decoder.
+  // session/decode_share.h, the cheapest for the CPU: images/cpu_rows.h) to the CPU decoder.
   absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, const CpuRows& cpu,
                                      std::byte* slot, std::span<int64_t> ids,
                                      const ParallelFor& parallel = nullptr,

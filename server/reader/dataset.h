@@ -53,7 +53,7 @@ absl::Status ValidateRecordArrays(const std::vector<RecordArraySpec>& arrays);
 std::string RecordArraysText(const std::vector<RecordArraySpec>& arrays);
 
 // What a reader needs to open a file dataset (tokens, records). The feed's full spec, with an
-// image dataset's pipeline, is DatasetSpec (pipeline/dataset.h), which extends this.
+// image dataset's pipeline, is DatasetSpec (images/dataset.h), which extends this.
 struct FileDatasetSpec {
   DatasetKind kind = DatasetKind::kUnspecified;
   std::string path;
@@ -148,7 +148,7 @@ class Dataset {
 // Megatron .bin with its .idx; or an explicit list (`paths`), in its order; the shard files
 // are opened beneath the directory where the mode bits let `reader` read them (null: no such
 // check). Every kind, images included:
-// OpenDataset (pipeline/dataset.h).
+// OpenDataset (images/dataset.h).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
                                                          FileSystem* fs,
                                                          const PeerCred* reader = nullptr);

@@ -4,9 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/shard_list.h"
-#include "common/status.h"
-#include "server/reader/shards.h"
 
 namespace gpufeed::server {
 
@@ -124,40 +121,15 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   }
   spec.feed.dataset.path = d.path();
   spec.feed.dataset.handle = d.handle();  // resolved by the feed registry (SECURITY.md 2)
-  if (spec.feed.dataset.kind == DatasetKind::kTokens) {
-    spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
-    spec.feed.dataset.seq_len = d.seq_len();
-    spec.feed.dataset.vocab_size = d.vocab_size();
-  } else if (d.token_dtype() != v1::DTYPE_UNSPECIFIED || d.seq_len() != 0 ||
-             d.vocab_size() != 0) {
-    return absl::InvalidArgumentError(
-        "dataset.token_dtype, dataset.seq_len, dataset.vocab_size: only for kind tokens");
+  spec.feed.dataset.token_dtype = static_cast<DType>(d.token_dtype());
+  spec.feed.dataset.seq_len = d.seq_len();
+  spec.feed.dataset.vocab_size = d.vocab_size();
+  // Copied as they come (a request is at most the server's 4 MiB receive limit); their
+  // counts, names and kinds are the spec's rules (ValidateAttachSpec).
+  for (const v1::RecordArray& a : d.arrays()) {
+    spec.feed.dataset.arrays.push_back({a.name(), a.file()});
   }
-  if (d.arrays_size() > 0) {
-    if (spec.feed.dataset.kind != DatasetKind::kRecords) {
-      return absl::InvalidArgumentError(
-          "dataset.arrays: only for kind records (several .npy arrays, one tensor each)");
-    }
-    // Counted before anything is copied: a request's size is the caller's to choose.
-    if (static_cast<size_t>(d.arrays_size()) > kMaxRecordArrays) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset.arrays: ", d.arrays_size(), " arrays, at most ", kMaxRecordArrays));
-    }
-    for (const v1::RecordArray& a : d.arrays()) {
-      spec.feed.dataset.arrays.push_back({a.name(), a.file()});
-    }
-    GPUFEED_RETURN_IF_ERROR(ValidateRecordArrays(spec.feed.dataset.arrays));
-  }
-  if (d.paths_size() > 0) {
-    // Counted before anything is copied, as arrays are.
-    if (static_cast<size_t>(d.paths_size()) > kMaxListedShards) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset.paths: ", d.paths_size(),
-                                                     " files, at most ", kMaxListedShards,
-                                                     "; name their directory or a glob instead"));
-    }
-    spec.feed.dataset.paths.assign(d.paths().begin(), d.paths().end());
-    GPUFEED_RETURN_IF_ERROR(ValidateShardPaths(spec.feed.dataset));
-  }
+  spec.feed.dataset.paths.assign(d.paths().begin(), d.paths().end());
 
   switch (r.delivery().kind()) {
     case v1::DELIVERY_KIND_UNSPECIFIED:

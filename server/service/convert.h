@@ -1,6 +1,7 @@
 // Proto <-> core conversion for the Feed and Admin services: the only place, with the
-// service adapters, that sees generated code. Conversion validates enums; the core checks
-// the rest.
+// service adapters, that sees generated code. Conversion refuses what the core's types cannot
+// hold (an enum value out of range, a pipeline op with none set); every rule about the values
+// is the core's (server/session/attach_spec.h).
 #pragma once
 
 #include "absl/status/statusor.h"

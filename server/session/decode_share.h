@@ -1,5 +1,5 @@
 // decode auto with --adaptive_decode: how much of each staged batch the CPU pool decodes,
-// nvJPEG the rest. Measured on an H200 (tests/gpu/interference_on_device.sh): without MPS
+// nvJPEG the rest. Measured on an H200 (.ci/device/interference_on_device.sh): without MPS
 // nvJPEG's hardware engines cost a training process on the same GPU about 8.5 ms of its time
 // per batch of 256 images (~33 us an image) in every output format (RGBI launches one
 // colour-conversion kernel per image, YUV none, and both cost the same) and however the
@@ -26,7 +26,7 @@
 // version grew the share when the ring filled and shrank it when the consumer waited; at
 // ResNet-50's pace on the H200 the ring of 2 large batches was never full and the consumer
 // waited a little on every batch for other reasons, so the share stayed 0: measured.)
-// StageTarget::cpu carries the share to the rows; pipeline/cpu_rows.h picks which rows.
+// StageTarget::cpu carries the share to the rows; images/cpu_rows.h picks which rows.
 #pragma once
 
 #include <algorithm>

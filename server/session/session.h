@@ -26,7 +26,7 @@
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
 #include "server/feed/ids_budget.h"
-#include "server/pipeline/cpu_rows.h"
+#include "server/images/cpu_rows.h"
 #include "server/session/decode_share.h"
 #include "server/staging/staging_pool.h"
 

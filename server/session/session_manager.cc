@@ -1,15 +1,12 @@
 #include "server/session/session_manager.h"
 
 #include <pthread.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -17,23 +14,6 @@
 
 namespace gpufeed::server {
 namespace {
-
-constexpr size_t kMaxJobNameBytes = 128;
-
-std::string NewToken() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(bytes), sizeof(bytes)));
-}
-
-bool IsJobNameByte(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-         absl::string_view("._:@+=/-").find(c) != absl::string_view::npos;
-}
 
 // Constant-time comparison: the token is a capability.
 bool TokenEquals(absl::string_view a, absl::string_view b) {
@@ -63,91 +43,6 @@ std::vector<std::pair<std::string, int64_t>> BadSamplesOf(const Dataset& dataset
 
 }  // namespace
 
-int32_t DefaultRingSlots(const SessionManagerOptions& options, uint64_t stride_bytes,
-                         const StagedRingRoom* staged) {
-  if (options.default_ring_slots > 0) return options.default_ring_slots;
-  const uint64_t fit = options.auto_ring_bytes / std::max<uint64_t>(stride_bytes, 1);
-  const auto slots = static_cast<int32_t>(std::clamp<uint64_t>(fit, 2, 16));
-  if (staged == nullptr) return slots;
-  const uint64_t gpus = static_cast<uint64_t>(std::max(staged->gpus, 1));
-  for (const int32_t deep : {4, 3}) {
-    // stride < 2^45 (Feed bounds a batch), gpus a device count: the product cannot wrap.
-    if (deep > slots && deep * stride_bytes * gpus <= staged->budget_bytes / 2) return deep;
-  }
-  return slots;
-}
-
-absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) {
-  if (spec.job.empty() || spec.job.size() > kMaxJobNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job: must be 1 to ", kMaxJobNameBytes, " bytes, got ", spec.job.size()));
-  }
-  for (size_t i = 0; i < spec.job.size(); ++i) {
-    if (!IsJobNameByte(spec.job[i])) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "job: byte %d is 0x%02x ('%s'); a job name is 1 to %d bytes of [A-Za-z0-9._:@+=/-]",
-          i, static_cast<unsigned char>(spec.job[i]), EscapeForLog(spec.job.substr(i, 1)),
-          kMaxJobNameBytes));
-    }
-  }
-  if (spec.feed.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: must be >= 1, got ", spec.feed.world_size));
-  }
-  if (spec.rank < 0 || spec.rank >= spec.feed.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, world_size=",
-                                                   spec.feed.world_size, "), got ", spec.rank));
-  }
-  if (spec.feed.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size: must be >= 1, got ", spec.feed.batch_size));
-  }
-  if (spec.feed.batch_size > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_size: at most 16777216, got ", spec.feed.batch_size));
-  }
-  if (spec.ring_slots < 0 || spec.ring_slots > max_ring_slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring_slots: must be in [1, ", max_ring_slots, "] (0 for the default), got ",
-        spec.ring_slots));
-  }
-  if (spec.start.epoch < 0 || spec.start.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("start: epoch and step must be >= 0, got (",
-                                                   spec.start.epoch, ", ", spec.start.step, ")"));
-  }
-  if (spec.start.epoch > kMaxEpoch) {  // so that epoch arithmetic cannot wrap
-    return absl::InvalidArgumentError(absl::StrCat("start.epoch: at most 2^40 (", kMaxEpoch,
-                                                   "), got ", spec.start.epoch));
-  }
-  if (spec.stop_epoch < 0 || (spec.stop_epoch > 0 && spec.stop_epoch <= spec.start.epoch)) {
-    return absl::InvalidArgumentError(absl::StrCat("stop_epoch: must be 0 or > start.epoch (",
-                                                   spec.start.epoch, "), got ", spec.stop_epoch));
-  }
-  const DatasetSpec& dataset = spec.feed.dataset;
-  if (dataset.kind != DatasetKind::kTokens && dataset.kind != DatasetKind::kRecords &&
-      !IsImageKind(dataset.kind)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(dataset.kind),
-                     " (want tokens, records, image_folder or webdataset)"));
-  }
-  if (IsImageKind(dataset.kind)) {
-    // Validated here, before any file is touched: INVALID_ARGUMENT naming op and field.
-    if (absl::StatusOr<PipelinePlan> plan = CompilePipeline(dataset.pipeline); !plan.ok()) {
-      return plan.status();
-    }
-  } else if (!dataset.pipeline.empty()) {
-    return absl::InvalidArgumentError(
-        "pipeline: only image_folder and webdataset datasets take a pipeline; tokens and records "
-        "are served "
-        "as stored");
-  }
-  if (spec.feed.dataset.path.empty() || spec.feed.dataset.path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.path: must be an absolute path, got '", spec.feed.dataset.path, "'"));
-  }
-  return absl::OkStatus();
-}
-
 SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool* pool,
                                FileSystem* fs, DeviceBackend* devices)
     : options_(options),
@@ -167,7 +62,9 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       workers_("read", options.threads,
                static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) + 16 +
                    static_cast<size_t>(std::max(1, options.threads)) *
-                       std::max(1, options.threads)) {
+                       std::max(1, options.threads)),
+      admission_(AdmissionLimits{options.max_sessions, options.max_sessions_per_uid,
+                                 options.max_staging_bytes_per_uid}) {
   reaper_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "lease");
     ReaperLoop();
@@ -176,300 +73,6 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
 
 SessionManager::~SessionManager() {
   Shutdown(absl::UnavailableError("gpufeedd is shutting down"));
-}
-
-absl::Status SessionManager::Admit(const AttachSpec& spec) const {
-  GPUFEED_RETURN_IF_ERROR(ValidateAttachSpec(spec, options_.max_ring_slots));
-  if (spec.delivery == DeliveryKind::kDevice) {
-    if (devices_ == nullptr || devices_->gpu_uuids().empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("delivery: ", kNoGpuMessage, "; attach with host delivery"));
-    }
-    if (spec.gpu_uuid.empty()) {
-      return absl::InvalidArgumentError(
-          "delivery.gpu_uuid: device delivery names the consumer's GPU by UUID");
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
-    if (draining_) {
-      return absl::UnavailableError(
-          "gpufeedd is draining (gpufeedctl drain): attach to another daemon or retry after "
-          "its restart");
-    }
-    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
-    }
-    // Refused before the dataset is opened; checked again, with the ring's bytes, below.
-    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(spec.caller, 0));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-// The fields of two FeedSpec::Canonical strings that differ, as "name=asked (the job's:
-// had)"; "the dataset file" when only the opened file differs (same text, another inode).
-std::string SpecDifference(const std::string& had, const std::string& asked) {
-  const auto a = ParseFields(had);
-  const auto b = ParseFields(asked);
-  std::vector<std::string> differ;
-  for (const auto& [name, value] : b) {
-    std::string theirs = "(none)";
-    for (const auto& [n, v] : a) {
-      if (n == name) theirs = v;
-    }
-    if (theirs != value)
-      differ.push_back(absl::StrCat(name, "=", value, " (the job's: ", theirs, ")"));
-  }
-  return differ.empty() ? std::string("another dataset file under the same path")
-                        : absl::StrJoin(differ, ", ");
-}
-
-}  // namespace
-
-absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
-  if (absl::Status admitted = Admit(spec); !admitted.ok()) {
-    // A refused Attach spends its dataset handle all the same: the caller's descriptor is
-    // closed now, not held until the handle expires (and does not count against the uid's
-    // handles meanwhile).
-    if (!spec.feed.dataset.handle.empty()) {
-      feeds_.DropDatasetHandle(spec.feed.dataset.handle, spec.caller.uid());
-    }
-    return admitted;
-  }
-  // The consumer's lifeline, taken before the handle is spent opening the dataset.
-  std::shared_ptr<const UniqueFd> lifeline;
-  if (!spec.feed.dataset.handle.empty()) {
-    UniqueFd fd = feeds_.TakeLifeline(spec.feed.dataset.handle, spec.caller.uid());
-    if (fd.valid()) lifeline = std::make_shared<const UniqueFd>(std::move(fd));
-  }
-  // Open (or share) the feed first: the job check below compares resolved specs, so ranks
-  // naming one file by different paths still agree.
-  GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed,
-                           feeds_.GetOrCreate(spec.feed, spec.caller));
-  if (!spec.start_fingerprint.empty()) {
-    GPUFEED_RETURN_IF_ERROR(CompareFingerprints(spec.start_fingerprint, feed->fingerprint()));
-  }
-  const int64_t steps = feed->sampler().steps_per_epoch();
-  if (spec.start.step >= steps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start.step: ", spec.start.step, " is past the epoch's last step (steps_per_epoch = ",
-        steps, ")"));
-  }
-  GPUFEED_ASSIGN_OR_RETURN(const StageMode stage, ResolveStage(spec, *feed));
-  const uint64_t stride = stage == StageMode::kNone ? feed->layout().stride_bytes
-                                                    : feed->staged_layout()->stride_bytes;
-  StagedRingRoom room;
-  const bool staged_device = stage != StageMode::kNone && spec.delivery == DeliveryKind::kDevice;
-  if (staged_device) {
-    room.gpus = devices_ != nullptr ? static_cast<int>(devices_->gpu_uuids().size()) : 1;
-    const uint64_t quota = options_.max_staging_bytes_per_uid;
-    room.budget_bytes = spec.caller.admin || quota == 0 ? pool_->total_bytes()
-                                                        : std::min(quota, pool_->total_bytes());
-  }
-  const int32_t shallow = DefaultRingSlots(options_, stride);
-  int32_t slots = spec.ring_slots != 0
-                      ? spec.ring_slots
-                      : DefaultRingSlots(options_, stride, staged_device ? &room : nullptr);
-  // Within the caller's quota now (checked again, authoritatively, where the session is
-  // inserted), the host ring, then the device ring, of `n` slots.
-  absl::StatusOr<StagingRegion> ring = absl::UnknownError("not allocated");
-  std::unique_ptr<DeviceRing> device;
-  auto allocate = [&](int32_t n) -> absl::Status {
-    // stride < 2^45 (Feed bounds a batch) and n <= 64: the product cannot wrap. Both layouts'
-    // strides are page-aligned, so this is the region's size. A host ring is a memfd of its
-    // own (its consumer maps it); device staging stays in the private slabs.
-    const uint64_t ring_bytes = stride * static_cast<uint64_t>(n);
-    {
-      absl::MutexLock lock(&mu_);
-      GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(
-          spec.caller, ring_bytes + static_cast<uint64_t>(spec.feed.batch_size) *
-                                        static_cast<uint64_t>(n) * sizeof(int64_t)));
-    }
-    ring = spec.delivery == DeliveryKind::kHost ? pool_->AllocateOwnMemfd(ring_bytes)
-                                                : pool_->Allocate(ring_bytes);
-    if (!ring.ok()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("ring of ", n, " slots x ", stride, " bytes: ", ring.status().message()));
-    }
-    if (spec.delivery != DeliveryKind::kDevice) return absl::OkStatus();
-    absl::StatusOr<std::unique_ptr<DeviceRing>> allocated = devices_->AllocateRing(
-        spec.gpu_uuid, n, feed->layout().stride_bytes, spec.ipc,
-        stage == StageMode::kNone ? 0 : feed->staged_layout()->device_scratch_bytes);
-    if (!allocated.ok()) {
-      ring = absl::UnknownError("freed");  // the host ring back to the pool before a retry
-      return Annotate(allocated.status(), "device ring");
-    }
-    device = std::move(*allocated);
-    return absl::OkStatus();
-  };
-  absl::Status allocated = allocate(slots);
-  // A deep auto ring of staged batches that does not fit now (a slab's free blocks, the uid's
-  // quota, the GPU's budget or memory): a shallower one, down to the byte rule's depth.
-  for (const int32_t fewer : {3, shallow}) {
-    if (!absl::IsResourceExhausted(allocated) || spec.ring_slots != 0 || fewer >= slots ||
-        fewer < shallow) {
-      continue;
-    }
-    slots = fewer;
-    allocated = allocate(slots);
-  }
-  GPUFEED_RETURN_IF_ERROR(allocated);
-  GPUFEED_ASSIGN_OR_RETURN(
-      std::shared_ptr<const ByteBudget::Charge> ids_charge,
-      TakeIds(*ids_budget_,
-              spec.caller.admin ? std::nullopt : std::optional<uint32_t>(spec.caller.uid()),
-              spec.feed.batch_size, slots));
-
-  SessionParams params;
-  params.token = NewToken();
-  params.clock = options_.clock;
-  params.owner_uid = spec.caller.uid();
-  params.gpu_uuid = spec.gpu_uuid;
-  params.job = spec.job;
-  params.rank = spec.rank;
-  params.delivery = spec.delivery;
-  params.ring_slots = slots;
-  params.start = spec.start;
-  params.stop_epoch = spec.stop_epoch;
-  params.stage = stage;
-  // decode auto: nvJPEG's engines cost a training process on the same GPU ~8.5 ms a batch
-  // without MPS and less, but more than the CPU decoder, under it (session/decode_share.h),
-  // so the CPU pool decodes what it keeps up with.
-  params.adaptive_decode = options_.adaptive_decode && stage == StageMode::kNvjpeg &&
-                           spec.decode == DecodeChoice::kAuto && device != nullptr;
-  params.cheapest_cpu_rows = options_.cheapest_cpu_rows;
-  params.max_batch_time = options_.max_batch_time;
-  params.ids_charge = std::move(ids_charge);
-  params.lifeline = std::move(lifeline);
-  const std::string canonical = feed->spec().Canonical();
-  std::shared_ptr<Session> session;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("gpufeedd is shutting down");
-    // Opening the dataset can take long: a drain may have begun meanwhile.
-    if (draining_) return absl::UnavailableError("gpufeedd is draining (gpufeedctl drain)");
-    // The pool had room for the ring (a ring larger than the whole pool is refused as such,
-    // above); the uid's quotas decide now, under the lock that inserts the session.
-    // Admit checked the session count before the dataset was opened; attaches running at
-    // once may have filled it meanwhile.
-    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("gpufeedd serves at most ", options_.max_sessions, " sessions"));
-    }
-    GPUFEED_RETURN_IF_ERROR(CheckQuotaLocked(
-        spec.caller, ring->size() + (params.ids_charge != nullptr ? params.ids_charge->bytes() : 0)));
-    const JobKey key(spec.caller.uid(), spec.job);
-    auto it = jobs_.find(key);
-    if (it != jobs_.end()) {
-      // The spec as shown, and the dataset as opened (its device and inode, and for an
-      // image folder its reader: the feed's key): two ranks passing different files under
-      // one display path are not one job.
-      if (it->second.canonical != canonical || it->second.feed_key != feed->key()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job '", spec.job,
-            "' is attached with another feed: ", SpecDifference(it->second.canonical, canonical),
-            "; rank ", spec.rank, " asked for {", canonical,
-            "}: every rank of a job must use the same dataset and sampling; to run another "
-            "job beside it, give that one another name (job=)"));
-      }
-      if (it->second.ranks.contains(spec.rank)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("job '", spec.job, "' rank ", spec.rank,
-                         " is already attached; to run another "
-                         "job beside it, give that one another name (job=)"));
-      }
-    }
-    params.id = next_id_++;
-    // Made before the job is registered: if it throws (std::bad_alloc), nothing is left
-    // behind (the attach thread turns the exception into this Attach's error).
-    session = std::make_shared<Session>(params, feed, std::move(*ring), this, std::move(device),
-                                        devices_);
-    Job& job = jobs_[key];
-    job.canonical = canonical;
-    job.feed_key = feed->key();
-    job.world_size = spec.feed.world_size;
-    job.ranks.insert(spec.rank);
-    sessions_[params.id] = session;
-    Usage& usage = usage_[params.owner_uid];
-    ++usage.sessions;
-    usage.staging_bytes += session->quota_bytes();
-  }
-  session->Start();
-  spdlog::info("attach: session {} uid {} job '{}' rank {}/{} feed {} (dataset '{}': {} "
-               "samples, {} steps/epoch), {} slots x {} bytes, start ({}, {})",
-               params.id, params.owner_uid, EscapeForLog(spec.job), spec.rank,
-               spec.feed.world_size, feed->key(), EscapeForLog(spec.feed.dataset.path),
-               feed->dataset().num_samples(), steps, slots, stride, spec.start.epoch,
-               spec.start.step);
-  if (spec.resume_gap > absl::ZeroDuration()) {
-    resumed_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::info(
-        "resume: session {} uid {} job '{}' rank {} goes on at ({}, {}) after {} "
-        "without a stream (a re-attach across a restart or drain)",
-        params.id, params.owner_uid, EscapeForLog(spec.job), spec.rank, spec.start.epoch,
-        spec.start.step, absl::FormatDuration(absl::Trunc(spec.resume_gap, absl::Milliseconds(1))));
-  }
-
-  Attachment out;
-  out.session_id = params.id;
-  out.token = params.token;
-  out.feed_key = feed->key();
-  out.num_samples = feed->dataset().num_samples();
-  out.steps_per_epoch = steps;
-  out.ring_slots = slots;
-  out.layout = feed->layout();
-  out.start = spec.start;
-  out.fingerprint = feed->fingerprint();
-  out.device = spec.delivery == DeliveryKind::kDevice;
-  if (out.device) out.device_ring = session->device_export();
-  out.stage = stage;
-  out.image = feed->staged_layout().has_value();
-  out.notices = feed->dataset().notices();
-  return out;
-}
-
-absl::StatusOr<StageMode> SessionManager::ResolveStage(const AttachSpec& spec,
-                                                       const Feed& feed) const {
-  const bool asked = spec.decode != DecodeChoice::kAuto || spec.augment != AugmentChoice::kAuto;
-  if (!feed.staged_layout()) {
-    if (asked) {
-      return absl::InvalidArgumentError(
-          "decode, augment: only image datasets are decoded and augmented");
-    }
-    return StageMode::kNone;
-  }
-  if (spec.delivery != DeliveryKind::kDevice) {
-    if (spec.augment == AugmentChoice::kGpu || spec.decode == DecodeChoice::kNvjpeg) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          spec.augment == AugmentChoice::kGpu ? "augment: gpu" : "decode: nvjpeg",
-          " works on the consumer's GPU and needs device delivery"));
-    }
-    return StageMode::kNone;
-  }
-  if (spec.augment == AugmentChoice::kCpu) {
-    if (spec.decode == DecodeChoice::kNvjpeg) {
-      return absl::InvalidArgumentError(
-          "decode: nvjpeg decodes on the GPU, where the augment ops then run: use augment gpu "
-          "or auto");
-    }
-    return StageMode::kNone;
-  }
-  if (!devices_->can_stage()) {
-    if (spec.augment == AugmentChoice::kGpu || spec.decode == DecodeChoice::kNvjpeg) {
-      return absl::FailedPreconditionError(
-          "augment: this gpufeedd was built without the GPU augment kernel");
-    }
-    return StageMode::kNone;
-  }
-  if (spec.decode == DecodeChoice::kCpu) return StageMode::kCpuDecode;
-  absl::Status nvjpeg = devices_->NvjpegStatus(spec.gpu_uuid);
-  if (nvjpeg.ok()) return StageMode::kNvjpeg;
-  if (spec.decode == DecodeChoice::kNvjpeg) return nvjpeg;
-  return StageMode::kCpuDecode;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(uint64_t id,
@@ -526,30 +129,6 @@ absl::Status SessionManager::Detach(uint64_t id, absl::string_view token) {
   return absl::OkStatus();
 }
 
-absl::Status SessionManager::CheckQuotaLocked(const Caller& caller, uint64_t bytes) const {
-  // Admins are trusted (docs/SECURITY.md section 6): root, the daemon's own uid and those the
-  // config names. Their sessions are counted but not capped.
-  if (caller.admin) return absl::OkStatus();
-  const uint32_t uid = caller.uid();
-  auto it = usage_.find(uid);
-  const Usage usage = it == usage_.end() ? Usage() : it->second;
-  if (options_.max_sessions_per_uid > 0 && usage.sessions >= options_.max_sessions_per_uid) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_sessions_per_uid: uid ", uid, " has ", usage.sessions,
-        " sessions attached, the most one uid may hold; detach one (or an admin raises "
-        "max_sessions_per_uid)"));
-  }
-  const uint64_t quota = options_.max_staging_bytes_per_uid;
-  if (quota > 0 && bytes > 0 && (bytes > quota || usage.staging_bytes > quota - bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_staging_bytes_per_uid: uid ", uid, "'s rings hold ", usage.staging_bytes,
-        " bytes of staging (with their sample ids); a ring of ", bytes,
-        " more would pass its quota of ", quota,
-        " bytes (use fewer or smaller rings, or an admin raises max_staging_bytes_per_uid)"));
-  }
-  return absl::OkStatus();
-}
-
 void SessionManager::End(uint64_t id, const absl::Status& why) { Remove(id, why, "stream ended"); }
 
 void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* verb) {
@@ -560,18 +139,8 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
     if (it == sessions_.end()) return;
     session = std::move(it->second);
     sessions_.erase(it);
-    auto job = jobs_.find(JobKey(session->owner_uid(), session->job()));
-    if (job != jobs_.end()) {
-      job->second.ranks.erase(session->rank());
-      if (job->second.ranks.empty()) jobs_.erase(job);
-    }
-    auto usage = usage_.find(session->owner_uid());
-    if (usage != usage_.end()) {
-      --usage->second.sessions;
-      usage->second.staging_bytes -=
-          std::min(usage->second.staging_bytes, session->quota_bytes());
-      if (usage->second.sessions <= 0) usage_.erase(usage);
-    }
+    jobs_.Leave(session->owner_uid(), session->job(), session->rank());
+    admission_.Remove(session->owner_uid(), session->quota_bytes());
   }
   session->Close(why);
   spdlog::info("{}: session {} uid {} job '{}' rank {} feed {} ({})", verb, id,
@@ -646,13 +215,14 @@ int SessionManager::num_sessions() const {
 
 void SessionManager::BeginDrain() {
   absl::MutexLock lock(&mu_);
-  if (!draining_) spdlog::info("draining: new sessions are refused, {} run on", sessions_.size());
-  draining_ = true;
+  if (admission_.BeginDrain()) {
+    spdlog::info("draining: new sessions are refused, {} run on", sessions_.size());
+  }
 }
 
 bool SessionManager::draining() const {
   absl::MutexLock lock(&mu_);
-  return draining_;
+  return admission_.draining();
 }
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
@@ -732,12 +302,10 @@ void SessionManager::Shutdown(const absl::Status& reason) {
   std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
+    if (!admission_.Shutdown()) return;
     for (auto& [id, session] : sessions_) sessions.push_back(std::move(session));
     sessions_.clear();
-    jobs_.clear();
-    usage_.clear();
+    jobs_.Clear();
   }
   for (const auto& session : sessions) {
     session->KeepRingPagesForConsumer();  // held batches keep their bytes across a restart

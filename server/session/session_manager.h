@@ -14,7 +14,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -26,58 +25,14 @@
 #include "server/auth/caller.h"
 #include "server/feed/feed.h"
 #include "server/feed/ids_budget.h"
+#include "server/session/admission.h"
+#include "server/session/attach_spec.h"
+#include "server/session/job_registry.h"
+#include "server/session/ring_planner.h"
 #include "server/session/session.h"
 #include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
-
-struct AttachSpec {
-  // Who attaches (peer credentials and policy, from the service layer): the session's owner;
-  // feed.dataset.handle must be this uid's, and no handle needs caller.admin.
-  Caller caller;
-  // Namespaced by the caller's uid: job "train" of uid 1000 is not job "train" of uid 1001.
-  std::string job;
-  int32_t rank = 0;
-  FeedSpec feed;
-  int32_t ring_slots = 0;  // 0 = default
-  DeliveryKind delivery = DeliveryKind::kHost;
-  std::string gpu_uuid;
-  IpcKind ipc = IpcKind::kUnspecified;
-  Position start;
-  // The fingerprint saved with `start`; empty: not checked. A different one is refused.
-  std::string start_fingerprint;
-  int64_t stop_epoch = 0;
-  DecodeChoice decode = DecodeChoice::kAuto;
-  AugmentChoice augment = AugmentChoice::kAuto;
-  // A client's re-attach after its stream failed (AttachRequest.resume_gap_ms > 0): how
-  // long it had been without one. Counted and logged, nothing else.
-  absl::Duration resume_gap = absl::ZeroDuration();
-};
-
-// What a device ring of staged image batches (nvJPEG, or the CPU's decode, then the kernel)
-// may take of the staging: the GPUs of the node (one rank each, as DDP runs) and the bytes
-// the caller's rings may hold (its uid's cap, or the pool's size).
-struct StagedRingRoom {
-  int gpus = 1;
-  uint64_t budget_bytes = 0;
-};
-
-// The ring depth for a session with slots of `stride_bytes` when Attach gives none: as many
-// slots as fit in auto_ring_bytes, 2 to 16. A device ring of staged batches (`staged`) gets
-// 4 slots, else 3, where that many for every GPU fit in half its budget (the other half left
-// for other sessions); Attach tries 3, then the byte rule's depth, when the deep ring does
-// not fit now (the slabs' free blocks, what is left of the quota, the GPU). Its
-// slots are large (~168 MB for 256 images), so auto_ring_bytes gives it 2, and 2 are too
-// few: each fill must then finish within one consumer step, behind the batch's GPU work.
-// ResNet-50 on an H200 (tests/bench/resnet_goals_on_device.sh, 12 threads, 2026-12-01)
-// trained at 89.8-91.2 % of its synthetic rate with 2 slots and at 97.1 % with 4, its data
-// wait 1.4-2.5 % and 1.2 %.
-int32_t DefaultRingSlots(const struct SessionManagerOptions& options, uint64_t stride_bytes,
-                         const StagedRingRoom* staged = nullptr);
-
-// Checks what can be checked without opening the dataset; INVALID_ARGUMENT naming the field.
-// A job name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-].
-absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots);
 
 struct Attachment {
   uint64_t session_id = 0;
@@ -121,7 +76,7 @@ struct SessionManagerOptions {
   // decode auto: the CPU pool decodes the share of each batch it keeps up with, nvJPEG the
   // rest (session/decode_share.h); off: nvJPEG for every row it can.
   bool adaptive_decode = false;
-  // adaptive_decode: the CPU takes the rows estimated cheapest for it (pipeline/cpu_rows.h);
+  // adaptive_decode: the CPU takes the rows estimated cheapest for it (images/cpu_rows.h);
   // off: its rows are spread evenly by index.
   bool cheapest_cpu_rows = true;
   // One batch's time budget (SessionParams::max_batch_time); zero: none.
@@ -158,12 +113,10 @@ class SessionManager final : public FillScheduler {
   ~SessionManager() override;
 
   // The session is owned by spec.caller's uid. RESOURCE_EXHAUSTED naming the quota past
-  // max_sessions_per_uid or max_staging_bytes_per_uid (a non-admin caller's).
+  // max_sessions_per_uid or max_staging_bytes_per_uid (a non-admin caller's). The steps:
+  // the spec's rules (attach_spec.h), admission (admission.h), the feed opened or shared,
+  // the ring placed (ring_planner.h), the job joined (job_registry.h), the session started.
   absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
-  // Where a session's images are decoded and augmented, from Attach's choices, the delivery
-  // and what the device backend can do; INVALID_ARGUMENT / FAILED_PRECONDITION naming the
-  // field when the choice cannot be served.
-  absl::StatusOr<StageMode> ResolveStage(const AttachSpec& spec, const Feed& feed) const;
   // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
   // token does not match.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;
@@ -219,24 +172,15 @@ class SessionManager final : public FillScheduler {
   int64_t reap_rounds() const { return reap_rounds_.load(std::memory_order_acquire); }
 
  private:
-  struct Job {
-    std::string canonical;  // the feed spec every rank must agree on
-    std::string feed_key;   // and the dataset they opened (Feed::key: spec, device, inode)
-    int32_t world_size = 0;
-    absl::flat_hash_set<int32_t> ranks;
-  };
-  // Jobs are namespaced by their owner: (uid, name as given).
-  using JobKey = std::pair<uint32_t, std::string>;
-  // What one uid's open sessions hold, for the quotas.
-  struct Usage {
-    int sessions = 0;
-    uint64_t staging_bytes = 0;
+  // A ring as placed for a new session: its depth, the stride of its slots, the host staging
+  // and, for device delivery, the GPU ring.
+  struct PlacedRing {
+    int32_t slots = 0;
+    uint64_t stride = 0;
+    StagingRegion host;
+    std::unique_ptr<DeviceRing> device;
   };
 
-  // RESOURCE_EXHAUSTED naming the quota when `caller` may not add a session holding `bytes`;
-  // admins are not capped.
-  absl::Status CheckQuotaLocked(const Caller& caller, uint64_t bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The feeds, with their sessions counted; `visible` (null: every session) filters both.
   std::vector<FeedSnapshot> ListFeedsWhere(
       const std::function<bool(const Session&)>& visible) const;
@@ -247,6 +191,15 @@ class SessionManager final : public FillScheduler {
   // Attach's checks before the dataset is opened: the spec, the GPU, shutdown, drain, the
   // session count and the caller's quota.
   absl::Status Admit(const AttachSpec& spec) const;
+  // The consumer's lifeline (FeedRegistry::TakeLifeline), when it attaches by a handle.
+  std::shared_ptr<const UniqueFd> TakeLifeline(const AttachSpec& spec);
+  // The deepest ring of RingDepths that fits now (AllocateRing at each depth).
+  absl::StatusOr<PlacedRing> PlaceRing(const AttachSpec& spec, const Feed& feed,
+                                       StageMode stage);
+  // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
+  // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
+  absl::StatusOr<PlacedRing> AllocateRing(const AttachSpec& spec, const Feed& feed,
+                                          StageMode stage, uint64_t stride, int32_t slots);
 
   const SessionManagerOptions options_;
   StagingPool* const pool_;
@@ -261,12 +214,10 @@ class SessionManager final : public FillScheduler {
   std::atomic<uint64_t> lifeline_reclaims_{0};
 
   mutable absl::Mutex mu_;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  Admission admission_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<JobKey, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint32_t, Usage> usage_ ABSL_GUARDED_BY(mu_);
+  JobRegistry jobs_ ABSL_GUARDED_BY(mu_);
 
   std::thread reaper_;
 };

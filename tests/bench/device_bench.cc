@@ -1,5 +1,5 @@
 // gpufeed device-delivery benchmark, for the GPU machine (one call of
-// tests/gpu/run_on_device.sh). Prints a table and one JSON line:
+// .ci/device/run_on_device.sh). Prints a table and one JSON line:
 //  (a) the limit: cudaMemcpyAsync host->device from pinned memory, batch-sized copies;
 //  (b) gpufeed device delivery of a records dataset of uint8 rows 3x224x224 (B=256, 38.5 MB a
 //      batch, a file of --gb GB in the page cache) to one consumer process (gpufeedctl

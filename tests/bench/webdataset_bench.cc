@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/tar_builder.h"
 #include "tests/testing/temp_dir.h"

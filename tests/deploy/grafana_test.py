@@ -3,7 +3,6 @@
 
     grafana_test.py dashboard DASHBOARD.json   structure, metric names, label names, variables
     grafana_test.py promql DASHBOARD.json      every query parses (promtool); exit 77 without it
-    grafana_test.py readme README.md           README's Operations section names every metric
 
 Exit 0 when all holds, 1 with one line per problem, 77 (ctest's skip) when promtool is absent.
 """
@@ -202,25 +201,15 @@ def check_promql(path: pathlib.Path) -> Tuple[int, List[str]]:
     return 0, []
 
 
-def check_readme(path: pathlib.Path) -> List[str]:
-    text = path.read_text(encoding="utf-8")
-    match = re.search(r"^## Operations\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    if not match:
-        return [f"{path}: no '## Operations' section"]
-    section = match.group(1)
-    return [f"{path}: the Operations section does not describe {name}"
-            for name in metrics_contract.load() if name not in section]
-
-
 def main(argv: List[str]) -> int:
-    if len(argv) != 3 or argv[1] not in ("dashboard", "promql", "readme"):
+    if len(argv) != 3 or argv[1] not in ("dashboard", "promql"):
         print(__doc__, file=sys.stderr)
         return 2
     path = pathlib.Path(argv[2])
     if argv[1] == "promql":
         code, problems = check_promql(path)
     else:
-        problems = check_dashboard(path) if argv[1] == "dashboard" else check_readme(path)
+        problems = check_dashboard(path)
         code = 1 if problems else 0
     for p in problems:
         print("FAIL:", p)

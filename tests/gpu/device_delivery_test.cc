@@ -1,6 +1,6 @@
 // GPU tests (ctest label `gpu`): device delivery against the real daemon on a real GPU. Each
 // test skips, saying so, where this process sees no CUDA device. Run on the GPU machine by
-// tests/gpu/run_on_device.sh.
+// .ci/device/run_on_device.sh.
 #include <cuda_runtime_api.h>
 #include <signal.h>
 

@@ -16,9 +16,9 @@
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
 #include "server/augment/output.h"
-#include "server/pipeline/dataset.h"
-#include "tests/integration/harness.h"
+#include "server/images/dataset.h"
 #include "tests/gpu/gpu_image_testing.h"
+#include "tests/integration/harness.h"
 #include "tests/testing/image_files.h"
 
 namespace gpufeed::testing {

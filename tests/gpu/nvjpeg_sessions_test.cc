@@ -26,7 +26,7 @@
 #include "gmock/gmock.h"
 #include "gpufeed/client.h"
 #include "gtest/gtest.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "tests/gpu/gpu_image_testing.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/image_files.h"
@@ -377,7 +377,7 @@ TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress)
 }
 
 // nvJPEG 13.0's hardware batched decode, called back to back with 64, 65, 80, 96 or 192
-// images, spun for ever within seconds on an H200 (tests/gpu/nvjpeg_batch_sizes_on_device.sh;
+// images, spun for ever within seconds on an H200 (.ci/device/nvjpeg_batch_sizes_on_device.sh;
 // gpufeedd's own nvJPEG path at batch 64 stopped after 236 batches). The copy thread now waits
 // for the previous call's stream work before the next call (CudaRing::DecodeJpegs). Each of
 // those sizes, every row for nvJPEG, at full speed: every batch of every epoch comes, each

@@ -28,8 +28,8 @@ SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|lib
 def wheel(tmp_path_factory) -> Path:
     build = Path(os.environ["GPUFEED_LIBRARY"]).resolve().parents[2]
     if not (build / "CMakeCache.txt").exists():
-        # A bundle of binaries (tests/gpu/bundle.sh), not a build tree: the GPU machine tests
-        # the wheel built here instead (tests/gpu/wheel_on_device.sh).
+        # A bundle of binaries (.ci/device/bundle.sh), not a build tree: the GPU machine tests
+        # the wheel built here instead (.ci/device/wheel_on_device.sh).
         pytest.skip(f"$GPUFEED_LIBRARY is not in a CMake build tree ({build} has no "
                     "CMakeCache.txt): build_wheel.sh builds from one")
     dist = tmp_path_factory.mktemp("dist")

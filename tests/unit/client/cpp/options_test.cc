@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/shard_list.h"
 #include "gtest/gtest.h"
 
 namespace gpufeed::client::internal {
@@ -164,6 +165,84 @@ TEST(AttachPlanFromOptionsTest, AListOfShardFilesIsSentInOrderOrRefusedByEntry) 
     spoil(spoilt);
     EXPECT_EQ(AttachPlanFromOptions(spoilt).status().message(), message);
   }
+}
+
+TEST(AttachPlanFromOptionsTest, EachDatasetKindIsItsEnum) {
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, v1::DatasetKind>>{
+           {"tokens", v1::DATASET_KIND_TOKENS},
+           {"records", v1::DATASET_KIND_RECORDS},
+           {"image_folder", v1::DATASET_KIND_IMAGE_FOLDER},
+           {"webdataset", v1::DATASET_KIND_WEBDATASET}}) {
+    AttachOptions o;
+    o.kind = name;
+    o.dataset = "/data/x";
+    absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+    ASSERT_TRUE(plan.ok()) << name << ": " << plan.status();
+    EXPECT_EQ(plan->request.dataset().kind(), kind) << name;
+    EXPECT_EQ(plan->request.dataset().path(), "/data/x") << name;
+  }
+}
+
+// The arrays of a records dataset are names in one directory: `dataset` when given, else the
+// directory the absolute paths share.
+TEST(AttachPlanFromOptionsTest, RecordsArraysAreNamesInOneDirectory) {
+  AttachOptions o;
+  o.kind = "records";
+  o.dataset = "/data/rec";
+  o.arrays = {{"x", "images.npy"}, {"y", "labels.npy"}};
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::DatasetSpec& d = plan->request.dataset();
+  EXPECT_EQ(d.path(), "/data/rec");
+  ASSERT_EQ(d.arrays_size(), 2);
+  EXPECT_EQ(d.arrays(0).name(), "x");
+  EXPECT_EQ(d.arrays(0).file(), "images.npy");
+  EXPECT_EQ(d.arrays(1).name(), "y");
+  EXPECT_EQ(d.arrays(1).file(), "labels.npy");
+
+  o.dataset.clear();
+  o.arrays = {{"x", "/data/rec/images.npy"}, {"y", "/data/rec/labels.npy"}};
+  plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->request.dataset().path(), "/data/rec");
+  EXPECT_EQ(plan->request.dataset().arrays(0).file(), "images.npy");
+  EXPECT_EQ(plan->request.dataset().arrays(1).file(), "labels.npy");
+  o.arrays = {{"x", "/images.npy"}};
+  plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->request.dataset().path(), "/");
+
+  const std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>>
+      bad = {
+          {{{"x", "images.npy"}},
+           "arrays: 'x' is 'images.npy'; without dataset (the arrays' directory) each file must "
+           "be an absolute path"},
+          {{{"x", "/data/rec/"}},
+           "arrays: 'x' is '/data/rec/'; without dataset (the arrays' directory) each file must "
+           "be an absolute path"},
+          {{{"x", "/a/images.npy"}, {"y", "/b/labels.npy"}},
+           "arrays: 'x' (/a/images.npy) and 'y' (/b/labels.npy) lie in different directories; "
+           "the arrays of one records dataset share one"},
+      };
+  for (const auto& [arrays, message] : bad) {
+    o.arrays = arrays;
+    plan = AttachPlanFromOptions(o);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(plan.status().message(), message);
+  }
+  o.kind = "tokens";
+  o.arrays = {{"x", "/a/images.npy"}};
+  EXPECT_EQ(AttachPlanFromOptions(o).status().message(), "arrays: only for kind records, not tokens");
+}
+
+TEST(AttachPlanFromOptionsTest, TooManyBytesOfShardPathsAreRefused) {
+  AttachOptions o = TokenOptions();
+  o.dataset.clear();
+  // 8 files of 1 MiB names each: few enough files, too many bytes.
+  o.dataset_paths.assign(8, "/" + std::string((1 << 20) - 1, 'a'));
+  EXPECT_EQ(AttachPlanFromOptions(o).status().message(),
+            "dataset.paths: 8388608 bytes of paths, at most " +
+                std::to_string(kMaxListedShardBytes) + "; name their directory or a glob instead");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

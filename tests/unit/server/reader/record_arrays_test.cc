@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/feed/feed.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/temp_dir.h"
 

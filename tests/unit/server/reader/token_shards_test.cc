@@ -14,7 +14,7 @@
 #include "common/shard_list.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "server/reader/shards.h"
 #include "tests/testing/npy_builder.h"
 #include "tests/testing/temp_dir.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/pipeline/dataset.h"
+#include "server/images/dataset.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/tar_builder.h"
 #include "tests/testing/temp_dir.h"

@@ -63,8 +63,16 @@ TEST(ConvertTest, SessionInfoCarriesTheOwnerUid) {
   EXPECT_EQ(v1::SessionInfo::descriptor()->FindFieldByName("owner_uid")->number(), 19);
 }
 
-// An explicit list of shard files (issue 31): carried in order, checked at the edge (count
-// first, entries named), and part of the feed's key.
+// The conversion, then the spec's rules (server/session/attach_spec.h), as Attach runs them.
+absl::StatusOr<AttachSpec> Checked(const v1::AttachRequest& r) {
+  absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(r);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status valid = ValidateAttachSpec(*spec, 64); !valid.ok()) return valid;
+  return spec;
+}
+
+// An explicit list of shard files (issue 31): carried in order, checked (count first,
+// entries named), and part of the feed's key.
 TEST(ConvertTest, ShardPathsAreCarriedCheckedAndKeyed) {
   v1::AttachRequest r;
   r.set_job("j");
@@ -76,36 +84,55 @@ TEST(ConvertTest, ShardPathsAreCarriedCheckedAndKeyed) {
   d->set_path("/data");
   d->add_paths("/data/b/1.bin");
   d->add_paths("/data/a/0.bin");
-  absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(r);
+  absl::StatusOr<AttachSpec> spec = Checked(r);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->feed.dataset.paths, (std::vector<std::string>{"/data/b/1.bin", "/data/a/0.bin"}));
   const std::string key = spec->feed.Canonical();
   EXPECT_NE(key.find(";paths=2 files, fnv1a64 "), std::string::npos) << key;
   d->set_paths(0, "/data/a/0.bin");
   d->set_paths(1, "/data/b/1.bin");
-  spec = AttachSpecFromProto(r);
+  spec = Checked(r);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_NE(spec->feed.Canonical(), key);  // another order, another feed
   d->add_paths("/data/a/0.bin");
-  spec = AttachSpecFromProto(r);
+  spec = Checked(r);
   EXPECT_EQ(spec.status().message(),
             "dataset.paths[2]: /data/a/0.bin is dataset.paths[0] again; each file may appear once");
   d->set_paths(2, "/etc/passwd");
-  spec = AttachSpecFromProto(r);
+  spec = Checked(r);
   EXPECT_EQ(spec.status().message(),
             "dataset.paths[2]: '/etc/passwd' is not a file beneath dataset.path /data (the "
             "directory passed)");
   for (int i = 0; i < 16384; ++i) d->add_paths(absl::StrCat("/data/", i));
-  spec = AttachSpecFromProto(r);
+  spec = Checked(r);
   EXPECT_EQ(spec.status().message(),
             "dataset.paths: 16387 files, at most 16384; name their directory or a glob instead");
   d->clear_paths();
   d->add_paths("/data/x.npy");
   d->set_kind(v1::DATASET_KIND_RECORDS);
   d->set_seq_len(0);
-  spec = AttachSpecFromProto(r);
+  spec = Checked(r);
   EXPECT_EQ(spec.status().message(),
             "dataset.paths: only for kind tokens and webdataset (an explicit list of shard files)");
+}
+
+// Enum values the core's types cannot hold are the conversion's to refuse, naming the field;
+// the core takes the kind as given.
+TEST(ConvertTest, AnUnknownDatasetKindIsRefused) {
+  v1::AttachRequest r;
+  r.set_job("j");
+  r.set_world_size(1);
+  r.set_batch_size(2);
+  r.mutable_dataset()->set_path("/data/tokens.bin");
+  absl::StatusOr<AttachSpec> spec = AttachSpecFromProto(r);  // kind unset
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "dataset.kind: unknown kind 0 (want tokens, records, image_folder or webdataset)");
+  r.mutable_dataset()->set_kind(static_cast<v1::DatasetKind>(99));
+  spec = AttachSpecFromProto(r);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "dataset.kind: unknown kind 99 (want tokens, records, image_folder or webdataset)");
 }
 
 }  // namespace

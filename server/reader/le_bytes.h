@@ -1,0 +1,32 @@
+// Little-endian fields and magic numbers in a file's first bytes, for the readers that parse
+// headers (token_formats.cc) and recognise formats (foreign_formats.cc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/string_view.h"
+
+namespace gpufeed::server {
+
+inline uint32_t Le32(absl::string_view b, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, b.data() + at, 4);
+  return v;
+}
+inline uint64_t Le64(absl::string_view b, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, b.data() + at, 8);
+  return v;
+}
+inline uint16_t Le16(absl::string_view b, size_t at) {
+  uint16_t v;
+  std::memcpy(&v, b.data() + at, 2);
+  return v;
+}
+inline bool At(absl::string_view b, size_t at, absl::string_view magic) {
+  return b.size() >= at + magic.size() && b.substr(at, magic.size()) == magic;
+}
+
+}  // namespace gpufeed::server

@@ -1,7 +1,10 @@
 #include "server/share/share_cache.h"
 
+#include <algorithm>
 #include <iterator>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace gpufeed::server {
 
@@ -26,6 +29,7 @@ ShareCache::Member& ShareCache::Member::operator=(Member&& other) noexcept {
     cache_ = std::exchange(other.cache_, nullptr);
     group_ = std::exchange(other.group_, nullptr);
     cursor_ = other.cursor_;
+    ahead_ = std::move(other.ahead_);
   }
   return *this;
 }
@@ -36,12 +40,18 @@ void ShareCache::Member::Leave() {
   group_ = nullptr;
 }
 
-ShareCache::Member ShareCache::Join(const std::string& key, int64_t cursor) {
+absl::StatusOr<ShareCache::Member> ShareCache::Join(const std::string& key,
+                                                    const std::string& identity, int64_t cursor) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<GroupState>& g = groups_[key];
   if (g == nullptr) {
     g = std::make_unique<GroupState>();
     g->key = key;
+    g->identity = identity;
+  } else if (g->identity != identity) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the group reads ", g->identity, "; this job reads ", identity,
+        ": the jobs of a group read one dataset in one order"));
   }
   Member m;
   m.cache_ = this;
@@ -72,27 +82,43 @@ void ShareCache::MoveCursor(Member& m, int64_t cursor) {
 
 void ShareCache::Member::Advance(int64_t cursor) {
   absl::MutexLock lock(&cache_->mu_);
+  ahead_.clear();
   cache_->MoveCursor(*this, cursor);
 }
 
-std::vector<std::shared_ptr<const Image>> ShareCache::Member::Claim(std::span<const uint64_t> ids,
-                                                                    int64_t next) {
-  std::vector<std::shared_ptr<const Image>> found(ids.size());
+std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> ids,
+                                                       std::span<const int64_t> at, int64_t first,
+                                                       int64_t end) {
+  std::vector<Row> rows(ids.size());
   absl::MutexLock lock(&cache_->mu_);
+  GroupState& g = *group_;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const auto it = group_->entries.find(ids[i]);
-    if (it == group_->entries.end()) {
-      ++group_->counters.misses;
+    const auto it = g.entries.find(ids[i]);
+    if (it != g.entries.end()) {
+      ++g.counters.hits;
+      rows[i].found = it->second.image;
     } else {
-      ++group_->counters.hits;
-      found[i] = it->second.image;
+      ++g.counters.misses;
     }
   }
-  cache_->MoveCursor(*this, next);
-  return found;
+  // Past the batch once every batch before it is claimed: then past those claimed after it.
+  int64_t cursor = *cursor_;
+  if (first <= cursor) {
+    cursor = std::max(cursor, end);
+    for (auto a = ahead_.begin(); a != ahead_.end() && a->first <= cursor; a = ahead_.erase(a)) {
+      cursor = std::max(cursor, a->second);
+    }
+  } else {
+    ahead_[first] = std::max(ahead_[first], end);
+  }
+  cache_->MoveCursor(*this, cursor);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    rows[i].wanted = rows[i].found == nullptr && NextUse(g, at[i]) != kNever;
+  }
+  return rows;
 }
 
-void ShareCache::Member::Offer(uint64_t id, int64_t at, std::shared_ptr<const Image> image) {
+void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Image> image) {
   const uint64_t bytes = image->rgb.size() + kEntryOverhead;
   ShareCache& c = *cache_;
   absl::MutexLock lock(&c.mu_);
@@ -109,9 +135,9 @@ void ShareCache::Member::Offer(uint64_t id, int64_t at, std::shared_ptr<const Im
   while (c.used_ + bytes > c.budget_) {
     // The entry of every group used farthest ahead; kept over this one when no farther.
     GroupState* victim_group = nullptr;
-    std::pair<int64_t, uint64_t> victim{-1, 0};
+    std::pair<int64_t, int64_t> victim{-1, 0};
     for (auto& [key, other] : c.groups_) {
-      const std::pair<int64_t, uint64_t> far = Farthest(*other);
+      const std::pair<int64_t, int64_t> far = Farthest(*other);
       if (far.first > victim.first) {
         victim = far;
         victim_group = other.get();
@@ -138,18 +164,18 @@ int64_t ShareCache::NextUse(const GroupState& g, int64_t at) {
   return at - *std::prev(behind);
 }
 
-std::pair<int64_t, uint64_t> ShareCache::Farthest(const GroupState& g) {
+std::pair<int64_t, int64_t> ShareCache::Farthest(const GroupState& g) {
   if (g.by_at.empty()) return {-1, 0};
   if (g.cursors.empty() || g.by_at.begin()->first < *g.cursors.begin()) {
     return {kNever, g.by_at.begin()->second};
   }
   // Between two neighbouring cursors (and past the last), the entry farthest from the lower
   // cursor is the last one before the upper: one lookup per distinct cursor.
-  std::pair<int64_t, uint64_t> best{-1, 0};
+  std::pair<int64_t, int64_t> best{-1, 0};
   for (auto c = g.cursors.begin(); c != g.cursors.end(); c = g.cursors.upper_bound(*c)) {
     const auto upper = g.cursors.upper_bound(*c);
     auto last = upper == g.cursors.end() ? g.by_at.end()
-                                         : g.by_at.lower_bound({*upper, uint64_t{0}});
+                                         : g.by_at.lower_bound({*upper, int64_t{0}});
     if (last == g.by_at.begin()) continue;
     --last;
     if (last->first < *c) continue;
@@ -158,7 +184,7 @@ std::pair<int64_t, uint64_t> ShareCache::Farthest(const GroupState& g) {
   return best;
 }
 
-void ShareCache::Erase(GroupState& g, uint64_t id) {
+void ShareCache::Erase(GroupState& g, int64_t id) {
   const auto it = g.entries.find(id);
   g.by_at.erase({it->second.at, id});
   used_ -= it->second.bytes;

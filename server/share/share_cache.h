@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -30,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/decode/image_decoder.h"
 
@@ -63,6 +65,13 @@ class ShareCache {
   ShareCache(const ShareCache&) = delete;
   ShareCache& operator=(const ShareCache&) = delete;
 
+  // One row of a claimed batch: the group's decode of the sample, or (a miss) whether a
+  // member behind will read it, so that the caller decodes it whole and offers it.
+  struct Row {
+    std::shared_ptr<const Image> found;
+    bool wanted = false;
+  };
+
   // One session's place in a group. Move-only; its destruction leaves the group.
   class Member {
    public:
@@ -71,25 +80,33 @@ class ShareCache {
     Member& operator=(Member&& other) noexcept;
     ~Member() { Leave(); }
 
-    // Claims a batch: the decoded sample of each id in `ids` or null (a miss: the caller
-    // decodes it), then moves the cursor to `next` (the batch's end), as one step.
-    std::vector<std::shared_ptr<const Image>> Claim(std::span<const uint64_t> ids, int64_t next);
-    // Moves the cursor without reading (forward, or back: a resume at an old position).
+    // Claims the batch that reads order positions [first, end): looks up each row (`ids[i]`
+    // at position `at[i]`), then moves the cursor past the batch, as one step. A session fills
+    // several batches at once, so claims may come out of order: the cursor moves past a batch
+    // only once every batch before it is claimed.
+    std::vector<Row> Claim(std::span<const int64_t> ids, std::span<const int64_t> at,
+                           int64_t first, int64_t end);
+    // Moves the cursor without reading (a resume at another position), forgetting claims.
     void Advance(int64_t cursor);
-    // `image`, a whole decode by this member of the sample at order position `at` (behind its
-    // cursor), for the others.
-    void Offer(uint64_t id, int64_t at, std::shared_ptr<const Image> image);
+    // `image`, a whole decode by this member of sample `id` at order position `at`, for the
+    // others.
+    void Offer(int64_t id, int64_t at, std::shared_ptr<const Image> image);
     void Leave();
+    bool joined() const { return cache_ != nullptr; }
 
    private:
     friend class ShareCache;
     ShareCache* cache_ = nullptr;
     GroupState* group_ = nullptr;
     std::multiset<int64_t>::iterator cursor_;
+    std::map<int64_t, int64_t> ahead_;  // claimed batches past the cursor: first -> end
   };
 
-  // Joins the group `key` (made on first use; gone with its last member) at `cursor`.
-  Member Join(const std::string& key, int64_t cursor);
+  // Joins the group `key` (made on first use; gone with its last member) at `cursor`. Every
+  // member of a group reads one dataset in one order, `identity`: FAILED_PRECONDITION naming
+  // both when the group's is another.
+  absl::StatusOr<Member> Join(const std::string& key, const std::string& identity,
+                              int64_t cursor);
 
   uint64_t budget_bytes() const { return budget_; }
   // All groups together.
@@ -104,9 +121,10 @@ class ShareCache {
   };
   struct GroupState {
     std::string key;
+    std::string identity;
     std::multiset<int64_t> cursors;
-    absl::flat_hash_map<uint64_t, Entry> entries;  // by sample id
-    std::set<std::pair<int64_t, uint64_t>> by_at;  // (at, id) of every entry
+    absl::flat_hash_map<int64_t, Entry> entries;  // by sample id
+    std::set<std::pair<int64_t, int64_t>> by_at;  // (at, id) of every entry
     ShareCounters counters;
   };
   void MoveCursor(Member& m, int64_t cursor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -114,8 +132,8 @@ class ShareCache {
   static constexpr int64_t kNever = INT64_MAX;
   static int64_t NextUse(const GroupState& g, int64_t at);
   // The entry of `g` used farthest ahead: (distance, id); distance -1 when `g` has none.
-  static std::pair<int64_t, uint64_t> Farthest(const GroupState& g);
-  void Erase(GroupState& g, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::pair<int64_t, int64_t> Farthest(const GroupState& g);
+  void Erase(GroupState& g, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the entries of `g` that every member has passed (all of them when it has none).
   void DropPassed(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(Member& m);

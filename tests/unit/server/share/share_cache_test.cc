@@ -20,17 +20,24 @@ std::shared_ptr<const Image> ImageOf(uint8_t fill = 7, uint64_t bytes = kEntry) 
   return image;
 }
 
-// One row's claim: the sample's pixels' first byte, or -1 for a miss.
-int ClaimOne(ShareCache::Member& m, uint64_t id, int64_t next) {
-  const uint64_t ids[] = {id};
-  const std::vector<std::shared_ptr<const Image>> got = m.Claim(ids, next);
-  return got[0] == nullptr ? -1 : got[0]->rgb[0];
+ShareCache::Member JoinAt(ShareCache& cache, const std::string& key, int64_t cursor) {
+  absl::StatusOr<ShareCache::Member> m = cache.Join(key, "data", cursor);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+// Claims the one-row batch of sample `id` at position `at`, [at, at + 1) (the cursor moves to
+// at + 1 where it was at `at`): the found sample's first byte, or -1 for a miss.
+int ClaimOne(ShareCache::Member& m, int64_t id, int64_t at) {
+  const int64_t ids[] = {id}, ats[] = {at};
+  const std::vector<ShareCache::Row> got = m.Claim(ids, ats, at, at + 1);
+  return got[0].found == nullptr ? -1 : got[0].found->rgb[0];
 }
 
 TEST(ShareCacheTest, AMemberAloneKeepsNothing) {
   ShareCache cache(100 * kEntry);
-  ShareCache::Member solo = cache.Join("g", 0);
-  EXPECT_EQ(ClaimOne(solo, /*id=*/5, /*next=*/1), -1);
+  ShareCache::Member solo = JoinAt(cache, "g", 0);
+  EXPECT_EQ(ClaimOne(solo, /*id=*/5, /*at=*/0), -1);
   solo.Offer(5, /*at=*/0, ImageOf());  // nobody is behind position 0
   const ShareCounters c = cache.counters();
   EXPECT_EQ(c.misses, 1u);
@@ -41,15 +48,15 @@ TEST(ShareCacheTest, AMemberAloneKeepsNothing) {
 
 TEST(ShareCacheTest, TheLeaderDecodesForTheOneBehindAndThePassedEntryIsDropped) {
   ShareCache cache(100 * kEntry);
-  ShareCache::Member lead = cache.Join("g", 100);
-  ShareCache::Member trail = cache.Join("g", 0);
-  EXPECT_EQ(ClaimOne(lead, 42, 101), -1);
+  ShareCache::Member lead = JoinAt(cache, "g", 100);
+  ShareCache::Member trail = JoinAt(cache, "g", 0);
+  EXPECT_EQ(ClaimOne(lead, 42, 100), -1);
   lead.Offer(42, 100, ImageOf(9));
   EXPECT_EQ(cache.counters().inserts, 1u);
   EXPECT_EQ(cache.counters().bytes, kEntry);
   EXPECT_EQ(cache.counters().entries, 1u);
   trail.Advance(100);
-  EXPECT_EQ(ClaimOne(trail, 42, 101), 9);
+  EXPECT_EQ(ClaimOne(trail, 42, 100), 9);
   EXPECT_EQ(cache.counters().hits, 1u);
   // Both members are past position 100: nobody reads it again, so it is gone (not evicted).
   EXPECT_EQ(cache.counters().entries, 0u);
@@ -61,9 +68,9 @@ TEST(ShareCacheTest, AFullCacheKeepsWhatIsReadSoonest) {
   // Members at 0 and 50 read positions 0, 1, ...; room for two entries. Next uses: position 30
   // in 30 (by the member at 0), 60 in 10 (at 50), 40 in 40 (at 0), 55 in 5 (at 50).
   ShareCache cache(2 * kEntry);
-  ShareCache::Member a = cache.Join("g", 0);
-  ShareCache::Member b = cache.Join("g", 50);
-  ShareCache::Member lead = cache.Join("g", 1000);
+  ShareCache::Member a = JoinAt(cache, "g", 0);
+  ShareCache::Member b = JoinAt(cache, "g", 50);
+  ShareCache::Member lead = JoinAt(cache, "g", 1000);
   lead.Offer(1, 30, ImageOf(1));
   lead.Offer(2, 60, ImageOf(2));
   lead.Offer(3, 40, ImageOf(3));  // farther than both: not kept
@@ -72,23 +79,25 @@ TEST(ShareCacheTest, AFullCacheKeepsWhatIsReadSoonest) {
   lead.Offer(4, 55, ImageOf(4));  // the entry at 30 is now the farthest: it goes
   EXPECT_EQ(cache.counters().evictions, 1u);
   EXPECT_EQ(cache.counters().bytes, 2 * kEntry);
-  const uint64_t ids[] = {1, 2, 3, 4};
-  const std::vector<std::shared_ptr<const Image>> got = b.Claim(ids, 50);  // b stays at 50
-  EXPECT_EQ(got[0], nullptr);
-  ASSERT_NE(got[1], nullptr);
-  EXPECT_EQ(got[1]->rgb[0], 2);
-  EXPECT_EQ(got[2], nullptr);
-  ASSERT_NE(got[3], nullptr);
-  EXPECT_EQ(got[3]->rgb[0], 4);
+  const int64_t ids[] = {1, 2, 3, 4}, ats[] = {50, 50, 50, 50};
+  const std::vector<ShareCache::Row> got = b.Claim(ids, ats, 50, 50);  // b stays at 50
+  EXPECT_EQ(got[0].found, nullptr);
+  ASSERT_NE(got[1].found, nullptr);
+  EXPECT_EQ(got[1].found->rgb[0], 2);
+  EXPECT_EQ(got[2].found, nullptr);
+  ASSERT_NE(got[3].found, nullptr);
+  EXPECT_EQ(got[3].found->rgb[0], 4);
+  EXPECT_TRUE(got[0].wanted);  // position 50: b is there
+  EXPECT_FALSE(got[1].wanted);  // found
 }
 
 TEST(ShareCacheTest, AStalledMembersEntriesAreTheFarthest) {
   // The member at 0 has stalled; the one at 500 keeps reading. What only the stalled member
   // will read is farther than what the one at 500 reads next, so it goes first.
   ShareCache cache(2 * kEntry);
-  ShareCache::Member stalled = cache.Join("g", 0);
-  ShareCache::Member reader = cache.Join("g", 500);
-  ShareCache::Member lead = cache.Join("g", 2000);
+  ShareCache::Member stalled = JoinAt(cache, "g", 0);
+  ShareCache::Member reader = JoinAt(cache, "g", 500);
+  ShareCache::Member lead = JoinAt(cache, "g", 2000);
   lead.Offer(1, 400, ImageOf(1));  // in 400, by the stalled member only
   lead.Offer(2, 510, ImageOf(2));  // in 10, by the reader
   lead.Offer(3, 520, ImageOf(3));  // in 20: pushes out the entry at 400
@@ -100,9 +109,9 @@ TEST(ShareCacheTest, AStalledMembersEntriesAreTheFarthest) {
 
 TEST(ShareCacheTest, AMemberThatLeavesStopsCountingAtOnce) {
   ShareCache cache(100 * kEntry);
-  ShareCache::Member lead = cache.Join("g", 11);
+  ShareCache::Member lead = JoinAt(cache, "g", 11);
   {
-    ShareCache::Member trail = cache.Join("g", 0);
+    ShareCache::Member trail = JoinAt(cache, "g", 0);
     lead.Offer(1, 10, ImageOf());
     EXPECT_EQ(cache.counters().entries, 1u);
   }  // killed: nobody is behind position 10 any more
@@ -118,8 +127,8 @@ TEST(ShareCacheTest, AMemberThatLeavesStopsCountingAtOnce) {
 TEST(ShareCacheTest, AGroupEndsWithItsLastMemberAndItsCountersStay) {
   ShareCache cache(100 * kEntry);
   {
-    ShareCache::Member lead = cache.Join("g", 11);
-    ShareCache::Member trail = cache.Join("g", 0);
+    ShareCache::Member lead = JoinAt(cache, "g", 11);
+    ShareCache::Member trail = JoinAt(cache, "g", 0);
     lead.Offer(1, 10, ImageOf(5));
     EXPECT_EQ(ClaimOne(trail, 1, 1), 5);
   }
@@ -133,8 +142,8 @@ TEST(ShareCacheTest, AGroupEndsWithItsLastMemberAndItsCountersStay) {
 
 TEST(ShareCacheTest, GroupsAreApartAndShareOneBudget) {
   ShareCache cache(2 * kEntry);
-  ShareCache::Member a_lead = cache.Join("a", 101), a_trail = cache.Join("a", 0);
-  ShareCache::Member b_lead = cache.Join("b", 101), b_trail = cache.Join("b", 90);
+  ShareCache::Member a_lead = JoinAt(cache, "a", 101), a_trail = JoinAt(cache, "a", 0);
+  ShareCache::Member b_lead = JoinAt(cache, "b", 101), b_trail = JoinAt(cache, "b", 90);
   a_lead.Offer(7, 100, ImageOf(1));  // in 100
   b_lead.Offer(7, 100, ImageOf(2));  // in 10: the same id in another group
   EXPECT_EQ(ClaimOne(a_trail, 7, 0), 1);
@@ -151,9 +160,41 @@ TEST(ShareCacheTest, GroupsAreApartAndShareOneBudget) {
   }
 }
 
+TEST(ShareCacheTest, AGroupReadsOneDatasetInOneOrder) {
+  ShareCache cache(kEntry);
+  absl::StatusOr<ShareCache::Member> a = cache.Join("uid 5/sweep", "/data/a (1000 samples)", 0);
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<ShareCache::Member> b = cache.Join("uid 5/sweep", "/data/b (10 samples)", 0);
+  EXPECT_EQ(b.status(),
+            absl::FailedPreconditionError(
+                "the group reads /data/a (1000 samples); this job reads /data/b (10 samples): the "
+                "jobs of a group read one dataset in one order"));
+  a->Leave();  // the group ends with its last member: another dataset may take the name
+  EXPECT_TRUE(cache.Join("uid 5/sweep", "/data/b (10 samples)", 0).ok());
+}
+
+// A session fills several batches at once: its cursor passes a batch only once every batch
+// before it is claimed, so the entries of an earlier batch still being filled stay.
+TEST(ShareCacheTest, ClaimsOutOfOrderMoveTheCursorOnlyPastClaimedBatches) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member lead = JoinAt(cache, "g", 100), m = JoinAt(cache, "g", 0);
+  lead.Offer(1, 5, ImageOf(1));
+  lead.Offer(2, 15, ImageOf(2));
+  lead.Offer(3, 25, ImageOf(3));
+  const int64_t ids[] = {2}, ats[] = {15};
+  EXPECT_EQ(m.Claim(ids, ats, 10, 20)[0].found->rgb[0], 2);  // batch [10, 20) before [0, 10)
+  EXPECT_EQ(cache.counters().entries, 3u);  // the cursor is still at 0
+  const int64_t ids0[] = {1}, ats0[] = {5};
+  EXPECT_EQ(m.Claim(ids0, ats0, 0, 10)[0].found->rgb[0], 1);  // now past both
+  EXPECT_EQ(cache.counters().entries, 1u);  // only position 25 is ahead of every member
+  const int64_t ids3[] = {3}, ats3[] = {25};
+  EXPECT_EQ(m.Claim(ids3, ats3, 20, 30)[0].found->rgb[0], 3);
+  EXPECT_EQ(cache.counters().entries, 0u);
+}
+
 TEST(ShareCacheTest, AnEntryLargerThanTheBudgetIsNotKept) {
   ShareCache cache(kEntry);
-  ShareCache::Member lead = cache.Join("g", 11), trail = cache.Join("g", 0);
+  ShareCache::Member lead = JoinAt(cache, "g", 11), trail = JoinAt(cache, "g", 0);
   lead.Offer(1, 10, ImageOf(7, 2 * kEntry));
   EXPECT_EQ(cache.counters().bypassed, 1u);
   EXPECT_EQ(cache.counters().bytes, 0u);
@@ -161,13 +202,13 @@ TEST(ShareCacheTest, AnEntryLargerThanTheBudgetIsNotKept) {
 
 TEST(ShareCacheTest, AResumeAtAnOldPositionMakesLaterEntriesUseful) {
   ShareCache cache(100 * kEntry);
-  ShareCache::Member a = cache.Join("g", 50), b = cache.Join("g", 71);
+  ShareCache::Member a = JoinAt(cache, "g", 50), b = JoinAt(cache, "g", 71);
   b.Offer(1, 70, ImageOf(3));  // in 20, by a
   b.Advance(0);                // b resumes from the epoch's start
   a.Advance(71);               // a passes it; b is still behind it
   EXPECT_EQ(cache.counters().entries, 1u);
   b.Advance(70);
-  EXPECT_EQ(ClaimOne(b, 1, 71), 3);
+  EXPECT_EQ(ClaimOne(b, 1, 70), 3);
   EXPECT_EQ(cache.counters().entries, 0u);
 }
 
@@ -178,13 +219,13 @@ TEST(ShareCacheTest, MembersInLockstepDecodeEachSampleOnce) {
   constexpr int kMembers = 4, kLength = 2000, kGap = 50;
   ShareCache cache(160 * kEntry);
   std::vector<ShareCache::Member> members;
-  for (int t = 0; t < kMembers; ++t) members.push_back(cache.Join("g", (kMembers - 1 - t) * kGap));
+  for (int t = 0; t < kMembers; ++t) members.push_back(JoinAt(cache, "g", (kMembers - 1 - t) * kGap));
   std::vector<int> hits(kMembers, 0);
   for (int step = 0; step < kLength; ++step) {
     for (int t = 0; t < kMembers; ++t) {
       const int64_t at = (kMembers - 1 - t) * kGap + step;
-      const uint64_t ids[] = {static_cast<uint64_t>(at)};
-      if (members[t].Claim(ids, at + 1)[0] != nullptr) {
+      const int64_t ids[] = {at};
+      if (members[t].Claim(ids, ids, at, at + 1)[0].found != nullptr) {
         ++hits[t];
       } else {
         members[t].Offer(ids[0], at, ImageOf());
@@ -208,13 +249,13 @@ TEST(ShareCacheTest, ConcurrentMembersStayInBudget) {
   constexpr int kMembers = 4, kLength = 2000;
   ShareCache cache(64 * kEntry);
   std::vector<ShareCache::Member> members;
-  for (int t = 0; t < kMembers; ++t) members.push_back(cache.Join("g", t * 50));
+  for (int t = 0; t < kMembers; ++t) members.push_back(JoinAt(cache, "g", t * 50));
   std::vector<std::thread> threads;
   for (int t = 0; t < kMembers; ++t) {
     threads.emplace_back([&, t] {
       for (int64_t at = t * 50; at < t * 50 + kLength; ++at) {
-        const uint64_t ids[] = {static_cast<uint64_t>(at)};
-        if (members[t].Claim(ids, at + 1)[0] == nullptr) {
+        const int64_t ids[] = {at};
+        if (members[t].Claim(ids, ids, at, at + 1)[0].found == nullptr) {
           members[t].Offer(ids[0], at, ImageOf());
         }
         EXPECT_LE(cache.counters().bytes, cache.budget_bytes());

@@ -72,6 +72,8 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.socket = value;
   } else if (k == "job") {
     o.job = value;
+  } else if (k == "share_group") {
+    o.share_group = value;
   } else if (k == "kind") {
     o.kind = value;
   } else if (k == "dataset") {

@@ -152,6 +152,7 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   request.set_shuffle(o.shuffle);
   request.set_drop_last(o.drop_last);
   request.set_even(o.even);
+  request.set_share_group(o.share_group);
   request.set_ring_slots(o.ring_slots);
   if (o.delivery == "host") {
     request.mutable_delivery()->set_kind(v1::DELIVERY_KIND_HOST);

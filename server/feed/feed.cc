@@ -37,6 +37,7 @@ std::string FeedSpec::Canonical() const {
       ";token_dtype=", DTypeName(dataset.token_dtype), ";seq_len=", dataset.seq_len,
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
+  if (!share_group.empty()) absl::StrAppend(&out, ";share_group=", share_group);
   if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
   if (!dataset.paths.empty()) absl::StrAppend(&out, ";paths=", ShardPathsIdentity(dataset.paths));
   if (IsImageKind(dataset.kind)) {
@@ -44,6 +45,24 @@ std::string FeedSpec::Canonical() const {
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
   }
   return out;
+}
+
+uint64_t OrderSeedOf(absl::string_view share_group) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : absl::StrCat("share_group:", share_group)) {
+    h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t FeedSpec::order_seed() const {
+  return share_group.empty() ? seed : OrderSeedOf(share_group);
+}
+
+int64_t OrderPosition(int64_t epoch, uint64_t num_samples, uint64_t place) {
+  constexpr __int128 kMax = __int128{1} << 62;
+  const __int128 at = static_cast<__int128>(epoch) * num_samples + place;
+  return static_cast<int64_t>(std::min(at, kMax));
 }
 
 std::string FeedKeyOf(const std::string& canonical) {
@@ -97,8 +116,8 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.fd = -1;
   spec.dataset.handle.clear();
   spec.dataset.reader.reset();
-  SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size, spec.seed,
-                       spec.shuffle,           spec.drop_last,  spec.even};
+  SamplerConfig config{dataset->num_samples(), spec.batch_size,     spec.world_size,
+                       spec.order_seed(),      spec.shuffle, spec.drop_last, spec.even};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
   // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
   __uint128_t slot_bytes = 0;
@@ -188,6 +207,7 @@ std::string Feed::MakeFingerprint() const {
   f.emplace_back("batch_size", absl::StrCat(spec_.batch_size));
   f.emplace_back("world_size", absl::StrCat(spec_.world_size));
   f.emplace_back("seed", absl::StrCat(spec_.seed));
+  if (!spec_.share_group.empty()) f.emplace_back("share_group", spec_.share_group);
   f.emplace_back("shuffle", spec_.shuffle ? "true" : "false");
   f.emplace_back("drop_last", spec_.drop_last ? "true" : "false");
   if (spec_.even) f.emplace_back("even", "true");
@@ -301,26 +321,77 @@ absl::Status PastDeadline(Position p, const FillDeadline& deadline, int64_t done
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode,
                                          const CpuRows& cpu, std::byte* slot,
                                          std::span<int64_t> ids, const ParallelFor& parallel,
-                                         const FillDeadline& deadline) const {
+                                         const FillDeadline& deadline,
+                                         ShareCache::Member* share) const {
   return CallCatching(FillWhat(p, rank), [&] {
-    return FillStagedImpl(p, rank, mode, cpu, slot, ids, parallel, deadline);
+    return FillStagedImpl(p, rank, mode, cpu, slot, ids, parallel, deadline, share);
   });
 }
 
 absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel,
-                                   const FillDeadline& deadline) const {
+                                   const FillDeadline& deadline,
+                                   ShareCache::Member* share) const {
   return CallCatching(FillWhat(p, rank),
-                      [&] { return FillImpl(p, rank, slot, ids, parallel, deadline); });
+                      [&] { return FillImpl(p, rank, slot, ids, parallel, deadline, share); });
+}
+
+std::string Feed::ShareIdentity() const {
+  std::vector<std::string> identity;
+  for (const auto& [name, value] : identity_) identity.push_back(absl::StrCat(name, "=", value));
+  return absl::StrCat(spec_.dataset.path, " (", spec_.dataset.resolved.empty() ? "" : spec_.dataset.resolved.substr(1),
+                      identity.empty() ? "" : ";", absl::StrJoin(identity, ";"), ", ",
+                      dataset_->num_samples(), " samples", spec_.shuffle ? "" : ", not shuffled",
+                      ", max_pixels ", spec_.dataset.max_pixels, ")");
+}
+
+int64_t Feed::OrderCursor(Position p) const {
+  const uint64_t n = sampler_->config().num_samples;
+  if (p.step == 0 && p.epoch > 0) {
+    const Position last{p.epoch - 1, sampler_->steps_per_epoch() - 1};
+    return OrderPosition(last.epoch, n, sampler_->GlobalBatchSpan(last).second);
+  }
+  return OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).first);
+}
+
+Feed::Claimed Feed::Claim(Position p, int32_t rank, std::span<int64_t> ids,
+                          ShareCache::Member* share) const {
+  Claimed c;
+  if (share == nullptr || images_ == nullptr) {
+    c.valid = sampler_->RankSlice(p, rank, ids);
+    return c;
+  }
+  std::vector<uint64_t> places(ids.size());
+  c.valid = sampler_->RankSlice(p, rank, ids, places);
+  const uint64_t n = sampler_->config().num_samples;
+  c.at.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) c.at[i] = OrderPosition(p.epoch, n, places[i]);
+  const std::vector<ShareCache::Row> rows =
+      share->Claim(std::span<const int64_t>(ids.data(), ids.size()), c.at, OrderCursor(p),
+                   OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).second));
+  c.rows.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) c.rows[i] = SharedRow{rows[i].found, rows[i].wanted, nullptr};
+  return c;
+}
+
+void Feed::OfferDecoded(Claimed& claimed, std::span<const int64_t> ids, ShareCache::Member* share) {
+  for (size_t i = 0; i < claimed.rows.size(); ++i) {
+    if (claimed.rows[i].decoded != nullptr) {
+      share->Offer(ids[i], claimed.at[i], std::move(claimed.rows[i].decoded));
+    }
+  }
 }
 
 absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode mode,
                                              const CpuRows& cpu, std::byte* slot,
                                              std::span<int64_t> ids, const ParallelFor& parallel,
-                                             const FillDeadline& deadline) const {
+                                             const FillDeadline& deadline,
+                                             ShareCache::Member* share) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
   metrics::StageTimer timer(metrics::Stage::kFill);
-  const int64_t valid = sampler_->RankSlice(p, rank, ids);
+  // nvJPEG's pixels are not the CPU decoder's: only the CPU decode path shares.
+  Claimed claimed = Claim(p, rank, ids, mode == StageMode::kCpuDecode ? share : nullptr);
+  const int64_t valid = claimed.valid;
   StageArena arena(*staged_layout_);
   const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu};
   std::vector<absl::Status> status(ids.size());
@@ -335,7 +406,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
     // Caught here, on the thread that ran the row: the row's status, as any failed read.
     absl::StatusOr<uint64_t> used = CallCatching("staging it", [&] {
       return images_->StageSampleAt(static_cast<uint64_t>(ids[k]), {spec_.seed, p.epoch}, i,
-                                    target);
+                                    target, claimed.rows.empty() ? nullptr : &claimed.rows[k]);
     });
     BusyMark::Progress();  // one sample done (common/progress.h)
     done.fetch_add(1, std::memory_order_relaxed);
@@ -355,6 +426,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
   for (const absl::Status& s : status) {
     if (!s.ok()) return s;
   }
+  OfferDecoded(claimed, ids, share);
   CountProduced(valid);  // as finished tensors, as Fill counts them
   return valid;
 }
@@ -367,9 +439,11 @@ void Feed::CountProduced(int64_t valid) const {
 
 absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot,
                                        std::span<int64_t> ids, const ParallelFor& parallel,
-                                       const FillDeadline& deadline) const {
+                                       const FillDeadline& deadline,
+                                       ShareCache::Member* share) const {
   metrics::StageTimer timer(metrics::Stage::kFill);
-  const int64_t valid = sampler_->RankSlice(p, rank, ids);
+  Claimed claimed = Claim(p, rank, ids, share);
+  const int64_t valid = claimed.valid;
   uint64_t row_bytes = 0;
   for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;
   const size_t rows_per_chunk =
@@ -392,7 +466,11 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
       }
       // Caught here, on the thread that ran the chunk: the chunk's status, as a failed read.
       absl::StatusOr<uint64_t> used = CallCatching("reading it", [&] {
-        return dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), {spec_.seed, p.epoch}, rows);
+        const SampleContext context{spec_.seed, p.epoch};
+        return claimed.rows.empty()
+                   ? dataset_->ReadSampleAt(static_cast<uint64_t>(ids[i]), context, rows)
+                   : images_->ReadImageAt(static_cast<uint64_t>(ids[i]), context, rows,
+                                          &claimed.rows[i]);
       });
       BusyMark::Progress();  // one sample done (common/progress.h)
       done.fetch_add(1, std::memory_order_relaxed);
@@ -416,6 +494,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   if (absl::Status s = dataset_->CheckReadNotShrunk(ids); !s.ok()) {
     return Annotate(s, absl::StrCat("epoch ", p.epoch, " step ", p.step));
   }
+  OfferDecoded(claimed, ids, share);
   CountProduced(valid);
   return valid;
 }

@@ -23,6 +23,7 @@
 #include "server/feed/dataset_handles.h"
 #include "server/images/dataset.h"
 #include "server/sampler/sampler.h"
+#include "server/share/share_cache.h"
 
 namespace gpufeed::server {
 
@@ -48,10 +49,22 @@ struct FeedSpec {
   bool shuffle = true;
   bool drop_last = true;
   bool even = false;  // DistributedSampler's equal split per rank (sampler.h)
+  // A sharing group's name (docs/ARCHITECTURE.md section 9), or empty. In a group the order
+  // is the group's (order_seed()), while `seed` keys only this job's augmentation.
+  std::string share_group;
 
+  // The seed of the sample order: `seed`, or in a sharing group the group's (OrderSeedOf).
+  uint64_t order_seed() const;
   // A canonical text of every field; equal specs give equal text.
   std::string Canonical() const;
 };
+
+// A sharing group's order seed: FNV-1a (64 bits) of "share_group:" and the group's name. The
+// name alone fixes the order, so a job alone in its group reads what it reads beside others.
+uint64_t OrderSeedOf(absl::string_view share_group);
+// Where epoch `epoch`'s place `place` lies in a group's order across epochs: epoch x
+// num_samples + place, saturated far below INT64_MAX.
+int64_t OrderPosition(int64_t epoch, uint64_t num_samples, uint64_t place);
 
 // One tensor of a slot: the per-rank batch of a sample tensor.
 struct TensorLayout {
@@ -114,9 +127,12 @@ class Feed {
   // daemon. FillStaged likewise.
   // Each sample read marks progress on the calling thread (BusyMark::Progress: a slow batch
   // is no stall); past `deadline` the fill stops with DEADLINE_EXCEEDED (FillDeadline).
+  // `share`: the session's place in its sharing group (null: none), whose cache the rows of
+  // an image dataset look up first and offer their whole decodes to (share_cache.h).
   absl::StatusOr<int64_t> Fill(Position p, int32_t rank, std::byte* slot, std::span<int64_t> ids,
                                const ParallelFor& parallel = nullptr,
-                               const FillDeadline& deadline = {}) const;
+                               const FillDeadline& deadline = {},
+                               ShareCache::Member* share = nullptr) const;
   static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
 
   // The staged layout of a slot (augment/staged.h) for the GPU paths; nullopt for datasets
@@ -128,7 +144,17 @@ class Feed {
   absl::StatusOr<int64_t> FillStaged(Position p, int32_t rank, StageMode mode, const CpuRows& cpu,
                                      std::byte* slot, std::span<int64_t> ids,
                                      const ParallelFor& parallel = nullptr,
-                                     const FillDeadline& deadline = {}) const;
+                                     const FillDeadline& deadline = {},
+                                     ShareCache::Member* share = nullptr) const;
+
+  // What the jobs of a sharing group must agree on: the dataset (its display path, device,
+  // inode and reader's rights, size and mtime, sample count, the decode's pixel cap) and the
+  // order's shape (shuffle); the order seed is the group's own.
+  std::string ShareIdentity() const;
+  // Where a member of a sharing group that reads global batch `p` next stands in the group's
+  // order (OrderPosition): the batch's first place, or for an epoch's first batch the end of
+  // the last batch before it (with drop_last the places past it are never read by this job).
+  int64_t OrderCursor(Position p) const;
 
   int64_t batches_produced() const { return batches_produced_.load(std::memory_order_relaxed); }
   // Valid (unpadded) rows of those batches.
@@ -143,11 +169,23 @@ class Feed {
        std::vector<std::pair<std::string, std::string>> identity);
   absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel,
-                                   const FillDeadline& deadline) const;
+                                   const FillDeadline& deadline, ShareCache::Member* share) const;
   absl::StatusOr<int64_t> FillStagedImpl(Position p, int32_t rank, StageMode mode,
                                          const CpuRows& cpu, std::byte* slot,
                                          std::span<int64_t> ids, const ParallelFor& parallel,
-                                         const FillDeadline& deadline) const;
+                                         const FillDeadline& deadline,
+                                         ShareCache::Member* share) const;
+  // The rank's sample ids of batch `p` (Sampler::RankSlice) and, with a share, the batch's
+  // claim in the group's cache: one SharedRow a row, and each row's order position.
+  struct Claimed {
+    int64_t valid = 0;
+    std::vector<SharedRow> rows;  // empty without a share
+    std::vector<int64_t> at;
+  };
+  Claimed Claim(Position p, int32_t rank, std::span<int64_t> ids, ShareCache::Member* share) const;
+  // Offers the whole decodes of a claimed batch's rows to the group.
+  static void OfferDecoded(Claimed& claimed, std::span<const int64_t> ids,
+                           ShareCache::Member* share);
   // Counts one batch filled, with `valid` real rows, in the produced counters.
   void CountProduced(int64_t valid) const;
 

@@ -132,6 +132,7 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
                     absl::StrJoin(groups, ","));
   }
   *key = FeedKeyOf(absl::StrCat(spec->Canonical(), identity));
+  d.resolved = std::move(identity);
   return absl::OkStatus();
 }
 

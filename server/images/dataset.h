@@ -42,6 +42,9 @@ struct DatasetSpec : FileDatasetSpec {
   // directory descriptor (fd >= 0) reads the files beneath it only where their mode bits let
   // `reader` read them.
   std::optional<PeerCred> reader;
+  // Set by the feed registry (not part of the key): the dataset's (device, inode) and its
+  // reader's rights, as the registry keys feeds by them; a sharing group's jobs must agree.
+  std::string resolved;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the
@@ -63,9 +66,9 @@ struct StageTarget {
 
 // A sharing group's part in one row (server/share/share_cache.h): the sample's whole decode
 // from the group's cache, or, for a sample a member behind will read, this row's whole decode
-// for the cache. A row gives the same bytes whichever way it goes: a random resized crop of a
-// whole decode equals one of a region decode (DecodeOptions::region), and every draw depends
-// on (the job's seed, epoch, sample) only.
+// for the cache. In a group every decode is whole, so a row gives the same bytes whichever way
+// it goes (found or decoded, wanted or not), and the same as a private read but for a JPEG
+// damaged only below its crop box (a region decode passes it; a whole decode counts it bad).
 struct SharedRow {
   std::shared_ptr<const Image> found;    // in: the group's decode of the sample
   bool wanted = false;                   // in, without `found`: decode the file whole

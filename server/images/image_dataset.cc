@@ -241,8 +241,8 @@ class SourcedImageDataset final : public ImageDataset {
   }
 
   // The sample's pixels and geometry with a sharing group's row (null: none): the group's
-  // decode where the row found one (no read, no decode), a whole decode handed back for the
-  // group where one is wanted, else DecodePlanned's. A whole decode plans the geometry on the
+  // decode where the row found one (no read, no decode), else a whole decode, handed back for
+  // the group where one is wanted; without a group, DecodePlanned's. A whole decode plans the geometry on the
   // image's size as DecodePlanned plans it on the header's: the same draws, the same box.
   absl::StatusOr<std::shared_ptr<const Image>> DecodeShared(uint64_t sample, SharedRow* share,
                                                             SampleRandom& random,
@@ -257,19 +257,23 @@ class SourcedImageDataset final : public ImageDataset {
     }
     absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
     if (!bytes.ok()) return bytes.status();
-    if (share == nullptr || !share->wanted) {
+    if (share == nullptr) {
       absl::StatusOr<Image> image = DecodePlanned(*bytes, random, g);
       if (!image.ok()) return image.status();
       return std::make_shared<const Image>(std::move(*image));
     }
+    // In a group every decode is whole, wanted or not: a region decode passes a file damaged
+    // only below its box, which a whole decode refuses, and the job's bytes must not depend on
+    // whether another job was behind it.
     absl::StatusOr<Image> image = Decode(*bytes);
     if (!image.ok()) return image.status();
     Count(metrics::Decoder::kCpu);
     absl::StatusOr<StagedGeometry> planned = PlanGeometry(image->height, image->width, random);
     if (!planned.ok()) return planned.status();
     *g = *planned;
-    share->decoded = std::make_shared<const Image>(std::move(*image));
-    return share->decoded;
+    auto decoded = std::make_shared<const Image>(std::move(*image));
+    if (share->wanted) share->decoded = decoded;
+    return decoded;
   }
 
   // The bin of a region decode's estimated cost (cpu_rows.h) for a row of decode auto, recorded

@@ -65,6 +65,7 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   spec.feed.shuffle = r.shuffle();
   spec.feed.drop_last = r.drop_last();
   spec.feed.even = r.even();
+  spec.feed.share_group = r.share_group();
   spec.ring_slots = r.ring_slots();
   spec.start = {r.start().epoch(), r.start().step()};
   spec.resume_gap = absl::Milliseconds(static_cast<int64_t>(

@@ -1,5 +1,8 @@
 #include "server/session/attach_spec.h"
 
+#include <algorithm>
+#include <variant>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -35,6 +38,36 @@ absl::Status CheckFieldsOfKind(const FileDatasetSpec& dataset) {
 }
 
 }  // namespace
+
+absl::Status CheckShareGroup(const AttachSpec& spec) {
+  const std::string& name = spec.feed.share_group;
+  if (name.empty()) return absl::OkStatus();
+  if (name.size() > kMaxJobNameBytes ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return IsJobNameByte(c); })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "share_group: a group name is 1 to ", kMaxJobNameBytes,
+        " bytes of [A-Za-z0-9._:@+=/-], got '", EscapeForLog(name), "'"));
+  }
+  const DatasetSpec& dataset = spec.feed.dataset;
+  if (!IsImageKind(dataset.kind)) {
+    return absl::InvalidArgumentError(
+        "share_group: only image datasets (image_folder, webdataset) share their decodes; "
+        "token and record feeds have nothing to decode");
+  }
+  for (const PipelineStep& step : dataset.pipeline) {
+    if (const auto* decode = std::get_if<DecodeStep>(&step); decode && decode->dct_scaling) {
+      return absl::InvalidArgumentError(
+          "share_group: decode(dct) decodes each sample at a scale of its own crop, so no "
+          "decode serves another job; drop dct_scaling or the group");
+    }
+  }
+  if (spec.decode == DecodeChoice::kNvjpeg) {
+    return absl::InvalidArgumentError(
+        "share_group: a group decodes on the CPU (nvJPEG's pixels are not libjpeg-turbo's, and "
+        "a shared decode must be the one the job would make); use decode cpu or auto");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) {
   GPUFEED_RETURN_IF_ERROR(CheckFieldsOfKind(spec.feed.dataset));
@@ -99,7 +132,7 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: must be an absolute path, got '", dataset.path, "'"));
   }
-  return absl::OkStatus();
+  return CheckShareGroup(spec);
 }
 
 absl::Status CheckDeviceDelivery(const AttachSpec& spec, const DeviceBackend* devices) {
@@ -161,7 +194,11 @@ absl::StatusOr<StageMode> ResolveStage(const AttachSpec& spec, const Feed& feed,
     }
     return StageMode::kNone;
   }
-  if (spec.decode == DecodeChoice::kCpu) return StageMode::kCpuDecode;
+  // A sharing group decodes on the CPU: nvJPEG's pixels are not libjpeg-turbo's, and a row
+  // taken from the group's cache must be the row the job's own decode gives.
+  if (spec.decode == DecodeChoice::kCpu || !spec.feed.share_group.empty()) {
+    return StageMode::kCpuDecode;
+  }
   absl::Status nvjpeg = devices->NvjpegStatus(spec.gpu_uuid);
   if (nvjpeg.ok()) return StageMode::kNvjpeg;
   if (spec.decode == DecodeChoice::kNvjpeg) return nvjpeg;

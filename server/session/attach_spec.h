@@ -46,6 +46,9 @@ inline constexpr size_t kMaxJobNameBytes = 128;
 // Checks what can be checked without opening the dataset; INVALID_ARGUMENT naming the field.
 // A job name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-]. The dataset's kind is the
 // conversion's to check (an enum the wire may carry out of range); this takes it as given.
+// The sharing group's rules (docs/ARCHITECTURE.md section 9): its name, an image dataset,
+// no dct_scaling, no nvJPEG; OK without a group. INVALID_ARGUMENT naming share_group.
+absl::Status CheckShareGroup(const AttachSpec& spec);
 absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots);
 
 // Device delivery needs a GPU of this daemon (FAILED_PRECONDITION; `devices` may be null)

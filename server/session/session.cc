@@ -319,9 +319,11 @@ void Session::FillOne() {
     }
     valid = params_.stage == StageMode::kNone
                 ? feed_->Fill(slot->batch.position, params_.rank, data,
-                              std::span<int64_t>(slot->batch.ids), parallel, deadline)
+                              std::span<int64_t>(slot->batch.ids), parallel, deadline,
+                              params_.share.get())
                 : feed_->FillStaged(slot->batch.position, params_.rank, params_.stage, cpu, data,
-                                    std::span<int64_t>(slot->batch.ids), parallel, deadline);
+                                    std::span<int64_t>(slot->batch.ids), parallel, deadline,
+                                    params_.share.get());
   }
 
   const absl::Duration fill = params_.clock() - fill_start;

@@ -28,6 +28,7 @@
 #include "server/feed/ids_budget.h"
 #include "server/images/cpu_rows.h"
 #include "server/session/decode_share.h"
+#include "server/share/share_cache.h"
 #include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
@@ -127,6 +128,9 @@ struct SessionParams {
   // (MemRequest.lifeline), or null: its close before the stream opens ends the session
   // (SessionManager's reaper). Shared, so that the params stay copyable.
   std::shared_ptr<const UniqueFd> lifeline;
+  // The session's place in its sharing group (docs/ARCHITECTURE.md section 9), or null; it
+  // leaves the group when the session and this last copy of its params go.
+  std::shared_ptr<ShareCache::Member> share;
 };
 
 class Session : public std::enable_shared_from_this<Session> {

@@ -56,6 +56,7 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
                return access;
              }(),
              options.feed_limits, options.clock),
+      share_cache_(options.share_cache_bytes),
       // Each session is queued at most once at a time (closed ones may linger briefly), each
       // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
       // has at most one CPU redo of rows nvJPEG refused.

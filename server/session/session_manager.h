@@ -100,6 +100,9 @@ struct SessionManagerOptions {
   // A host-delivery session whose consumer has held every slot, releasing none, this long is
   // ended with DEADLINE_EXCEEDED; zero: never. Device sessions are exempt.
   absl::Duration idle_lease_timeout = absl::Minutes(5);
+  // Sharing groups (docs/ARCHITECTURE.md section 9): the bytes of decoded samples the cache
+  // every group of the node shares may hold.
+  uint64_t share_cache_bytes = uint64_t{1} << 30;
   // "Now" for the lease decisions (attach_timeout, idle_lease_timeout: the sessions record
   // their times with it) and the dataset handles' lifetime; reap_interval stays real time.
   Clock clock = RealClock();
@@ -171,6 +174,9 @@ class SessionManager final : public FillScheduler {
   // waits for a round to pass instead of sleeping.
   int64_t reap_rounds() const { return reap_rounds_.load(std::memory_order_acquire); }
 
+  // The sharing groups' cache of decoded samples (its counters, per group, for metrics).
+  const ShareCache& share_cache() const { return share_cache_; }
+
  private:
   // A ring as placed for a new session: its depth, the stride of its slots, the host staging
   // and, for device delivery, the GPU ring.
@@ -206,6 +212,7 @@ class SessionManager final : public FillScheduler {
   DeviceBackend* const devices_;
   const std::shared_ptr<ByteBudget> ids_budget_;
   FeedRegistry feeds_;
+  ShareCache share_cache_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;
   absl::Notification stop_reaper_;

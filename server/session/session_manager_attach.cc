@@ -183,6 +183,16 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
                            TakeIds(*ids_budget_, Admission::IdsOwner(spec.caller),
                                    spec.feed.batch_size, ring.slots));
   params.lifeline = std::move(lifeline);
+  if (!spec.feed.share_group.empty()) {
+    // Each uid's groups are its own: the same name under another uid is another group.
+    absl::StatusOr<ShareCache::Member> member =
+        share_cache_.Join(absl::StrCat("uid ", spec.caller.uid(), "/", spec.feed.share_group),
+                          feed->ShareIdentity(), feed->OrderCursor(spec.start));
+    if (!member.ok()) {
+      return Annotate(member.status(), absl::StrCat("share_group \"", spec.feed.share_group, "\""));
+    }
+    params.share = std::make_shared<ShareCache::Member>(std::move(*member));
+  }
   const uint64_t ids_bytes = params.ids_charge != nullptr ? params.ids_charge->bytes() : 0;
   const JobMember member{spec.caller.uid(), spec.job, spec.rank, feed->spec().Canonical(),
                          feed->key()};

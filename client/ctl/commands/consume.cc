@@ -39,6 +39,7 @@ struct ConsumeFlags {
   std::string decode = "auto";
   std::string augment = "auto";
   std::string dump;
+  std::string share_group;
   bool no_shuffle = false;
   bool no_drop_last = false;
   bool even = false;
@@ -73,6 +74,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   o->shuffle = !flags.no_shuffle;
   o->drop_last = !flags.no_drop_last;
   o->even = flags.even;
+  o->share_group = flags.share_group;
   int64_t rank = 0, world = 1, seed = 0, ring = 0;
   for (const auto& [flag, target] : std::vector<std::pair<const ValueFlag*, int64_t*>>{
            {&flags.rank, &rank},
@@ -328,6 +330,11 @@ Command AddConsume(CLI::App& app) {
   cli->add_flag("--even", f.even,
                 "with --no-drop-last: DistributedSampler's split, every rank the same count of "
                 "real samples per epoch");
+  cli->add_option("--share-group", f.share_group,
+                  "image datasets: read in the order of this sharing group of your jobs (its\n"
+                  "name fixes the order; --seed keys only the augmentation) and share its\n"
+                  "decodes: each sample is decoded once for all of the group's jobs")
+      ->type_name("NAME");
   f.epochs.AddTo(*cli, "--epochs", "E",
                  "epochs to read from the start epoch (default 1; 0 = no end)");
   f.max_batches.AddTo(*cli, "--max-batches", "N", "stop after N batches (default: no limit)");

@@ -118,7 +118,8 @@ const char* gpufeed_default_socket(void);
  * UUID), ipc ("auto", "vmm", "legacy"), pipeline_json, bad_sample ("skip", "fail"), decode ("auto",
  * "cpu", "nvjpeg") and augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
  * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
- * refused with FAILED_PRECONDITION naming the fields that differ) (strings);
+ * refused with FAILED_PRECONDITION naming the fields that differ), share_group (image datasets:
+ * the jobs of one group read one order and decode each sample once) (strings);
  * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, even, ring_slots,
  * start_epoch, start_step, stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
  * re-attaches after the daemon went away, default 120000, 0 = never), keepalive_ms (pings that

@@ -93,6 +93,10 @@ struct AttachOptions {
   // With drop_last false: torch DistributedSampler's split, every rank the same count of
   // real samples per epoch (ceil(N / world_size); valid_count marks them).
   bool even = false;
+  // Image datasets: a sharing group of this uid's jobs (docs/ARCHITECTURE.md section 9). The
+  // group's name fixes the sample order (seed then keys only this job's augmentation), and the
+  // group's jobs decode each sample once for all of them. Empty: none.
+  std::string share_group;
   int32_t ring_slots = 0;        // 0: the daemon's default
   std::string delivery = "host";  // host | device
   // device delivery: "" (this process's current CUDA device), "cuda:N" or a "GPU-..." UUID.

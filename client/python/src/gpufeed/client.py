@@ -692,6 +692,7 @@ class Client:
         keepalive: Optional[float] = None,
         start_fingerprint: Optional[str] = None,
         vocab_size: Optional[int] = None,
+        share_group: Optional[str] = None,
     ) -> Session:
         """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
 
@@ -728,7 +729,10 @@ class Client:
         with another one is refused (FailedPrecondition naming each differing field).
         ``vocab_size`` (tokens): refuse a file whose sampled tokens reach it (a wrong
         ``token_dtype`` shows so). ``token_dtype`` ``None``: a ``.npy`` file's header, else
-        ``uint16``.
+        ``uint16``. ``share_group`` (image datasets): the jobs of one group (this uid's) read
+        one order, fixed by the group's name (``seed`` then keys only this job's
+        augmentation), and decode each sample once for all of them; each job's batches are
+        the ones it would get alone in the group.
 
         Errors: the daemon's, as :class:`~gpufeed.Error` subclasses (InvalidArgument naming
         the field, NotFound naming the path, Unavailable naming the socket, ...).
@@ -753,6 +757,7 @@ class Client:
             "decode": None if decode == "auto" else decode,
             "augment": None if augment == "auto" else augment,
             "start_fingerprint": start_fingerprint or None,
+            "share_group": share_group or None,
         }
         seed = _int("seed", seed)
         if not 0 <= seed < 1 << 64:

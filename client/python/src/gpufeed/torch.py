@@ -402,6 +402,11 @@ class Loader:
             count rows without reading ``valid`` agree across ranks.
         device: ``None`` (the current CUDA device if there is one, else host), ``"cpu"``
             (host delivery) or ``"cuda[:N]"``.
+        share_group: image datasets: jobs of this user that name one group (a sweep, several
+            models on one dataset) read one sample order, fixed by the group's name (``seed``
+            then keys only this job's crops and flips), and gpufeedd decodes each sample once
+            for all of them. Each job's batches are byte for byte the ones it gets alone in
+            the group; sharing changes the cost, never the bytes.
         rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
         job: the job's name, shared by its ranks. The default never collides with another
             job on the node: torchrun's ``$TORCHELASTIC_RUN_ID``, else its rendezvous
@@ -481,6 +486,7 @@ class Loader:
         timeout: Optional[float] = None,
         reconnect_timeout: Optional[float] = None,
         keepalive: Optional[float] = None,
+        share_group: Optional[str] = None,
     ) -> None:
         self.device: torch.device = _resolve_device(device)
         """Where batches land: ``cpu`` (host delivery) or ``cuda:N`` (device delivery)."""
@@ -502,7 +508,7 @@ class Loader:
             pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last, even=even,
             rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
             decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size,
-            reconnect_timeout=reconnect_timeout, keepalive=keepalive)
+            reconnect_timeout=reconnect_timeout, keepalive=keepalive, share_group=share_group)
         if self.device.type == "cuda":
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset

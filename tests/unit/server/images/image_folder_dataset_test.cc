@@ -452,6 +452,9 @@ TEST_F(ImageFolderDatasetTest, SharedRowsGiveThePrivateBytes) {
       EXPECT_EQ(read(id, ctx, &first), own) << "sample " << id << " epoch " << epoch;
       ASSERT_NE(first.decoded, nullptr);
       EXPECT_EQ(first.decoded->top, 0);
+      SharedRow unwanted{nullptr, false, nullptr};  // nobody behind: decoded, not handed back
+      EXPECT_EQ(read(id, ctx, &unwanted), own) << "sample " << id;
+      EXPECT_EQ(unwanted.decoded, nullptr);
       EXPECT_EQ(first.decoded->left, 0);
       // Another job (another seed) takes the decode: the same as its own private read.
       const SampleContext other{ctx.seed + 100, epoch};

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from gpufeed.client import Batch as _CoreBatch
+from gpufeed.client import Augment, BadSample, Decode, Kind
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -453,7 +454,7 @@ class Loader:
         dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
                        Sequence[Union[str, "os.PathLike[str]"]]],
         *,
-        kind: str,
+        kind: Kind,
         batch_size: int,
         seq_len: Optional[int] = None,
         token_dtype: Optional[str] = None,
@@ -468,9 +469,9 @@ class Loader:
         world_size: Optional[int] = None,
         job: Optional[str] = None,
         ring_slots: Optional[int] = None,
-        decode: str = "auto",
-        augment: str = "auto",
-        bad_sample: str = "skip",
+        decode: Decode = "auto",
+        augment: Augment = "auto",
+        bad_sample: BadSample = "skip",
         socket: Optional[Union[str, "os.PathLike[str]"]] = None,
         copy: bool = False,
         timeout: Optional[float] = None,

@@ -553,6 +553,13 @@ def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, 
         assert len(second) == len(full)
         second.load_state_dict(dict(state, fingerprint=old))
         assert head + ids(second) == full
+    # A closed loader asks the daemon too, and stays closed until it iterates.
+    with _loader(daemon, str(shards), **opts) as closed:
+        len(closed)
+        closed.close()
+        closed.load_state_dict(dict(state, fingerprint=old))
+        assert closed._session is None
+        assert head + ids(closed) == full
     other = old.replace(shards_item.split(", mtimes")[0], "3 files, fnv1a64 0123456789abcdef")
     with _loader(daemon, str(shards), **opts) as third:
         len(third)

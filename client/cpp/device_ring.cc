@@ -9,6 +9,7 @@
 
 #ifdef GPUFEED_WITH_CUDA
 #include "common/cuda/cuda.h"
+#include "common/cuda/owners.h"
 #endif
 
 namespace gpufeed::client::internal {
@@ -32,11 +33,20 @@ absl::StatusOr<std::unique_ptr<DeviceRingMapping>> DeviceRingMapping::MapLegacy(
     int, const std::string&, const std::vector<std::string>&) {
   return NoCuda();
 }
+struct DeviceRingMapping::Owned {};
 DeviceRingMapping::~DeviceRingMapping() = default;
 absl::Status DeviceRingMapping::WaitReady(int, void*) const { return NoCuda(); }
 absl::Status DeviceRingMapping::RecordRelease(int, void*) const { return NoCuda(); }
 
 #else
+
+// Destroyed in reverse order: the events first, then the mapping they guard.
+struct DeviceRingMapping::Owned {
+  cuda::VmmMapping vmm;
+  cuda::IpcMemory legacy;
+  std::vector<cuda::Event> ready;    // opened from the daemon's handles
+  std::vector<cuda::Event> release;  // ours, exported to the daemon
+};
 
 absl::StatusOr<bool> UsesMps(int ordinal) { return cuda::UsesMps(ordinal); }
 
@@ -64,25 +74,25 @@ absl::StatusOr<GpuTarget> ResolveGpu(const std::string& spec) {
 }
 
 absl::Status DeviceRingMapping::OpenEvents(const std::vector<std::string>& ready_events) {
-  cuda::DeviceGuard guard(ordinal_);
   for (size_t i = 0; i < ready_events.size(); ++i) {
     if (ready_events[i].size() != sizeof(cudaIpcEventHandle_t)) {
       return absl::InternalError("daemon sent a malformed ready event handle");
     }
     cudaIpcEventHandle_t handle;
     std::memcpy(&handle, ready_events[i].data(), sizeof(handle));
+    cuda::DeviceGuard guard(ordinal_);
     cudaEvent_t event = nullptr;
     GPUFEED_RETURN_IF_ERROR(cuda::Check(cudaIpcOpenEventHandle(&event, handle),
                                         absl::StrCat("opening ready event of slot ", i)));
-    ready_.push_back(event);
-    cudaEvent_t release = nullptr;
+    owned_->ready.emplace_back(ordinal_, event);
+    event = nullptr;
     GPUFEED_RETURN_IF_ERROR(cuda::Check(
-        cudaEventCreateWithFlags(&release, cudaEventDisableTiming | cudaEventInterprocess),
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
         "creating a release event"));
-    release_.push_back(release);
+    owned_->release.emplace_back(ordinal_, event);
     cudaIpcEventHandle_t out;
     GPUFEED_RETURN_IF_ERROR(
-        cuda::Check(cudaIpcGetEventHandle(&out, release), "cudaIpcGetEventHandle"));
+        cuda::Check(cudaIpcGetEventHandle(&out, event), "cudaIpcGetEventHandle"));
     release_handles_.emplace_back(reinterpret_cast<const char*>(&out), sizeof(out));
   }
   return absl::OkStatus();
@@ -92,29 +102,9 @@ absl::StatusOr<std::unique_ptr<DeviceRingMapping>> DeviceRingMapping::MapVmm(
     int ordinal, UniqueFd fd, uint64_t bytes, const std::vector<std::string>& ready_events) {
   std::unique_ptr<DeviceRingMapping> m(new DeviceRingMapping());
   m->ordinal_ = ordinal;
-  GPUFEED_ASSIGN_OR_RETURN(const cuda::DriverApi* api, cuda::Driver());
-  cuda::DeviceGuard guard(ordinal);
-  cudaFree(nullptr);  // make sure the primary context exists before driver calls
-  CUmemGenericAllocationHandle handle = 0;
-  GPUFEED_RETURN_IF_ERROR(cuda::Check(
-      api->cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd.get())),
-                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-      "cuMemImportFromShareableHandle"));
-  CUdeviceptr ptr = 0;
-  absl::Status s = cuda::Check(api->cuMemAddressReserve(&ptr, bytes, 0, 0, 0), "cuMemAddressReserve");
-  if (s.ok()) s = cuda::Check(api->cuMemMap(ptr, bytes, 0, handle, 0), "cuMemMap");
-  api->cuMemRelease(handle);  // the mapping holds the memory from here on
-  if (!s.ok()) {
-    if (ptr != 0) api->cuMemAddressFree(ptr, bytes);
-    return s;
-  }
-  m->base_ = reinterpret_cast<std::byte*>(ptr);
-  m->vmm_bytes_ = bytes;
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = ordinal;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  GPUFEED_RETURN_IF_ERROR(cuda::Check(api->cuMemSetAccess(ptr, bytes, &access, 1), "cuMemSetAccess"));
+  m->owned_ = std::make_unique<Owned>();
+  GPUFEED_ASSIGN_OR_RETURN(m->owned_->vmm, cuda::VmmMapping::Import(ordinal, fd.get(), bytes));
+  m->base_ = static_cast<std::byte*>(m->owned_->vmm.data());
   GPUFEED_RETURN_IF_ERROR(m->OpenEvents(ready_events));
   return m;
 }
@@ -126,39 +116,30 @@ absl::StatusOr<std::unique_ptr<DeviceRingMapping>> DeviceRingMapping::MapLegacy(
   }
   std::unique_ptr<DeviceRingMapping> m(new DeviceRingMapping());
   m->ordinal_ = ordinal;
-  m->legacy_ = true;
-  cuda::DeviceGuard guard(ordinal);
+  m->owned_ = std::make_unique<Owned>();
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, mem_handle.data(), sizeof(handle));
-  void* ptr = nullptr;
-  GPUFEED_RETURN_IF_ERROR(cuda::Check(
-      cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
-  m->base_ = static_cast<std::byte*>(ptr);
+  GPUFEED_ASSIGN_OR_RETURN(
+      m->owned_->legacy,
+      cuda::OpenIpcMemory(ordinal, handle, cudaIpcMemLazyEnablePeerAccess));
+  m->base_ = static_cast<std::byte*>(m->owned_->legacy.get());
   GPUFEED_RETURN_IF_ERROR(m->OpenEvents(ready_events));
   return m;
 }
 
 DeviceRingMapping::~DeviceRingMapping() {
-  cuda::DeviceGuard guard(ordinal_);
-  for (void* e : ready_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  for (void* e : release_) {
-    // Work queued before the release must not lose its event: wait for it.
-    cudaEventSynchronize(static_cast<cudaEvent_t>(e));
-    cudaEventDestroy(static_cast<cudaEvent_t>(e));
-  }
-  if (base_ == nullptr) return;
-  if (legacy_) {
-    cudaIpcCloseMemHandle(base_);
-  } else if (absl::StatusOr<const cuda::DriverApi*> api = cuda::Driver(); api.ok()) {
-    const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(base_);
-    (*api)->cuMemUnmap(ptr, vmm_bytes_);
-    (*api)->cuMemAddressFree(ptr, vmm_bytes_);
+  if (owned_ == nullptr) return;
+  // Work queued before a release must not lose its event: wait for it before the owners
+  // destroy the events and unmap the ring.
+  for (const cuda::Event& e : owned_->release) {
+    cuda::DeviceGuard guard(e.device());
+    cudaEventSynchronize(e.get());
   }
 }
 
 absl::Status DeviceRingMapping::WaitReady(int slot, void* stream) const {
   cuda::DeviceGuard guard(ordinal_);
-  auto* ready = static_cast<cudaEvent_t>(ready_[static_cast<size_t>(slot)]);
+  cudaEvent_t ready = owned_->ready[static_cast<size_t>(slot)].get();
   // Measured on the H200: a stream wait on an interprocess event costs ~150 us even when the
   // event completed long ago, a query of it far less. In training the ring runs ahead, so the
   // copy is usually done: ask first, and only make the stream wait when it is not.
@@ -171,7 +152,7 @@ absl::Status DeviceRingMapping::WaitReady(int slot, void* stream) const {
 
 absl::Status DeviceRingMapping::RecordRelease(int slot, void* stream) const {
   cuda::DeviceGuard guard(ordinal_);
-  return cuda::Check(cudaEventRecord(static_cast<cudaEvent_t>(release_[static_cast<size_t>(slot)]),
+  return cuda::Check(cudaEventRecord(owned_->release[static_cast<size_t>(slot)].get(),
                                      static_cast<cudaStream_t>(stream)),
                      "recording a release event");
 }

@@ -44,12 +44,12 @@ class DeviceRingMapping {
   DeviceRingMapping() = default;
   absl::Status OpenEvents(const std::vector<std::string>& ready_events);
 
+  // The mapping and the events, in common/cuda/owners.h's types (defined where CUDA is).
+  struct Owned;
+
   int ordinal_ = 0;
-  std::byte* base_ = nullptr;
-  uint64_t vmm_bytes_ = 0;   // VMM: the mapped range
-  bool legacy_ = false;
-  std::vector<void*> ready_;    // cudaEvent_t
-  std::vector<void*> release_;  // cudaEvent_t
+  std::byte* base_ = nullptr;  // the mapping's, for base()
+  std::unique_ptr<Owned> owned_;
   std::vector<std::string> release_handles_;
 };
 

@@ -41,6 +41,14 @@ absl::StatusOr<HostRegistration> RegisterHost(int device, void* data, size_t byt
   return HostRegistration(device, data);
 }
 
+absl::StatusOr<IpcMemory> OpenIpcMemory(int device, const cudaIpcMemHandle_t& handle,
+                                        unsigned flags) {
+  DeviceGuard guard(device);
+  void* p = nullptr;
+  GPUFEED_RETURN_IF_ERROR(Check(cudaIpcOpenMemHandle(&p, handle, flags), "cudaIpcOpenMemHandle"));
+  return IpcMemory(device, p);
+}
+
 namespace {
 
 CUmemAllocationProp DeviceProp(int device) {
@@ -120,6 +128,55 @@ void VmmAllocation::reset() {
   created_ = false;
   ptr_ = 0;
   handle_ = 0;
+  size_ = 0;
+}
+
+absl::StatusOr<VmmMapping> VmmMapping::Import(int device, int fd, size_t bytes) {
+  GPUFEED_ASSIGN_OR_RETURN(const DriverApi* api, Driver());
+  DeviceGuard guard(device);
+  cudaFree(nullptr);  // make sure the primary context exists before driver calls
+  CUmemGenericAllocationHandle handle = 0;
+  GPUFEED_RETURN_IF_ERROR(Check(
+      api->cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+      "cuMemImportFromShareableHandle"));
+  VmmMapping m;
+  m.device_ = device;
+  absl::Status s = Check(api->cuMemAddressReserve(&m.ptr_, bytes, 0, 0, 0), "cuMemAddressReserve");
+  if (s.ok()) {
+    m.size_ = bytes;  // from here on, reset() frees the range
+    s = Check(api->cuMemMap(m.ptr_, bytes, 0, handle, 0), "cuMemMap");
+  }
+  api->cuMemRelease(handle);  // the mapping holds the memory from here on
+  GPUFEED_RETURN_IF_ERROR(s);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  GPUFEED_RETURN_IF_ERROR(
+      Check(api->cuMemSetAccess(m.ptr_, bytes, &access, 1), "cuMemSetAccess"));
+  return m;
+}
+
+VmmMapping& VmmMapping::operator=(VmmMapping&& other) noexcept {
+  if (this != &other) {
+    reset();
+    device_ = other.device_;
+    ptr_ = std::exchange(other.ptr_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void VmmMapping::reset() {
+  if (ptr_ == 0) return;
+  if (absl::StatusOr<const DriverApi*> api = Driver(); api.ok()) {
+    DeviceGuard guard(device_);
+    // A mapping that failed half-way: unmap fails harmlessly where nothing is mapped.
+    (*api)->cuMemUnmap(ptr_, size_);
+    (*api)->cuMemAddressFree(ptr_, size_);
+  }
+  ptr_ = 0;
   size_ = 0;
 }
 

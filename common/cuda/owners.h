@@ -69,11 +69,19 @@ struct HostRegistrationTraits {
   static void Destroy(Handle h) { cudaHostUnregister(h); }
 };
 
+// Another process's allocation opened from its cudaIpcMemHandle_t.
+struct IpcMemoryTraits {
+  using Handle = void*;
+  static constexpr Handle kNull = nullptr;
+  static void Destroy(Handle h) { cudaIpcCloseMemHandle(h); }
+};
+
 using Stream = UniqueHandle<StreamTraits>;
 // An event we created, or one opened from another process's IPC handle (same release call).
 using Event = UniqueHandle<EventTraits>;
 using DeviceBuffer = UniqueHandle<DeviceMemoryTraits>;
 using HostRegistration = UniqueHandle<HostRegistrationTraits>;
+using IpcMemory = UniqueHandle<IpcMemoryTraits>;
 
 // Factories on `device`, errors with the call's name.
 absl::StatusOr<Stream> CreateStream(int device, unsigned flags, int priority);
@@ -82,6 +90,8 @@ absl::StatusOr<Event> OpenIpcEvent(int device, const cudaIpcEventHandle_t& handl
 absl::StatusOr<DeviceBuffer> Malloc(int device, size_t bytes);
 absl::StatusOr<HostRegistration> RegisterHost(int device, void* data, size_t bytes,
                                               unsigned flags);
+absl::StatusOr<IpcMemory> OpenIpcMemory(int device, const cudaIpcMemHandle_t& handle,
+                                        unsigned flags);
 
 // A VMM allocation exportable as a POSIX fd: created, reserved, mapped and made accessible
 // on `device`; the destructor unmaps, frees the address range and releases it (a consumer's
@@ -111,6 +121,28 @@ class VmmAllocation {
   CUdeviceptr ptr_ = 0;
   size_t size_ = 0;
   bool created_ = false;
+};
+
+// Another process's VMM allocation, imported from the POSIX fd it exported, mapped and made
+// accessible on `device` (VmmAllocation's other side); the destructor unmaps it and frees the
+// address range. The mapping alone holds the memory: the imported handle is released at once.
+class VmmMapping {
+ public:
+  static absl::StatusOr<VmmMapping> Import(int device, int fd, size_t bytes);
+  VmmMapping() = default;
+  ~VmmMapping() { reset(); }
+  VmmMapping(VmmMapping&& other) noexcept { *this = std::move(other); }
+  VmmMapping& operator=(VmmMapping&& other) noexcept;
+  VmmMapping(const VmmMapping&) = delete;
+  VmmMapping& operator=(const VmmMapping&) = delete;
+
+  void* data() const { return reinterpret_cast<void*>(ptr_); }  // NOLINT(performance-no-int-to-ptr)
+  void reset();
+
+ private:
+  int device_ = 0;
+  CUdeviceptr ptr_ = 0;  // reserved (and, once Import returns, mapped)
+  size_t size_ = 0;
 };
 
 }  // namespace gpufeed::cuda

@@ -24,7 +24,7 @@ absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& st
         return Invalid(i, "random_resized_crop", "only one geometry: a random_resized_crop, or a resize and a center_crop");
       }
       const RandomResizedCropOptions& o = s->options;
-      if (s->size < 1 || s->size > 8192) return Invalid(i, "random_resized_crop", absl::StrCat("size: 1 to 8192, got ", s->size));
+      if (s->size < 1 || s->size > kMaxPipelineSide) return Invalid(i, "random_resized_crop", absl::StrCat("size: 1 to ", kMaxPipelineSide, ", got ", s->size));
       if (!(o.scale_min > 0 && o.scale_min <= o.scale_max && o.scale_max <= 1)) {
         return Invalid(i, "random_resized_crop", "scale: want 0 < scale_min <= scale_max <= 1");
       }
@@ -36,13 +36,13 @@ absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& st
       if (plan.random_resized_crop || plan.resize || plan.center_crop) {
         return Invalid(i, "resize", "a resize comes once, before the center_crop, without random_resized_crop");
       }
-      if (s->shorter_side < 1 || s->shorter_side > 8192) return Invalid(i, "resize", absl::StrCat("shorter_side: 1 to 8192, got ", s->shorter_side));
+      if (s->shorter_side < 1 || s->shorter_side > kMaxPipelineSide) return Invalid(i, "resize", absl::StrCat("shorter_side: 1 to ", kMaxPipelineSide, ", got ", s->shorter_side));
       plan.resize = *s;
     } else if (const auto* s = std::get_if<CenterCropStep>(&step)) {
       if (plan.random_resized_crop || plan.center_crop) {
         return Invalid(i, "center_crop", "only one geometry: a random_resized_crop, or a resize and a center_crop");
       }
-      if (s->size < 1 || s->size > 8192) return Invalid(i, "center_crop", absl::StrCat("size: 1 to 8192, got ", s->size));
+      if (s->size < 1 || s->size > kMaxPipelineSide) return Invalid(i, "center_crop", absl::StrCat("size: 1 to ", kMaxPipelineSide, ", got ", s->size));
       if (plan.resize && s->size > plan.resize->shorter_side) {
         return Invalid(i, "center_crop", absl::StrCat("size: ", s->size, " is larger than the resized shorter side ", plan.resize->shorter_side));
       }

@@ -55,6 +55,11 @@ struct PipelinePlan {
   int out_width = 0;
 };
 
+// The largest size a geometry op may ask for (random_resized_crop and center_crop size,
+// resize shorter_side). The Python client checks the same bound before a request is sent
+// (tests/structure/mirrors_test.py keeps the two equal).
+inline constexpr int kMaxPipelineSide = 8192;
+
 absl::StatusOr<PipelinePlan> CompilePipeline(const std::vector<PipelineStep>& steps);
 
 // A canonical text of the steps: equal pipelines give equal text (part of a feed's key).

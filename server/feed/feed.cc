@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/metrics.h"
 #include "common/os/fd.h"
 #include "common/os/file.h"
@@ -224,82 +223,6 @@ std::string Feed::MakeFingerprint() const {
     absl::StrAppend(&out, out.empty() ? "" : ";", name, "=", EscapeValue(value));
   }
   return out;
-}
-
-std::vector<std::pair<std::string, std::string>> ParseFields(absl::string_view text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (absl::string_view field : absl::StrSplit(text, ';', absl::SkipEmpty())) {
-    const size_t eq = field.find('=');
-    if (eq == absl::string_view::npos) {
-      out.emplace_back(std::string(field), "");
-    } else {
-      out.emplace_back(std::string(field.substr(0, eq)), std::string(field.substr(eq + 1)));
-    }
-  }
-  return out;
-}
-
-namespace {
-
-using Fields = std::vector<std::pair<std::string, std::string>>;
-
-Fields::const_iterator Find(const Fields& fields, absl::string_view name) {
-  return std::find_if(fields.begin(), fields.end(),
-                      [name](const auto& p) { return p.first == name; });
-}
-
-// A position saved by a gpufeedd from before 2026-12-02 read as one saved now, where that
-// release's fingerprint of the same feed differs only in form: for a directory of shards it
-// held the directory's time (`mtime_ns` without `bytes`) and a `shards` item without its
-// files' times. Both are taken as matching: the shard set must still be the same, only its
-// files' times (which that release did not record) go unchecked.
-void UpgradeSaved(Fields& saved, const Fields& current) {
-  const auto shards = Find(current, "shards");
-  if (shards == current.end()) return;
-  if (Find(saved, "bytes") == saved.end() && Find(current, "mtime_ns") == current.end()) {
-    saved.erase(std::remove_if(saved.begin(), saved.end(),
-                               [](const auto& p) { return p.first == "mtime_ns"; }),
-                saved.end());
-  }
-  const absl::string_view now = shards->second;
-  for (auto& [name, value] : saved) {
-    if (name == "shards" && !absl::StrContains(value, kShardTimesPart) &&
-        now.substr(0, now.find(kShardTimesPart)) == value) {
-      value = shards->second;
-    }
-  }
-}
-
-}  // namespace
-
-absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current) {
-  if (saved == current) return absl::OkStatus();
-  Fields a = ParseFields(saved);
-  const Fields b = ParseFields(current);
-  UpgradeSaved(a, b);
-  std::vector<std::string> differ;
-  for (const auto& field : b) {
-    auto it = Find(a, field.first);
-    if (it == a.end() && field.first == "sampler") {
-      differ.push_back(absl::StrCat(
-          "sampler (the position was saved by a gpufeedd before ", field.second,
-          ", whose sample order differs: the same (epoch, step) names other samples now)"));
-    } else if (it == a.end()) {
-      differ.push_back(absl::StrCat(field.first, " (not in the saved position)"));
-    } else if (it->second != field.second) {
-      differ.push_back(absl::StrCat(field.first, " was ", it->second, ", is ", field.second));
-    }
-  }
-  for (const auto& field : a) {
-    if (Find(b, field.first) == b.end()) {
-      differ.push_back(absl::StrCat(field.first, " (no longer part of the feed)"));
-    }
-  }
-  if (differ.empty()) return absl::OkStatus();  // an earlier release's form of the same feed
-  return absl::FailedPreconditionError(absl::StrCat(
-      "start.fingerprint: the position was saved from another feed: ",
-      absl::StrJoin(differ, "; "),
-      ". Resume with the settings and data it was saved with, or start without it"));
 }
 
 namespace {

@@ -21,6 +21,7 @@
 #include "common/os/file.h"
 #include "server/auth/caller.h"
 #include "server/feed/dataset_handles.h"
+#include "server/feed/fingerprint.h"
 #include "server/images/dataset.h"
 #include "server/sampler/sampler.h"
 #include "server/share/share_cache.h"
@@ -260,14 +261,6 @@ class FeedRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<Feed>> feeds_ ABSL_GUARDED_BY(mu_);
 };
-
-// The fields of a "name=value;name=value" text (a fingerprint, a canonical spec), in order; a
-// field without "=" has an empty value.
-std::vector<std::pair<std::string, std::string>> ParseFields(absl::string_view text);
-
-// OK when a position saved with fingerprint `saved` may resume the feed of `current`;
-// FAILED_PRECONDITION naming every field that differs otherwise.
-absl::Status CompareFingerprints(absl::string_view saved, absl::string_view current);
 
 // The stable, printable key of a canonical spec text (FNV-1a, 64 bits, hex).
 std::string FeedKeyOf(const std::string& canonical);

@@ -525,7 +525,7 @@ def test_even_gives_every_rank_the_same_real_count_as_distributed_sampler(daemon
 def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, job, tmp_path):
     """A position saved by a gpufeedd from before 2026-12-02 for a directory of shards holds
     the directory's mtime_ns and a shards item without the shards' times. Loaded into an
-    attached loader (len() attaches, so the loader compares it itself) it resumes the same
+    attached loader (len() attaches, so loading asks the daemon at once) it resumes the same
     shard set exactly; the same form with another shard set is refused, naming shards."""
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -553,10 +553,19 @@ def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, 
         assert len(second) == len(full)
         second.load_state_dict(dict(state, fingerprint=old))
         assert head + ids(second) == full
+    # A closed loader asks the daemon too, and stays closed until it iterates.
+    with _loader(daemon, str(shards), **opts) as closed:
+        len(closed)
+        closed.close()
+        closed.load_state_dict(dict(state, fingerprint=old))
+        assert closed._session is None
+        assert head + ids(closed) == full
     other = old.replace(shards_item.split(", mtimes")[0], "3 files, fnv1a64 0123456789abcdef")
     with _loader(daemon, str(shards), **opts) as third:
         len(third)
-        with pytest.raises(gpufeed.FailedPrecondition, match=r"shards was 3 files"):
+        with pytest.raises(gpufeed.FailedPrecondition,
+                           match=r"^state_dict: the position was saved from another feed: "
+                                 r"shards was 3 files, fnv1a64 0123456789abcdef, is 2 files"):
             third.load_state_dict(dict(state, fingerprint=other))
 
 

@@ -27,7 +27,8 @@ import os
 import stat
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 
@@ -47,6 +48,16 @@ _GRPC_PID: Optional[int] = None
 # gpufeed_next waits in slices this long, so that Ctrl-C (handled by Python between calls)
 # interrupts a consumer waiting for a batch.
 _WAIT_SLICE_MS = 200
+
+# The string choices of attach: the names of feed.proto's enums (DatasetKind, DeliveryKind,
+# IpcKind with "auto" for unspecified, ImageDecode, ImageAugment, BadSamplePolicy), which
+# tests/structure/mirrors_test.py checks against the proto and the C library's options.
+Kind = Literal["tokens", "records", "image_folder", "webdataset"]
+Delivery = Literal["host", "device"]
+Ipc = Literal["auto", "vmm", "legacy"]
+Decode = Literal["auto", "cpu", "nvjpeg"]
+Augment = Literal["auto", "cpu", "gpu"]
+BadSample = Literal["skip", "fail"]
 
 # gpufeed_dtype -> (name, numpy typestr). numpy has no bfloat16: its bits are shown as uint16.
 DTYPES: Dict[int, Tuple[str, str]] = {
@@ -666,7 +677,7 @@ class Client:
         dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
                        Sequence[Union[str, "os.PathLike[str]"]]],
         *,
-        kind: str,
+        kind: Kind,
         batch_size: int,
         seq_len: Optional[int] = None,
         token_dtype: Any = None,
@@ -679,14 +690,14 @@ class Client:
         world_size: int = 1,
         job: Optional[str] = None,
         ring_slots: Optional[int] = None,
-        delivery: str = "host",
+        delivery: Delivery = "host",
         gpu: Optional[str] = None,
-        ipc: Optional[str] = None,
+        ipc: Optional[Ipc] = None,
         start: Optional[Tuple[int, int]] = None,
         stop_epoch: Optional[int] = None,
-        bad_sample: Optional[str] = None,
-        decode: str = "auto",
-        augment: str = "auto",
+        bad_sample: Optional[BadSample] = None,
+        decode: Decode = "auto",
+        augment: Augment = "auto",
         rpc_timeout: Optional[float] = None,
         reconnect_timeout: Optional[float] = None,
         keepalive: Optional[float] = None,
@@ -815,5 +826,6 @@ class Client:
         return f"gpufeed.Client(socket={self.socket!r})"
 
 
-__all__ = ["Batch", "Client", "DEFAULT_SOCKET", "DTYPES", "PipelineSpec", "Position",
+__all__ = ["Augment", "BadSample", "Batch", "Client", "DEFAULT_SOCKET", "DTYPES", "Decode",
+           "Delivery", "Ipc", "Kind", "PipelineSpec", "Position",
            "Session", "SessionInfo", "Tensor", "default_socket", "pipeline_json"]

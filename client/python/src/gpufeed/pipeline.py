@@ -28,7 +28,8 @@ import json
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union, overload
+from typing import (Any, Dict, Iterable, Iterator, List, Literal, Optional, Tuple, Union,
+                    overload)
 
 import numpy as np
 
@@ -37,10 +38,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 """ImageNet's per-channel standard deviation."""
 
-_MAX_SIDE = 8192  # the daemon's limit on sizes (server/augment/pipeline.cc)
+_MAX_SIDE = 8192  # the daemon's kMaxPipelineSide (tests/structure/mirrors_test.py checks)
 _DTYPES = {"uint8": "DTYPE_UINT8", "float16": "DTYPE_FLOAT16", "bfloat16": "DTYPE_BFLOAT16",
            "float32": "DTYPE_FLOAT32"}
 _LAYOUTS = {"nchw": "IMAGE_LAYOUT_NCHW", "nhwc": "IMAGE_LAYOUT_NHWC"}
+# layout()'s choice (upper case is taken too); the keys of _LAYOUTS (mirrors_test.py checks).
+Layout = Literal["nchw", "nhwc"]
 
 
 class Op(Mapping):
@@ -267,7 +270,7 @@ def cast(dtype: Any) -> Op:
     return Op("cast", {"dtype": _DTYPES[dtype_name(dtype)]})
 
 
-def layout(layout: str = "nchw") -> Op:
+def layout(layout: Layout = "nchw") -> Op:
     """``"nchw"`` (``[B, 3, H, W]``, torchvision's; the default) or ``"nhwc"``."""
     name = layout.lower() if isinstance(layout, str) else None
     if name not in _LAYOUTS:

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from gpufeed.client import Batch as _CoreBatch
+from gpufeed.client import Augment, BadSample, Decode, Kind
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -303,25 +304,20 @@ def _lingering(key: Tuple[str, Optional[str], int]) -> List[_Held]:
     return [h for k, held in _LINGERING if k == key for h in held]
 
 
-def _fingerprint_differences(saved: str, current: str) -> List[str]:
-    """The fields of two feed fingerprints ("name=value;...") that differ, as the daemon
-    names them."""
-    def fields(text: str) -> Dict[str, str]:
-        return dict(f.partition("=")[::2] for f in text.split(";") if f)
-    a, b = fields(saved), fields(current)
-    # The form a gpufeedd from before 2026-12-02 saved for a directory of shards (the
-    # directory's mtime_ns, shards without their times) matches the same shard set, as the
-    # daemon's CompareFingerprints takes it (server/feed/feed.cc, UpgradeSaved).
-    times = ", mtimes fnv1a64 "
-    if "shards" in b:
-        if "bytes" not in a and "mtime_ns" not in b:
-            a.pop("mtime_ns", None)
-        if times not in a.get("shards", times) and b["shards"].split(times)[0] == a["shards"]:
-            a["shards"] = b["shards"]
-    out = [f"{k} was {a[k]}, is {v}" if k in a else f"{k} (not in the saved position)"
-           for k, v in b.items() if a.get(k) != v]
-    out += [f"{k} (no longer part of the feed)" for k in a if k not in b]
-    return out
+# The daemon's refusal of a position saved from another feed (feed.proto, Position.fingerprint):
+# these two around the differing fields, joined by "; ".
+_REFUSED = "start.fingerprint: the position was saved from another feed: "
+_REFUSED_END = ". Resume with the settings and data it was saved with, or start without it"
+
+
+def _refused_differences(message: str) -> Optional[List[str]]:
+    """The fields the daemon named in its refusal of a saved fingerprint, each as it words
+    them ("seq_len was 32, is 16"); None for any other message. The client library puts
+    the call's name first ("attach: ")."""
+    at = message.find(_REFUSED)
+    if at < 0 or not message.endswith(_REFUSED_END):
+        return None
+    return message[at + len(_REFUSED):-len(_REFUSED_END)].split("; ")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -463,7 +459,7 @@ class Loader:
         dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
                        Sequence[Union[str, "os.PathLike[str]"]]],
         *,
-        kind: str,
+        kind: Kind,
         batch_size: int,
         seq_len: Optional[int] = None,
         token_dtype: Optional[str] = None,
@@ -478,9 +474,9 @@ class Loader:
         world_size: Optional[int] = None,
         job: Optional[str] = None,
         ring_slots: Optional[int] = None,
-        decode: str = "auto",
-        augment: str = "auto",
-        bad_sample: str = "skip",
+        decode: Decode = "auto",
+        augment: Augment = "auto",
+        bad_sample: BadSample = "skip",
         socket: Optional[Union[str, "os.PathLike[str]"]] = None,
         copy: bool = False,
         timeout: Optional[float] = None,
@@ -661,14 +657,23 @@ class Loader:
         self._yielded = False  # the next iter() resumes here, mid-epoch or not
         fingerprint = state.get("fingerprint")
         self._loaded_fingerprint = str(fingerprint) if fingerprint else None
-        if self._loaded_fingerprint and self._fingerprint:
-            # The daemon checks it again at the next attach; say it here, where it was loaded.
-            differ = _fingerprint_differences(self._loaded_fingerprint, self._fingerprint)
-            if differ:
+        if self._loaded_fingerprint and self._fingerprint not in ("", self._loaded_fingerprint):
+            # Said here, where it was loaded. Which fields differ, and which form an earlier
+            # release saved still matches, only the daemon knows: the attach at the loaded
+            # position (the one the next iter() makes) asks it; a loader closed stays closed.
+            attached = self._session is not None and not self._session.closed
+            try:
+                self._attach(self._position, anew=True)
+                if not attached:
+                    self.close()
+            except FailedPrecondition as e:
+                differ = _refused_differences(e.message)
+                if differ is None:
+                    raise
                 self._loaded_fingerprint = None
                 raise FailedPrecondition(
                     "state_dict: the position was saved from another feed: " + "; ".join(differ)
-                    + ". Resume with the settings and data it was saved with")
+                    + ". Resume with the settings and data it was saved with") from None
 
     # ---- iteration ----
 
@@ -706,11 +711,11 @@ class Loader:
                 "it: make a new Loader in the child, or give the child one that has not "
                 "attached yet (or a pickled one: a pickle carries no session)")
 
-    def _attach(self, position: Position) -> Session:
-        """The session, attached anew when it is not at ``position``."""
+    def _attach(self, position: Position, anew: bool = False) -> Session:
+        """The session, attached anew when it is not at ``position`` (or ``anew``)."""
         self._check_process()
         if self._session is not None and not self._session.closed:
-            if self._session.position() == position:
+            if self._session.position() == position and not anew:
                 return self._session
             # Ending the session returns its ring: first every batch still held must be
             # moved out of it.

@@ -81,8 +81,8 @@ TEST_F(GuardedCopyTest, AShrunkFileFaultsOnlyPastTheNewLastPage) {
   const absl::Status s = GuardedCopy(across.data(), at(page_), across.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(s.message(), kShrankMessage);
-  // Partly written, as the header says: the bytes before the fault arrived.
-  EXPECT_EQ(across.substr(0, 10), contents_.substr(page_, 10));
+  // What arrived before the fault is memcpy's order (glibc's may copy the tail first): the
+  // header promises nothing of it, so nothing is asserted.
 }
 
 TEST_F(GuardedCopyTest, TheGuardStaysArmedAfterAFaultAndOnEveryThread) {

@@ -138,6 +138,7 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(adaptive_decode, adaptive_decode, file.adaptive_decode());
   GPUFEED_FROM_FILE(region_decode, region_decode, file.region_decode());
   GPUFEED_FROM_FILE(cheapest_cpu_rows, cheapest_cpu_rows, file.cheapest_cpu_rows());
+  GPUFEED_FROM_FILE(share_cache_bytes, share_cache_bytes, file.share_cache_bytes());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(metrics_job_labels, metrics_job_labels, file.metrics_job_labels());
   GPUFEED_FROM_FILE(root_is_admin, root_is_admin, file.root_is_admin());

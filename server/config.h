@@ -61,6 +61,8 @@ struct DaemonConfig {
   // adaptive_decode: the CPU takes the rows cheapest for it (images/cpu_rows.h); off: by
   // index.
   bool cheapest_cpu_rows = true;
+  // The sharing groups' cache of decoded images (session/session_manager.h).
+  uint64_t share_cache_bytes = uint64_t{1} << 30;
   // Liveness from progress (common/progress.h): stalled once a pipeline thread has been in one
   // work item this long without finishing a sample; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);

@@ -290,7 +290,7 @@ Feed::Claimed Feed::Claim(Position p, int32_t rank, std::span<int64_t> ids,
   c.at.resize(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) c.at[i] = OrderPosition(p.epoch, n, places[i]);
   const std::vector<ShareCache::Row> rows =
-      share->Claim(std::span<const int64_t>(ids.data(), ids.size()), c.at, OrderCursor(p),
+      share->Claim(std::span<const int64_t>(ids.data(), ids.size()), OrderCursor(p),
                    OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).second));
   c.rows.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) c.rows[i] = SharedRow{rows[i].found, rows[i].wanted, nullptr};

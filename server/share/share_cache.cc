@@ -64,10 +64,10 @@ void ShareCache::Remove(Member& m) {
   absl::MutexLock lock(&mu_);
   GroupState& g = *m.group_;
   g.cursors.erase(m.cursor_);
-  DropPassed(g);
   if (g.cursors.empty()) {
+    DropAll(g);
     Add(gone_, g.counters);
-    gone_.bytes = gone_.entries = 0;  // DropPassed freed them all
+    gone_.bytes = gone_.entries = 0;  // DropAll freed them
     const std::string key = g.key;  // erase destroys g
     groups_.erase(key);
   }
@@ -77,7 +77,6 @@ void ShareCache::MoveCursor(Member& m, int64_t cursor) {
   if (*m.cursor_ == cursor) return;
   m.group_->cursors.erase(m.cursor_);
   m.cursor_ = m.group_->cursors.insert(cursor);
-  DropPassed(*m.group_);
 }
 
 void ShareCache::Member::Advance(int64_t cursor) {
@@ -87,8 +86,7 @@ void ShareCache::Member::Advance(int64_t cursor) {
 }
 
 std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> ids,
-                                                       std::span<const int64_t> at, int64_t first,
-                                                       int64_t end) {
+                                                       int64_t first, int64_t end) {
   std::vector<Row> rows(ids.size());
   absl::MutexLock lock(&cache_->mu_);
   GroupState& g = *group_;
@@ -113,7 +111,7 @@ std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> 
   }
   cache_->MoveCursor(*this, cursor);
   for (size_t i = 0; i < ids.size(); ++i) {
-    rows[i].wanted = rows[i].found == nullptr && NextUse(g, at[i]) != kNever;
+    rows[i].wanted = rows[i].found == nullptr && cache_->budget_ > 0;
   }
   return rows;
 }
@@ -128,7 +126,7 @@ void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Ima
     return;
   }
   const int64_t next_use = NextUse(g, at);
-  if (next_use == kNever || bytes > c.budget_) {
+  if (bytes > c.budget_) {
     ++g.counters.bypassed;
     return;
   }
@@ -193,11 +191,8 @@ void ShareCache::Erase(GroupState& g, int64_t id) {
   g.entries.erase(it);
 }
 
-void ShareCache::DropPassed(GroupState& g) {
-  while (!g.by_at.empty() &&
-         (g.cursors.empty() || g.by_at.begin()->first < *g.cursors.begin())) {
-    Erase(g, g.by_at.begin()->second);
-  }
+void ShareCache::DropAll(GroupState& g) {
+  while (!g.by_at.empty()) Erase(g, g.by_at.begin()->second);
 }
 
 ShareCounters ShareCache::counters() const {
@@ -211,7 +206,8 @@ std::vector<ShareGroupInfo> ShareCache::Groups() const {
   absl::MutexLock lock(&mu_);
   std::vector<ShareGroupInfo> out;
   for (const auto& [key, g] : groups_) {
-    out.push_back({key, static_cast<int>(g->cursors.size()), g->counters});
+    out.push_back({key, static_cast<int>(g->cursors.size()),
+                   std::vector<int64_t>(g->cursors.begin(), g->cursors.end()), g->counters});
   }
   return out;
 }

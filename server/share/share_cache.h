@@ -8,13 +8,16 @@
 // claims a batch (looks up every row, then moves its cursor past the batch) before it decodes
 // the misses, so its own decodes lie behind its cursor and count only for the others:
 // - a sample decoded at position `at` is next needed by the nearest member behind it (cursor
-//   <= at), after (at - that cursor) more positions; with none behind, never (it is not kept);
-// - when the budget is full the entry whose next use is farthest goes (Belady's rule), or the
-//   new one is not kept when it would be the farthest itself;
-// - an entry every member has passed is dropped at once.
+//   <= at), after (at - that cursor) more positions; with none behind, by no member now (a
+//   job that joins later, or resumes at an old position, may still read it);
+// - while there is room every decode is kept; when the budget is full, an entry no member
+//   will read goes first (the oldest), then the one whose next use is farthest (Belady's
+//   rule), or the new one is not kept when it would be the farthest itself;
+// - a group's entries go with its last member.
 // Nothing here waits: a miss is the caller's own decode, and a member that stalls only makes
 // the entries ahead of it far (evicted first), never blocks another. A member that ends (its
-// session ended, killed or not) stops counting at once.
+// session ended, killed or not) stops counting at once: what only it would have read is now
+// read by no member, and goes first.
 //
 // Entries are whole decoded images (Image, full size): what each job then does with them
 // (crop, resize, flip, normalize, keyed by the job's own augmentation seed) is the job's own,
@@ -41,9 +44,9 @@ struct ShareCounters {
   uint64_t hits = 0;       // Find that returned an entry
   uint64_t misses = 0;     // Find that did not: the caller decodes
   uint64_t inserts = 0;    // Offer kept
-  uint64_t bypassed = 0;   // Offer not kept: no member behind it, or farther than every entry
+  uint64_t bypassed = 0;   // Offer not kept: the budget full of entries read sooner
   uint64_t raced = 0;      // Offer of a sample another member had just offered
-  uint64_t evictions = 0;  // entries pushed out for a nearer one (not those every member passed)
+  uint64_t evictions = 0;  // entries pushed out for a newer one
   uint64_t bytes = 0;      // held now
   uint64_t entries = 0;    // held now
 };
@@ -51,6 +54,7 @@ struct ShareCounters {
 struct ShareGroupInfo {
   std::string key;
   int members = 0;
+  std::vector<int64_t> cursors;  // the members', lowest first
   ShareCounters counters;
 };
 
@@ -65,8 +69,8 @@ class ShareCache {
   ShareCache(const ShareCache&) = delete;
   ShareCache& operator=(const ShareCache&) = delete;
 
-  // One row of a claimed batch: the group's decode of the sample, or (a miss) whether a
-  // member behind will read it, so that the caller decodes it whole and offers it.
+  // One row of a claimed batch: the group's decode of the sample, or (a miss) whether the
+  // caller should offer its decode (the cache keeps decodes: a budget above zero).
   struct Row {
     std::shared_ptr<const Image> found;
     bool wanted = false;
@@ -80,12 +84,11 @@ class ShareCache {
     Member& operator=(Member&& other) noexcept;
     ~Member() { Leave(); }
 
-    // Claims the batch that reads order positions [first, end): looks up each row (`ids[i]`
-    // at position `at[i]`), then moves the cursor past the batch, as one step. A session fills
-    // several batches at once, so claims may come out of order: the cursor moves past a batch
-    // only once every batch before it is claimed.
-    std::vector<Row> Claim(std::span<const int64_t> ids, std::span<const int64_t> at,
-                           int64_t first, int64_t end);
+    // Claims the batch that reads order positions [first, end): looks up each row's sample,
+    // then moves the cursor past the batch, as one step. A session fills several batches at
+    // once, so claims may come out of order: the cursor moves past a batch only once every
+    // batch before it is claimed.
+    std::vector<Row> Claim(std::span<const int64_t> ids, int64_t first, int64_t end);
     // Moves the cursor without reading (a resume at another position), forgetting claims.
     void Advance(int64_t cursor);
     // `image`, a whole decode by this member of sample `id` at order position `at`, for the
@@ -134,8 +137,8 @@ class ShareCache {
   // The entry of `g` used farthest ahead: (distance, id); distance -1 when `g` has none.
   static std::pair<int64_t, int64_t> Farthest(const GroupState& g);
   void Erase(GroupState& g, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the entries of `g` that every member has passed (all of them when it has none).
-  void DropPassed(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops every entry of `g` (its last member left).
+  void DropAll(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(Member& m);
 
   const uint64_t budget_;

@@ -231,7 +231,7 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
         if (!digest.ok()) return Fail(digest.status());
         ids_out << ",\"digest\":\"" << absl::StrCat(absl::Hex(*digest, absl::kZeroPad16)) << "\"";
       }
-      ids_out << "}\n";
+      ids_out << "}" << std::endl;  // each line whole on disk: a killed consumer's file is too
     }
     if (!flags.dump.empty() && batches == 1) {
       if (absl::Status s = DumpBatch(*batch, flags.dump, stream.get()); !s.ok()) return Fail(s);

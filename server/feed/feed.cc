@@ -59,6 +59,8 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.max_image_bytes = limits.max_image_bytes;
   spec.dataset.max_pixels = limits.max_image_pixels;
   spec.dataset.region_decode = limits.region_decode;
+  spec.dataset.counters =
+      limits.counters != nullptr ? limits.counters : std::make_shared<metrics::Counters>();
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
   GPUFEED_ASSIGN_OR_RETURN(
@@ -242,7 +244,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
                                              std::span<int64_t> ids, const ParallelFor& parallel,
                                              const FillDeadline& deadline) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
-  metrics::StageTimer timer(metrics::Stage::kFill);
+  metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   StageArena arena(*staged_layout_);
   const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu};
@@ -291,7 +293,7 @@ void Feed::CountProduced(int64_t valid) const {
 absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot,
                                        std::span<int64_t> ids, const ParallelFor& parallel,
                                        const FillDeadline& deadline) const {
-  metrics::StageTimer timer(metrics::Stage::kFill);
+  metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   const int64_t valid = sampler_->RankSlice(p, rank, ids);
   uint64_t row_bytes = 0;
   for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;

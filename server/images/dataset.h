@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "common/os/file.h"
 #include "common/os/peer_cred.h"
 #include "server/augment/pipeline.h"
@@ -40,6 +41,9 @@ struct DatasetSpec : FileDatasetSpec {
   // directory descriptor (fd >= 0) reads the files beneath it only where their mode bits let
   // `reader` read them.
   std::optional<PeerCred> reader;
+  // Set by the feed (FeedLimits::counters), never from a request (not part of the key): where
+  // an image dataset records its reads, decodes and augmentations; null: counters of its own.
+  std::shared_ptr<metrics::Counters> counters;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

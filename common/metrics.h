@@ -1,6 +1,8 @@
-// Daemon-wide measurements the core records and the metrics endpoint exports
+// A daemon's measurements, which the core records and the metrics endpoint exports
 // (server/service/metrics.cc). Plain atomics: the core takes no dependency on Prometheus, and
-// recording costs two clock reads and a few relaxed adds.
+// recording costs two clock reads and a few relaxed adds. Each daemon owns its Counters (two
+// daemons in one process, as tests start them, count apart); the feed hands them to its
+// dataset and sessions.
 #pragma once
 
 #include <array>
@@ -42,34 +44,52 @@ class StageHistogram {
   std::atomic<uint64_t> sum_ns_{0};
 };
 
-StageHistogram& Histogram(Stage stage);
+// Images decoded, by decoder: the CPU's whole-file decodes (every PNG, and every JPEG not cut
+// to a box), its region decodes (only a random resized crop's box of a JPEG, --region_decode)
+// and the rows staged for nvJPEG (less those the GPU refused, which the CPU redoes and counts:
+// Session::RedoRows).
+enum class Decoder { kCpu, kCpuRegion, kNvjpeg };
+inline constexpr int kNumDecoders = 3;
+inline constexpr const char* kDecoderNames[kNumDecoders] = {"cpu", "cpu_region", "nvjpeg"};
 
-// Records the time from construction to destruction under `stage`.
+// One daemon's counters and stage histograms, since its start.
+class Counters {
+ public:
+  StageHistogram& histogram(Stage stage) { return histograms_[static_cast<int>(stage)]; }
+  const StageHistogram& histogram(Stage stage) const {
+    return histograms_[static_cast<int>(stage)];
+  }
+  // Bytes of batches handed to consumers, by delivery kind (0 host, else device).
+  std::atomic<uint64_t>& delivered_bytes(int device) { return delivered_[device != 0 ? 1 : 0]; }
+  uint64_t delivered_bytes(int device) const {
+    return delivered_[device != 0 ? 1 : 0].load(std::memory_order_relaxed);
+  }
+  std::atomic<uint64_t>& decodes(Decoder decoder) { return decodes_[static_cast<int>(decoder)]; }
+  uint64_t decodes(Decoder decoder) const {
+    return decodes_[static_cast<int>(decoder)].load(std::memory_order_relaxed);
+  }
+
+ private:
+  StageHistogram histograms_[kNumStages];
+  std::atomic<uint64_t> delivered_[2]{};
+  std::atomic<uint64_t> decodes_[kNumDecoders]{};
+};
+
+// Records the time from construction to destruction under `stage` of `counters`.
 class StageTimer {
  public:
-  explicit StageTimer(Stage stage) : stage_(stage), start_(std::chrono::steady_clock::now()) {}
+  StageTimer(Counters& counters, Stage stage)
+      : histogram_(counters.histogram(stage)), start_(std::chrono::steady_clock::now()) {}
   ~StageTimer() {
-    Histogram(stage_).Observe(
+    histogram_.Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
 
  private:
-  const Stage stage_;
+  StageHistogram& histogram_;
   const std::chrono::steady_clock::time_point start_;
 };
-
-// Bytes of batches handed to consumers, by delivery kind (0 host, 1 device), since start-up.
-std::atomic<uint64_t>& DeliveredBytes(int device);
-
-// Images decoded since start-up, by decoder: the CPU's whole-file decodes (every PNG, and
-// every JPEG not cut to a box), its region decodes (only a random resized crop's box of a
-// JPEG, --region_decode) and the rows staged for nvJPEG (less those the GPU refused, which
-// the CPU redoes and counts: Session::RedoRows).
-enum class Decoder { kCpu, kCpuRegion, kNvjpeg };
-inline constexpr int kNumDecoders = 3;
-inline constexpr const char* kDecoderNames[kNumDecoders] = {"cpu", "cpu_region", "nvjpeg"};
-std::atomic<uint64_t>& Decodes(Decoder decoder);
 
 }  // namespace gpufeed::metrics

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/os/file.h"
 #include "common/os/runtime_dir.h"
 #include "common/os/unix_socket.h"
@@ -130,6 +131,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.feed_limits.max_image_bytes = c.max_image_bytes;
   options.feed_limits.max_image_pixels = c.max_image_pixels;
   options.feed_limits.region_decode = c.region_decode;
+  d->counters_ = std::make_shared<metrics::Counters>();
+  options.feed_limits.counters = d->counters_;
   options.max_ids_bytes = c.max_ids_bytes;
   options.max_ids_bytes_per_uid = c.max_ids_bytes_per_uid;
   options.access.walk.index_bytes = ByteBudget::Create(
@@ -251,6 +254,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   if (!c.metrics_listen.empty()) {
     MetricsSources sources{kVersion, d->devices_ != nullptr, d->sessions_.get(), d->pool_.get(),
                            d->devices_.get(), c.metrics_job_labels};
+    sources.counters = d->counters_.get();
     GPUFEED_ASSIGN_OR_RETURN(d->metrics_, MetricsServer::Start(c.metrics_listen, sources));
   }
   // Liveness ("") and readiness ("gpufeed.v1.Feed") go SERVING once both sockets are bound and

@@ -26,6 +26,10 @@ namespace gpufeed {
 class FileSystem;
 }
 
+namespace gpufeed::metrics {
+class Counters;
+}
+
 namespace gpufeed::server {
 
 class StagingPool;
@@ -101,6 +105,8 @@ class Daemon {
   std::unique_ptr<StagingPool> pool_;
   std::unique_ptr<DeviceBackend> devices_;  // null without CUDA support built in or injected
   bool pinned_ = false;
+  // This daemon's measurements, recorded by its feeds and sessions and exported by metrics_.
+  std::shared_ptr<metrics::Counters> counters_;
   std::unique_ptr<SessionManager> sessions_;
   // The gRPC socket's listener (thread `accept`, peer credentials) and the services' view
   // of them.

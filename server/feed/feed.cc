@@ -78,6 +78,8 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.max_image_bytes = limits.max_image_bytes;
   spec.dataset.max_pixels = limits.max_image_pixels;
   spec.dataset.region_decode = limits.region_decode;
+  spec.dataset.counters =
+      limits.counters != nullptr ? limits.counters : std::make_shared<metrics::Counters>();
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
   GPUFEED_ASSIGN_OR_RETURN(
@@ -311,7 +313,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
                                              const FillDeadline& deadline,
                                              ShareCache::Member* share) const {
   if (!staged_layout_) return absl::FailedPreconditionError("the dataset has no staged form");
-  metrics::StageTimer timer(metrics::Stage::kFill);
+  metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   // nvJPEG's pixels are not the CPU decoder's: only the CPU decode path shares.
   Claimed claimed = Claim(p, rank, ids, mode == StageMode::kCpuDecode ? share : nullptr);
   const int64_t valid = claimed.valid;
@@ -364,7 +366,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
                                        std::span<int64_t> ids, const ParallelFor& parallel,
                                        const FillDeadline& deadline,
                                        ShareCache::Member* share) const {
-  metrics::StageTimer timer(metrics::Stage::kFill);
+  metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   Claimed claimed = Claim(p, rank, ids, share);
   const int64_t valid = claimed.valid;
   uint64_t row_bytes = 0;

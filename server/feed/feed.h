@@ -40,6 +40,9 @@ struct FeedLimits {
   uint64_t max_image_pixels = 64'000'000;
   // Not a bound: how a random resized crop decodes a JPEG (DatasetSpec::region_decode).
   bool region_decode = true;
+  // Not a bound: where the feed, its dataset and its sessions record (common/metrics.h; the
+  // daemon's own); null: counters of the feed's own.
+  std::shared_ptr<metrics::Counters> counters;
 };
 
 struct FeedSpec {
@@ -161,6 +164,8 @@ class Feed {
   // Valid (unpadded) rows of those batches.
   int64_t samples_produced() const { return samples_produced_.load(std::memory_order_relaxed); }
   uint64_t bytes_produced() const { return bytes_produced_.load(std::memory_order_relaxed); }
+  // Where the feed's work is recorded (FeedLimits::counters), its sessions' too.
+  metrics::Counters& counters() const { return *spec_.dataset.counters; }
 
  private:
   // `identity`: "bytes=..;mtime_ns=.." of the dataset as opened ("" where there is none, as

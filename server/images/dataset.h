@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "common/os/file.h"
 #include "common/os/peer_cred.h"
 #include "server/augment/pipeline.h"
@@ -45,6 +46,9 @@ struct DatasetSpec : FileDatasetSpec {
   // Set by the feed registry (not part of the key): the dataset's (device, inode) and its
   // reader's rights, as the registry keys feeds by them; a sharing group's jobs must agree.
   std::string resolved;
+  // Set by the feed (FeedLimits::counters), never from a request (not part of the key): where
+  // an image dataset records its reads, decodes and augmentations; null: counters of its own.
+  std::shared_ptr<metrics::Counters> counters;
 };
 
 // How the samples of a batch reach the slot: finished on the CPU (kNone), or staged for the

@@ -35,7 +35,9 @@ class SourcedImageDataset final : public ImageDataset {
         policy_(spec.bad_sample),
         max_pixels_(spec.max_pixels),
         max_image_bytes_(spec.max_image_bytes),
-        region_decode_(spec.region_decode) {
+        region_decode_(spec.region_decode),
+        counters_(spec.counters != nullptr ? spec.counters
+                                           : std::make_shared<metrics::Counters>()) {
     const int h = plan_.out_height, w = plan_.out_width;
     std::vector<int64_t> shape = plan_.output.layout == Layout::kNCHW
                                      ? std::vector<int64_t>{3, h, w}
@@ -170,13 +172,13 @@ class SourcedImageDataset final : public ImageDataset {
 
  private:
   absl::StatusOr<std::vector<uint8_t>> ReadFile(uint64_t sample) const {
-    metrics::StageTimer timer(metrics::Stage::kRead);
+    metrics::StageTimer timer(*counters_, metrics::Stage::kRead);
     return source_->Read(sample, max_image_bytes_);
   }
 
   absl::StatusOr<Image> Decode(std::span<const uint8_t> bytes, int scale_denom = 1,
                                CropBox region = {}) const {
-    metrics::StageTimer timer(metrics::Stage::kDecode);
+    metrics::StageTimer timer(*counters_, metrics::Stage::kDecode);
     DecodeOptions options;
     options.max_pixels = max_pixels_;
     options.scale_denom = scale_denom;
@@ -290,8 +292,8 @@ class SourcedImageDataset final : public ImageDataset {
     return bin;
   }
 
-  static void Count(metrics::Decoder decoder) {
-    metrics::Decodes(decoder).fetch_add(1, std::memory_order_relaxed);
+  void Count(metrics::Decoder decoder) const {
+    counters_->decodes(decoder).fetch_add(1, std::memory_order_relaxed);
   }
 
   // Maps a geometry planned on a height x width image onto the same image decoded at
@@ -401,7 +403,7 @@ class SourcedImageDataset final : public ImageDataset {
   // The CPU path: geometry, then the output stage, into one finished image row (SIMD, in one
   // pass; bit-equal to ResizedCrop, the window, then WriteImage, and to the kernel's arithmetic).
   void Augment(const Image& image, const StagedGeometry& g, std::byte* out) const {
-    metrics::StageTimer timer(metrics::Stage::kAugment);
+    metrics::StageTimer timer(*counters_, metrics::Stage::kAugment);
     FastAugment(image, g, plan_.out_height, plan_.out_width, plan_.output, out);
   }
 
@@ -447,6 +449,7 @@ class SourcedImageDataset final : public ImageDataset {
   const uint64_t max_pixels_;
   const uint64_t max_image_bytes_;
   const bool region_decode_;
+  const std::shared_ptr<metrics::Counters> counters_;
   std::vector<SampleTensor> tensors_;
   mutable std::atomic<int64_t> bad_[std::size(kBadImageReasons)] = {};
   mutable absl::Mutex mu_;

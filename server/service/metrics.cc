@@ -130,19 +130,17 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
       b.Family("gpufeed_delivered_bytes_total",
                "Bytes of batches handed to consumers, by delivery kind", MetricType::Counter);
   Builder::Add(delivered, {{"delivery", "host"}},
-               static_cast<double>(metrics::DeliveredBytes(0).load(std::memory_order_relaxed)));
+               static_cast<double>(src.counters->delivered_bytes(0)));
   Builder::Add(delivered, {{"delivery", "device"}},
-               static_cast<double>(metrics::DeliveredBytes(1).load(std::memory_order_relaxed)));
+               static_cast<double>(src.counters->delivered_bytes(1)));
 
   auto& decodes = b.Family("gpufeed_decodes_total",
                            "Images decoded, by decoder: cpu (whole files), cpu_region (only a "
                            "random resized crop's box of a JPEG) and nvjpeg (rows it decoded)",
                            MetricType::Counter);
   for (int i = 0; i < metrics::kNumDecoders; ++i) {
-    Builder::Add(
-        decodes, {{"decoder", metrics::kDecoderNames[i]}},
-        static_cast<double>(
-            metrics::Decodes(static_cast<metrics::Decoder>(i)).load(std::memory_order_relaxed)));
+    Builder::Add(decodes, {{"decoder", metrics::kDecoderNames[i]}},
+                 static_cast<double>(src.counters->decodes(static_cast<metrics::Decoder>(i))));
   }
 
   // Staging memory by state: the pool's unallocated bytes and rings' free slots are "free".
@@ -241,7 +239,7 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                           "per batch submitted on a GPU's copy thread",
                           MetricType::Histogram);
   for (int i = 0; i < metrics::kNumStages; ++i) {
-    const metrics::StageHistogram& h = metrics::Histogram(static_cast<metrics::Stage>(i));
+    const metrics::StageHistogram& h = src.counters->histogram(static_cast<metrics::Stage>(i));
     const auto counts = h.Counts();
     ClientMetric m;
     m.label = {{"stage", metrics::kStageNames[i]}};

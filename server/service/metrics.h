@@ -1,6 +1,6 @@
 // The Prometheus endpoint (--metrics_listen, /metrics): prometheus-cpp's exposer with one
 // collector that reads the daemon's state at scrape time (sessions, feeds, staging and device
-// memory, per-consumer stall) and the stage histograms of common/metrics.h.
+// memory, per-consumer stall) and its counters and stage histograms (common/metrics.h).
 #pragma once
 
 #include <memory>
@@ -10,6 +10,10 @@
 
 namespace prometheus {
 class Exposer;
+}
+
+namespace gpufeed::metrics {
+class Counters;
 }
 
 namespace gpufeed::server {
@@ -27,6 +31,8 @@ struct MetricsSources {
   // The per-consumer series' labels: job (the name), rank and uid (the owner's); false
   // (config metrics_job_labels' default): job is an opaque id per (uid, job), no uid.
   bool job_labels = false;
+  // The daemon's decodes, delivered bytes and stage histograms (FeedLimits::counters).
+  const metrics::Counters* counters = nullptr;
 };
 
 // The metrics HTTP server's bounds (docs/SECURITY.md section 4): civetweb worker threads,

@@ -193,7 +193,9 @@ StreamEvent Session::NextEvent() {
     ++batches_delivered_;
     const uint64_t bytes = feed_->layout().tensor_bytes;
     bytes_delivered_ += bytes;
-    metrics::DeliveredBytes(device_delivery()).fetch_add(bytes, std::memory_order_relaxed);
+    feed_->counters()
+        .delivered_bytes(device_delivery())
+        .fetch_add(bytes, std::memory_order_relaxed);
     delivered_ = feed_->sampler().Next(slot.batch.position);
     if (std::all_of(slots_.begin(), slots_.end(),
                     [](const Slot& s) { return s.state == SlotState::kLeased; })) {

@@ -47,7 +47,7 @@ void Session::CopyOne(Slot* slot) {
       return;
     }
   }
-  metrics::StageTimer timer(metrics::Stage::kDevice);
+  metrics::StageTimer timer(feed_->counters(), metrics::Stage::kDevice);
   std::byte* src = ring_data_ + static_cast<uint64_t>(k) * stride_;
   if (params_.stage == StageMode::kNone) {
     return FinishCopy(slot, device_ring_->CopyIn(k, src, feed_->layout().used_bytes), false);
@@ -67,7 +67,9 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
   // A row the GPU could not decode: the CPU path, which applies the bad-image policy (a
   // replacement sample has its own label and id). Every such row was counted as staged for
   // nvJPEG; the CPU's decode counts it again, so gpufeed_decodes_total counts each image once.
-  metrics::Decodes(metrics::Decoder::kNvjpeg).fetch_sub(rows.size(), std::memory_order_relaxed);
+  feed_->counters()
+      .decodes(metrics::Decoder::kNvjpeg)
+      .fetch_sub(rows.size(), std::memory_order_relaxed);
   const StagedOutput output = StagedOutputOf(feed_->layout());
   auto images = std::make_shared<std::vector<std::byte>>(rows.size() * output.image_row_bytes);
   auto labels = std::make_shared<std::vector<int64_t>>(rows.size());

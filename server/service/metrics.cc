@@ -23,7 +23,9 @@
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "server/device/device_backend.h"
+#include "server/feed/feed.h"
 #include "server/session/session_manager.h"
+#include "server/share/share_cache.h"
 #include "server/staging/staging_pool.h"
 
 namespace gpufeed::server {
@@ -194,6 +196,40 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                         MetricType::Counter),
                {{"reason", "consumer_gone"}},
                static_cast<double>(src.sessions->lifeline_reclaims()));
+  // Sharing groups (docs/ARCHITECTURE.md section 9): the cache's bytes, and per group its
+  // lookups, evictions, bytes and members. The group label is the group's key ("uid 1000/NAME")
+  // with job_labels, else an opaque digest of it (as job names, group names are their user's).
+  const ShareCache& cache = src.sessions->share_cache();
+  const ShareCounters all = cache.counters();
+  auto& cache_bytes = b.Family("gpufeed_share_cache_bytes",
+                               "The sharing groups' cache of decoded images: bytes held, and "
+                               "its budget (--share_cache_bytes)",
+                               MetricType::Gauge);
+  Builder::Add(cache_bytes, {{"state", "used"}}, static_cast<double>(all.bytes));
+  Builder::Add(cache_bytes, {{"state", "budget"}}, static_cast<double>(cache.budget_bytes()));
+  auto& lookups = b.Family("gpufeed_share_lookups_total",
+                           "Rows a sharing group's sessions looked up in the cache, by result: "
+                           "hit (no read, no decode) or miss (the session decoded it)",
+                           MetricType::Counter);
+  auto& evictions = b.Family("gpufeed_share_evictions_total",
+                             "Decoded images a sharing group's entries lost to nearer ones",
+                             MetricType::Counter);
+  auto& group_bytes = b.Family("gpufeed_share_group_bytes",
+                               "Bytes of a sharing group's decoded images in the cache",
+                               MetricType::Gauge);
+  auto& members = b.Family("gpufeed_share_members",
+                           "Sessions in a sharing group", MetricType::Gauge);
+  for (const ShareGroupInfo& g : cache.Groups()) {
+    const std::string group =
+        src.job_labels ? g.key : absl::StrCat("g", FeedKeyOf(g.key).substr(0, 8));
+    Builder::Add(lookups, {{"group", group}, {"result", "hit"}},
+                 static_cast<double>(g.counters.hits));
+    Builder::Add(lookups, {{"group", group}, {"result", "miss"}},
+                 static_cast<double>(g.counters.misses));
+    Builder::Add(evictions, {{"group", group}}, static_cast<double>(g.counters.evictions));
+    Builder::Add(group_bytes, {{"group", group}}, static_cast<double>(g.counters.bytes));
+    Builder::Add(members, {{"group", group}}, g.members);
+  }
   Builder::Add(b.Family("gpufeed_fill_queue_depth",
                         "Fill tasks waiting for a worker (sessions with free slots, chunks)",
                         MetricType::Gauge),

@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
   d->clock_ = deps.clock;
   const DaemonConfig& c = d->config_;
-  // No --listen: both sockets in the runtime directory, made now (issue 31: a bare gpufeedd
+  // No --listen: both sockets in the runtime directory, made now (so a bare gpufeedd
   // starts), or in $XDG_RUNTIME_DIR/gpufeed where the daemon may not make it.
   std::string runtime_note;
   if (c.listen.empty()) {

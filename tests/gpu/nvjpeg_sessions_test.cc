@@ -5,7 +5,7 @@
 // sessions with files nvJPEG refuses, asserting progress; and a consumer whose GPU still reads
 // its batch while another session on the same GPU goes on.
 //
-// These would have caught issue 10's two faults: the first batch of later sessions held
+// These would have caught two past faults: the first batch of later sessions held
 // images decoded for another batch (nvJPEG's hardware backend writes when called, not in
 // stream order), and the nvJPEG path stalling after 14-84 batches.
 #include <cuda_runtime_api.h>
@@ -277,7 +277,7 @@ TEST_F(NvjpegSessionsTest, DecodeAutoMixesTheDecodersAndEveryRowMatchesTheCpuPat
   }
 }
 
-// Issue 10's hang, as users drive it: several sessions of B=256 through the ImageNet training
+// The past hang, as users drive it: several sessions of B=256 through the ImageNet training
 // pipeline, ring of 2 slots (the automatic depth), consumed as fast as they go for 5 epochs,
 // with files nvJPEG refuses mixed in (their JPEG headers pass inspection; their entropy data
 // is cut short). Asserts every session delivers every batch of every epoch, each sample of

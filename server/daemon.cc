@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     cuda.nvjpeg_interpolation = c.nvjpeg_interpolation;
     GPUFEED_ASSIGN_OR_RETURN(d->devices_, CreateCudaBackend(cuda));
     if (!d->devices_->gpu_uuids().empty()) {
-      // Pinned once at start-up (13.5 ms per 256 MiB measured): copies from it run at full
+      // Pinned once at start-up (docs/benchmarks.md, Device delivery): copies from it run at full
       // PCIe speed and asynchronously. Only the slabs: device sessions stage there. Host rings
       // (their own memfds) are not pinned: the daemon never copies from one to a GPU, and a
       // registration is the daemon's own (its CUDA context), so it would not speed up a

@@ -382,8 +382,8 @@ TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress)
 // for the previous call's stream work before the next call (CudaRing::DecodeJpegs). Each of
 // those sizes, every row for nvJPEG, at full speed: every batch of every epoch comes, each
 // epoch holds every sample once. A guard, not a sure reproducer: the stall is a race, and a
-// daemon without the wait passed this once (2026-12-02, at 12-14k images/s against the fixed
-// one's 17-24k); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
+// daemon without the wait passed this once (at a lower rate than the fixed one's: docs/
+// benchmarks.md); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
 TEST_F(NvjpegSessionsTest, BackToBackNvjpegBatchesOfTheSizesThatOnceSpunAlwaysProgress) {
   const std::string root = dir_.Join("baseline");
   constexpr int kFiles = 384;

@@ -231,7 +231,7 @@ TEST(IdsBudgetTest, ChargesNameTheBytesAndReturnThemWhenDestroyed) {
 }
 
 TEST(IdsBudgetTest, OneUidTakesAtMostItsShareAndAdminsOnlyTheTotal) {
-  // max_ids_bytes was daemon-wide, so one uid's sessions inside its own quotas
+  // max_ids_bytes was once daemon-wide, so one uid's sessions inside its own quotas
   // could leave every other uid's Attach RESOURCE_EXHAUSTED.
   std::shared_ptr<ByteBudget> budget = CreateIdsBudget(1000);  // 500 a uid
   EXPECT_EQ(budget->per_uid(), 500u);

@@ -154,7 +154,7 @@ TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
 // A caller's walk sees what that caller could: a sub-folder it may not list and search is
 // skipped (as os.walk skips it), a root it may not search is refused.
 TEST(ImageFolderTest, TheIndexIsChargedToTheCallersShareOfMaxIndexBytesAndReturned) {
-  // attach-time indexes were unbounded memory; an image folder's paths count in
+  // Attach-time indexes were once unbounded memory; an image folder's paths count in
   // max_index_bytes like a webdataset's names.
   testing::TempDir dir;
   const std::string root = dir.path();

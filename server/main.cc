@@ -48,10 +48,10 @@ class StopRequest {
 int main(int argc, char** argv) {
   using gpufeed::server::Daemon;
   absl::SetProgramUsageMessage("serves shuffled, sharded batches to training processes");
-  // --help lists gpufeedd's flags, defined with the configuration in server/config.cc.
+  // --help lists gpufeedd's flags, defined in server/config_flags.cc.
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "server/config.cc");
+    return absl::EndsWith(file, "server/config_flags.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);

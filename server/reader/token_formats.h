@@ -1,5 +1,5 @@
-// Token files: what one file of a tokens dataset is, from its first bytes (issue 31: raw
-// only when raw). Known token headers are read as their format (llm.c, .npy, Megatron-LM's
+// Token files: what one file of a tokens dataset is, from its first bytes (raw only when
+// nothing else fits). Known token headers are read as their format (llm.c, .npy, Megatron-LM's
 // .bin with its .idx); known foreign formats (archives, compressed streams, Arrow, Parquet,
 // images, text, ...) are refused naming the format; a file is read as raw token ids only
 // when nothing matches. README.md's "Token files" table states the same rules.

@@ -231,7 +231,7 @@ absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
           set_dir.empty() ? ""
                           : absl::StrCat("; or name only the token files (a glob such as ", set_dir,
                                          set_dir == "/" ? "" : "/", "*.bin)"),
-          " (README.md, \"Token files\", lists what is read)"));
+          " (docs/howto/token-files.md lists what is read)"));
     }
     const uint64_t token_bytes = DTypeSize(shard.dtype);
     if (file->size() % token_bytes != 0) {

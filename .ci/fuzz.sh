@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fuzz stage (issue 12): builds the libFuzzer targets of tests/fuzz/ with clang
+# The fuzz stage: builds the libFuzzer targets of tests/fuzz/ with clang
 # (-fsanitize=fuzzer,address,undefined) in build-fuzz/, replays each target's committed
 # regressions, then fuzzes each for GPUFEED_FUZZ_SECONDS (default 60) on a copy of its seed
 # corpus, as many targets at once as there are cores (GPUFEED_FUZZ_JOBS). Fails on any crash,

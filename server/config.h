@@ -54,7 +54,8 @@ struct DaemonConfig {
   std::string nvjpeg_library;
   bool nvjpeg_interpolation = true;
   // decode auto without MPS: the CPU pool decodes what it keeps up with, nvJPEG the rest.
-  // On by default: measured on an H200, ResNet-50 trains 7-12 % faster with it (README, Images).
+  // On by default: training beside the daemon runs faster with it (docs/benchmarks.md,
+  // section Adaptive decode).
   bool adaptive_decode = true;
   // A random resized crop decodes only its crop box of a CPU-decoded JPEG (bit-equal).
   bool region_decode = true;

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   std::unique_ptr<Daemon> d(new Daemon(std::move(config), std::move(request_stop)));
   d->clock_ = deps.clock;
   const DaemonConfig& c = d->config_;
-  // No --listen: both sockets in the runtime directory, made now (issue 31: a bare gpufeedd
+  // No --listen: both sockets in the runtime directory, made now (so a bare gpufeedd
   // starts), or in $XDG_RUNTIME_DIR/gpufeed where the daemon may not make it.
   std::string runtime_note;
   if (c.listen.empty()) {
@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     cuda.nvjpeg_interpolation = c.nvjpeg_interpolation;
     GPUFEED_ASSIGN_OR_RETURN(d->devices_, CreateCudaBackend(cuda));
     if (!d->devices_->gpu_uuids().empty()) {
-      // Pinned once at start-up (13.5 ms per 256 MiB measured): copies from it run at full
+      // Pinned once at start-up (docs/benchmarks.md, Device delivery): copies from it run at full
       // PCIe speed and asynchronously. Only the slabs: device sessions stage there. Host rings
       // (their own memfds) are not pinned: the daemon never copies from one to a GPU, and a
       // registration is the daemon's own (its CUDA context), so it would not speed up a

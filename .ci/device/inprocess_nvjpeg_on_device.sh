@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14: would nvJPEG in the training's own CUDA context (a consumer-side decode) cost the
+# Would nvJPEG in the training's own CUDA context (a consumer-side decode) cost the
 # training less than in another process's, as gpufeedd's does today? Synthetic ResNet-50
 # (.ci/device/inprocess_nvjpeg_probe.py, one GPU, no MPS) alone; with nvJPEG's hardware
 # decode of 256 images every STEP_MS in a thread of the same process; beside image_bench

@@ -1,5 +1,5 @@
 """Does nvJPEG's hardware decode cost a training process less when it runs in that process's
-own CUDA context? (issue 14: the daemon's nvJPEG work, in its own context, costs ResNet-50 on
+own CUDA context? (the daemon's nvJPEG work, in its own context, costs ResNet-50 on
 the same GPU ~33 us an image without MPS: the GPU time-slices the two contexts.)
 
 Trains a synthetic ResNet-50 as client/python/examples/train_ddp.py --loader synthetic does

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 part 1: what the daemon's GPU work costs a training context on the same GPU
+# What the daemon's GPU work costs a training context on the same GPU
 # without MPS, stage by stage and per nvJPEG output format, and what nvJPEG launches per batch.
 #   1. ncu's per-kernel list of nvJPEG's batched decode (batch 32, "batch N" printed after
 #      each): kernels per batch, per output format.
@@ -188,7 +188,7 @@ if want cpu; then
       --seconds 15 --contenders float --json "$out/torchvision.json" >"$out/torchvision.log" 2>&1
   log "cpu: $(tr '\n' ' ' <"$out/cpu.jsonl")"
   log "cpu: torchvision DataLoader: $(tr '\n' ' ' <"$out/torchvision.json" | cut -c1-400)"
-  # Issue 14's CPU goal: images/s against 16 cores x the one-core decode rate of this call.
+  # The CPU-path goal: images/s against 16 cores x the one-core decode rate of this call.
   python3 "$root/tests/bench/image/cpu_path_table.py" "$out/cpu.jsonl" "$out/torchvision.json" | \
       tee -a "$out/summary.log"
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13 on the GPU machine: device delivery across daemon restarts. A 2-rank tokens job
+# Re-attach on the GPU machine: device delivery across daemon restarts. A 2-rank tokens job
 # (gpufeedctl consume --device cuda:0 --ids --checksum, 2 epochs) while gpufeedd is SIGKILLed
 # twice and restarted on the same socket; each rank's ids and checksum must equal a fault-free
 # run's, and the GPU's memory must be back to its baseline after. Needs .devbundle (bundle.sh).

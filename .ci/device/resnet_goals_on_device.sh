@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's goals, measured the way users train (client/python/examples/train_ddp.py under
+# The training-rate goals, measured the way users train (client/python/examples/train_ddp.py under
 # torchrun): ResNet-50, bf16, channels_last, SGD, batch 256 per rank, STEPS measured steps
 # after 20 warm-up, on 20,000 ~110 KB JPEGs in the page cache, gpufeedd --threads 4. Runs
 # on every GPU of the machine (1 or 2 H200: one call per machine kind):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs for the image paths (issue 4), in one call:
+# Everything the GPU machine runs for the image paths, in one call:
 #   here:   tests/run.sh && .ci/device/bundle.sh
 #   device: run with carry [".devbundle"]:  bash .ci/device/run_images_on_device.sh [SECONDS]
 # GPU tests, compute-sanitizer on the kernel and nvJPEG, the 20,000-JPEG dataset, nvJPEG's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (issue 5), in one call:
+# The Python package on the GPU machine, in one call:
 #   here:   tests/run.sh && .ci/device/bundle.sh   (the bundle carries pytest's wheels too)
 #   device: run with carry [".devbundle"]:  bash .ci/device/run_python_on_device.sh [STEPS]
 # pytest tests/python (device tests included), then train_ddp.py (ResNet-50, bf16,

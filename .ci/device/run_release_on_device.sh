@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A release's checks on the GPU machine, in one call (here: tests/run.sh && .ci/device/bundle.sh;
 # the previous release's gpufeedd, gpufeedctl and image_bench in .devbundle/old/, if any, for
-# the before/after steps). Written for issue 10, rerun for issue 12. Steps:
+# the before/after steps). Steps:
 #   1. the GPU suite (label gpu), new daemon;
 #   2. the multi-session nvJPEG tests against the previous daemon, if bundled (they must fail
-#      or time out there: proof they catch issue 10's faults);
-#   3. issue 10's repro as users drive it: gpufeedctl consume, ImageNet training pipeline,
+#      or time out there: proof they catch the faults they were written for);
+#   3. the multi-session repro as users drive it: gpufeedctl consume, ImageNet training pipeline,
 #      B=256, device delivery, 3 epochs, on ~80 KB JPEGs; with the new daemon (and the old);
 #   4. compute-sanitizer memcheck, racecheck and synccheck of a daemon serving sequential and
 #      concurrent nvJPEG sessions;
@@ -35,7 +35,7 @@ if [ -x "$bundle/old/gpufeedd" ] && want old; then
   gtest_summary "$out/old_tests.log" 40 | tee -a "$out/summary.log"
 fi
 
-log "3. issue 10's repro: gpufeedctl consume, imagenet_train, B=256, device, 3 epochs"
+log "3. multi-session repro: gpufeedctl consume, imagenet_train, B=256, device, 3 epochs"
 data=/tmp/gpufeed-jpegs
 python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images ${IMAGES:-8000} \
     --classes 100 --min-kb 70 --max-kb 90 >"$out/make_dataset.log" 2>&1

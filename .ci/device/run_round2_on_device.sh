@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issues 13 and 14 on the GPU machine, in one call (here: tests/run.sh && .ci/device/bundle.sh;
+# Re-attach and MPS on the GPU machine, in one call (here: tests/run.sh && .ci/device/bundle.sh;
 # device: run with carry [".devbundle"]: bash .ci/device/run_round2_on_device.sh). Steps:
 #   1. the GPU suite (label gpu);
 #   2. PTX: the fused kernel's tests again with CUDA_FORCE_PTX_JIT=1 (the driver JIT-compiles
 #      the compute_75 PTX instead of loading the sm_90 code): the same results. (nvJPEG's own
 #      kernels have no PTX to force, so its tests are left out of this step.);
-#   3. issue 13: device delivery across two SIGKILLs (.ci/device/reattach_on_device.sh), of
+#   3. re-attach: device delivery across two SIGKILLs (.ci/device/reattach_on_device.sh), of
 #      tokens and of images through the staged image ring (nvJPEG + the fused kernel);
 #   4. MPS: with a control daemon running, gpufeedd and a consumer that use it say so
 #      (gpufeedctl status, Session.mps), a consumer that does not is warned;
@@ -38,7 +38,7 @@ if want ptx; then
 fi
 
 if want reattach; then
-  log "3. issue 13: device delivery across two SIGKILLs"
+  log "3. re-attach: device delivery across two SIGKILLs"
   OUT=$out bash "$root/.ci/device/reattach_on_device.sh" >/dev/null 2>&1
   grep -E "PASS|FAIL|memory|kill|batches" "$out/reattach.log" | tee -a "$out/summary.log"
   log "3b. the same with images: decode nvjpeg, augment gpu, the staged image ring"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU soak (issue 17): the image paths at speed for a long time, across several sessions, each
+"""GPU soak: the image paths at speed for a long time, across several sessions, each
 batch compared with the CPU path of the same sample and epoch.
 
 One process per consumer; each runs its device-delivery Loader and, in lockstep, a reference

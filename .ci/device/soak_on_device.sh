@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's GPU soak on the GPU machine: .ci/device/soak.py for MINUTES (default 10) on one
+# The GPU soak on the GPU machine: .ci/device/soak.py for MINUTES (default 10) on one
 # gpufeedd (--threads 12), four consumers on cuda:0 (nvJPEG and CPU-decode train paths, two
 # ranks of an nvJPEG eval job), each batch against the CPU path. Here: tests/run.sh &&
 # .ci/device/bundle.sh; device: run with carry [".devbundle"]:

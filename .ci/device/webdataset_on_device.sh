@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's image benchmark on the GPU machine: the same JPEGs as an ImageFolder and as
+# The WebDataset image benchmark on the GPU machine: the same JPEGs as an ImageFolder and as
 # WebDataset tar shards, read the way users drive them (gpufeedctl consume), through nvJPEG +
 # the GPU kernel with device delivery, and through the CPU path with host delivery. Here:
 # tests/run.sh && .ci/device/bundle.sh; device: run with carry [".devbundle"]:

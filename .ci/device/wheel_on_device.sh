@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: the self-contained wheel on the GPU machine, which has no gRPC, protobuf or Abseil.
+# The self-contained wheel on the GPU machine, which has no gRPC, protobuf or Abseil.
 # Here: tests/run.sh && client/python/build_wheel.sh && .ci/device/bundle.sh (which copies
 # dist/gpufeed-*.whl into the bundle); device: run with carry [".devbundle"]:
 #   bash .ci/device/wheel_on_device.sh

@@ -140,9 +140,10 @@ DeviceRingMapping::~DeviceRingMapping() {
 absl::Status DeviceRingMapping::WaitReady(int slot, void* stream) const {
   cuda::DeviceGuard guard(ordinal_);
   cudaEvent_t ready = owned_->ready[static_cast<size_t>(slot)].get();
-  // Measured on the H200: a stream wait on an interprocess event costs ~150 us even when the
-  // event completed long ago, a query of it far less. In training the ring runs ahead, so the
-  // copy is usually done: ask first, and only make the stream wait when it is not.
+  // A stream wait on an interprocess event costs far more than a query of it, even when the
+  // event completed long ago (measured: docs/benchmarks.md, section Device delivery). In
+  // training the ring runs ahead, so the copy is usually done: ask first, and only make the
+  // stream wait when it is not.
   const cudaError_t done = cudaEventQuery(ready);
   if (done == cudaSuccess) return absl::OkStatus();
   if (done != cudaErrorNotReady) return cuda::Check(done, "querying a batch's ready event");

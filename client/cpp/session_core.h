@@ -2,7 +2,7 @@
 // ring, the reader thread, the releases, the position). Session and Batch are thin handles on
 // it; batches hold it by shared_ptr, so the mapping outlives the last batch.
 //
-// Re-attach (issue 13). A session is a series of *attachments* (links), one per daemon
+// Re-attach. A session is a series of *attachments* (links), one per daemon
 // session: the first in Session::Attach, another each time the stream or the connection ends
 // with UNAVAILABLE (daemon killed, restarting, shutting down, draining) and
 // `reconnect_timeout` > 0. It is done by Next(), on the consumer's thread, once every batch

@@ -183,8 +183,8 @@ absl::Status CheckSearchable(int fd, absl::string_view dir, const std::string& p
 
 // Opens `relative` beneath `dirfd` as `reader` would reach it: every directory on the way,
 // `dirfd` itself included, must let `reader` search it now, by its mode bits, as the kernel
-// would ask of the reader's own open (issue 30: a 0744 directory, or one made 0700 after the
-// client opened it, hides its files from the daemon too). Checked at each open, not once at
+// would ask of the reader's own open (a 0744 directory, or one made 0700 after the client
+// opened it, hides its files from the daemon too). Checked at each open, not once at
 // Attach, so a chmod later takes effect on the next read. No links anywhere on the way.
 absl::StatusOr<UniqueFd> OpenBeneathAs(int dirfd, const std::string& relative,
                                        const std::string& path, const PeerCred& reader) {

@@ -21,7 +21,7 @@ namespace gpufeed {
 // an open file description of this process alone: the lease's signal and owner (F_SETSIG,
 // F_SETOWN) belong to the description, so a client that shares it could make the kernel
 // send any signal to the daemon, or one it ignores, leaving writers waiting out the kernel's
-// lease-break-time (issue 30). A client's descriptor is reopened first (file.cc). Installs
+// lease-break-time. A client's descriptor is reopened first (file.cc). Installs
 // the process-wide handler of the lease signal (SIGRTMIN + 7) on first use.
 bool WatchByLease(int fd);
 

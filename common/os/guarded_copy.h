@@ -2,10 +2,10 @@
 // kernel raises for a page past the new end of file becomes a DATA_LOSS status instead of
 // killing the daemon.
 //
-// Why not pread alone: on the 2-core development VM, pread of 4 KiB samples from the page
-// cache moved 2.4 GB/s against 7.7 GB/s for memcpy from a mapping of the same file (syscall
-// entry, page-cache lookup per call; tests/bench). The guard keeps pread's contract (an
-// error, not a crash) at memcpy's speed.
+// Why not pread alone: small samples read with pread from the page cache move several times
+// fewer bytes a second than memcpy from a mapping of the same file (syscall entry, page-cache
+// lookup per call; measured: docs/benchmarks.md, section Host delivery). The guard keeps
+// pread's contract (an error, not a crash) at memcpy's speed.
 //
 // How: a process-wide SIGBUS handler (installed once, SA_NODEFER) checks a thread-local
 // jump buffer that GuardedCopy arms around its memcpy; a fault inside an armed copy

@@ -110,8 +110,8 @@ absl::StatusOr<Image> DecodeJpeg(std::span<const uint8_t> bytes, const DecodeOpt
 // subsampling), and treats the edges of a cropped scanline as image edges, so the pixels
 // next to them differ from a whole decode's (image_decoder_test finds them without a margin).
 // 16 is one iMCU row or column at 4:2:0, far more than that reach at any DCT scale, and in
-// case the first rows after a skip lack their context; the tests pass with 8. Each 8 pixels
-// cost ~4 % of the decode on ImageNet-sized photos.
+// case the first rows after a skip lack their context; the tests pass with 8. The margin costs
+// decode time (docs/benchmarks.md, section The CPU image path), so no more than that.
 constexpr int kRegionMargin = 16;
 
 // The scaling factor tjDecompress2 picks for a decode to TJSCALED(size, 1/denom): the first

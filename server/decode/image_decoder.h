@@ -70,8 +70,8 @@ struct DecodeOptions {
   // With a region: entropy-decode the rest of the file too (the rows below are still not
   // converted), so a file damaged anywhere fails as a whole decode fails, for the same
   // reason; without, damage only below the box goes unseen (the box's pixels are the file's
-  // own). Costs the Huffman decode of the rows below: on the H200 machine the region decode
-  // took 83 % of a whole decode's time with it, 72 % without.
+  // own). Costs the Huffman decode of the rows below, a large part of what the region decode
+  // saves (measured: docs/benchmarks.md, section The CPU image path).
   bool region_checks_whole_file = false;
 };
 

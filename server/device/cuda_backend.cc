@@ -48,7 +48,7 @@ class CudaBackend final : public DeviceBackend {
       gpu->thread = std::make_unique<CopyThread>(absl::StrCat("h2d/gpu", ordinal),
                                                  [ordinal] { cudaSetDevice(ordinal); });
       // Under MPS the daemon's kernels run beside the consumers' instead of time-sliced
-      // against them; it takes both sides (README, "MPS").
+      // against them; it takes both sides (docs/howto/mps.md).
       spdlog::info("GPU {} {} ({}): copy thread started, {} IPC, MPS {}", d.ordinal, d.uuid, d.name,
                    gpu->vmm ? "VMM fd" : "legacy",
                    !mps.ok() ? "unknown (the driver does not say)"

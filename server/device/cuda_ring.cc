@@ -365,10 +365,10 @@ class CudaRing final : public DeviceRing {
       rc = cudaEventSynchronize(sc.free.get()) == cudaSuccess ? 0 : -1;
     }
     // Nor may a call start before the stream work of the one before it is done, on any ring
-    // of this GPU: measured on an H200 (nvJPEG 13.0, .ci/device/nvjpeg_batch_sizes_on_device.sh),
-    // back-to-back calls of 64, 65, 80, 96 or 192 images made nvjpegDecodeBatched spin for ever
-    // within seconds (the engines idle), where the same calls with a stream synchronisation
-    // after each never did. Bounded as above: our own stream work.
+    // of this GPU: nvJPEG 13.0's back-to-back batched calls of some sizes make
+    // nvjpegDecodeBatched spin for ever (the engines idle), where the same calls with a stream
+    // synchronisation after each never do (measured: docs/benchmarks.md, section nvJPEG's
+    // back-to-back stall). Bounded as above: our own stream work.
     if (rc == 0) {
       rc = cudaEventSynchronize(gpu_->nvjpeg_done.get()) == cudaSuccess ? 0 : -1;
     }

@@ -3,14 +3,14 @@
 // (--region_decode) costs the CPU what its box costs: the entropy decode of every row down to
 // the box's bottom, and the rest of the work for the box alone; nvJPEG decodes every file
 // whole, whatever the box, and each image it decodes costs a training process on the same GPU
-// the same (~33 us on an H200 without MPS). So the CPU takes the rows that are cheapest for
-// it, and the same pool time decodes more rows on the CPU.
+// the same (without MPS). So the CPU takes the rows that are cheapest for it, and the same
+// pool time decodes more rows on the CPU.
 //
-// Measured here (one core, 200 photos of ~460x400 from tests/bench/image/make_dataset.py,
-// 800 torchvision-like random boxes): a region decode's time over a whole decode's is
-// 0.03 + 0.73 * bottom / height + 0.26 * box area / image area (R^2 0.97); the cheapest 40 %
-// of the rows by that estimate take 0.66 of a whole decode on average, against 0.82 for
-// rows taken evenly (the oracle: 0.66).
+// A region decode's time over a whole decode's is estimated linearly from the box's bottom
+// and area (RegionDecodeCost), a fit to measured decodes; the cheapest 40 % of the rows by
+// that estimate cost the CPU clearly less than 40 % taken evenly, as little as the truly
+// cheapest 40 % would
+// (measured: docs/benchmarks.md, section Adaptive decode, Which rows the CPU takes).
 //
 // Which rows are "cheapest 40 %" needs the distribution of the estimates; a session keeps a
 // histogram of its rows' estimates (RowCosts) and at each fill's start turns the share into

@@ -133,8 +133,8 @@ class Dataset {
   virtual std::string ContentIdentity() const { return ""; }
   // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
-  // What the attaching client must hear about the dataset as opened (issue 31: nothing
-  // skipped or guessed silently): samples left out at open, and warnings. Fixed once the
+  // What the attaching client must hear about the dataset as opened (nothing is skipped or
+  // guessed silently): samples left out at open, and warnings. Fixed once the
   // dataset is open.
   virtual std::vector<DatasetNotice> notices() const { return {}; }
 };

@@ -24,8 +24,8 @@
 
 namespace gpufeed::server {
 
-// What an attach-time scan left out that a user would otherwise miss (issue 31: nothing
-// skipped silently): how many, and the first, as messages name it.
+// What an attach-time scan left out that a user would otherwise miss (nothing is skipped
+// silently): how many, and the first, as messages name it.
 struct Skipped {
   int64_t count = 0;
   std::string first;

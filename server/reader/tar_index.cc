@@ -184,8 +184,8 @@ absl::StatusOr<std::vector<TarMember>> IndexTar(const RandomAccessFile& file,
       }
     } else if (!meta) {  // 'K' (a long link name) and 'g' (pax globals) change no member
       if (regular) {
-        // Every kept name is memory until the feed goes (issue 30: 1 MiB pax paths in a tar
-        // linked 700 times took 7.6 GB): a member path longer than a Linux path is refused.
+        // Every kept name is memory until the feed goes (1 MiB pax paths in a tar linked 700
+        // times would take gigabytes): a member path longer than a Linux path is refused.
         if (name.size() > kTarMaxMemberPath) {
           return absl::InvalidArgumentError(absl::StrCat(
               HeaderAt(display, at), ": a member path of ", name.size(), " bytes, more than ",

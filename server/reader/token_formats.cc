@@ -42,8 +42,8 @@ absl::Status AgreeWithDeclared(const FileDatasetSpec& spec, const std::string& n
 // version 1 (uint64), the dtype code (uint8), the sequence count and the document count
 // (uint64 each), then the sequences' sizes (int32, in tokens), their byte offsets (int64) and
 // the document index. Returns the token type and the token count, which the .bin must hold
-// exactly. The sizes are summed under `walk`'s deadline and cancel flag (issue 30: a sparse
-// .idx promising 10^12 sequences kept both attach threads busy ~23 minutes).
+// exactly. The sizes are summed under `walk`'s deadline and cancel flag (a sparse .idx
+// promising 10^12 sequences would otherwise keep the attach threads busy for many minutes).
 absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const MegatronIdx& idx,
                                                              const std::string& bin,
                                                              const WalkBudget& walk) {
@@ -231,7 +231,7 @@ absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
           set_dir.empty() ? ""
                           : absl::StrCat("; or name only the token files (a glob such as ", set_dir,
                                          set_dir == "/" ? "" : "/", "*.bin)"),
-          " (README.md, \"Token files\", lists what is read)"));
+          " (docs/howto/token-files.md lists what is read)"));
     }
     const uint64_t token_bytes = DTypeSize(shard.dtype);
     if (file->size() % token_bytes != 0) {

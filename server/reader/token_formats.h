@@ -1,8 +1,8 @@
-// Token files: what one file of a tokens dataset is, from its first bytes (issue 31: raw
-// only when raw). Known token headers are read as their format (llm.c, .npy, Megatron-LM's
+// Token files: what one file of a tokens dataset is, from its first bytes (raw only when
+// nothing else fits). Known token headers are read as their format (llm.c, .npy, Megatron-LM's
 // .bin with its .idx); known foreign formats (archives, compressed streams, Arrow, Parquet,
 // images, text, ...) are refused naming the format; a file is read as raw token ids only
-// when nothing matches. README.md's "Token files" table states the same rules.
+// when nothing matches. docs/howto/token-files.md's table states the same rules.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +52,7 @@ struct MegatronIdx {
   std::string name;
 };
 
-// One file's format, checked (README.md, "Token files"):
+// One file's format, checked (docs/howto/token-files.md):
 // - `idx` set: Megatron-LM's .bin (its .idx says the token type and count; the .bin must hold
 //   exactly that many), the .idx's sizes summed under `walk`;
 // - else by its first bytes: .npy (its header's dtype, uint16 or uint32), llm.c (the header's

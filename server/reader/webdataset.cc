@@ -98,8 +98,8 @@ absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& s
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: more than ", kMaxShards, " shards"));
   }
-  // Each file once (issue 30: one tar hard-linked 700 times was indexed 700 times): a second
-  // name of a shard is refused, not read again.
+  // Each file once (else one tar hard-linked 700 times is indexed 700 times, in memory): a
+  // second name of a shard is refused, not read again.
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> seen;
   for (const std::string& name : names) {
     const std::string display = absl::StrCat(dir->dir == "/" ? "" : dir->dir, "/", name);

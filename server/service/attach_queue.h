@@ -2,8 +2,8 @@
 //
 // An Attach may walk a folder, index tar shards or sum a Megatron .idx: up to
 // folder_walk_timeout (120 s) of one attach thread each. With one FIFO, a uid that sent a few
-// such attaches held every attach thread and every other uid's Attach timed out behind them
-// (issue 30). Here each uid has its own FIFO; a thread takes the oldest attach of the next uid
+// such attaches would hold every attach thread and every other uid's Attach would time out
+// behind them. Here each uid has its own FIFO; a thread takes the oldest attach of the next uid
 // in turn (round robin over uids with work) among those running fewer than
 // `max_running_per_uid` attaches, so one uid holds at most that many threads and the others
 // go first. Admins are not capped (but take their turn). Bounded: at most `max_queued` waiting

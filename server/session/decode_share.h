@@ -1,31 +1,25 @@
 // decode auto with --adaptive_decode: how much of each staged batch the CPU pool decodes,
-// nvJPEG the rest. Measured on an H200 (.ci/device/interference_on_device.sh): without MPS
-// nvJPEG's hardware engines cost a training process on the same GPU about 8.5 ms of its time
-// per batch of 256 images (~33 us an image) in every output format (RGBI launches one
-// colour-conversion kernel per image, YUV none, and both cost the same) and however the
-// images are grouped (2,048 every 472 ms cost what 256 every 59 ms cost), so ~16 % at
-// ResNet-50's pace; the CPU decode path with our kernel costs it ~1 %. Under MPS the engines'
-// work runs beside training, and still costs it more than the CPU path: ResNet-50 trained at
-// 95.0 % of synthetic fed by nvJPEG and 97.6 % by the CPU decoder (tests/bench/
-// resnet_goals_on_device.sh, 12 threads, 2026-12-01). So the share adapts under MPS too.
+// nvJPEG the rest. Without MPS nvJPEG's hardware engines take their time from a training
+// process on the same GPU, per image decoded, in every output format and however the images
+// are grouped; the CPU decode path with our kernel costs it little. Under MPS the engines'
+// work runs beside training, and still costs it more than the CPU path, so the share adapts
+// under MPS too (measured: docs/benchmarks.md, sections nvJPEG beside training and Adaptive
+// decode).
 //
 // The signal is the batch's own fill time against the consumer's pace. A fill (the CPU side
 // of a batch: reads, the CPU's decodes, staging) that takes under a "room" bound of the time
 // between the consumer's releases leaves the pool room: the CPU takes 1/32 more of the next
 // batches; one over a "full" bound of it: 1/8 less. So the pool decodes what it keeps up with,
 // whatever the thread count, the other sessions sharing the pool or the consumer's pace. The bounds
-// depend on the ring's depth: with 2 slots a batch's fill and its GPU work (nvJPEG, the kernel, ~11
-// ms for 256 images on an H200) must both fit in one period, so the pool takes more only
+// depend on the ring's depth: with 2 slots a batch's fill and its GPU work (nvJPEG, the kernel)
+// must both fit in one period, so the pool takes more only
 // under half of it and gives back over 0.8; with 3 slots or more the fills run that far ahead
 // of the consumer, the GPU work of one batch overlaps the next fill, and only the fill must
-// fit: 0.85 and 0.97. (At 0.75 and 0.9 the share settled where fills took ~0.75-0.8 of the
-// pace: 47 % with 4 threads on the H200 at ResNet-50's pace, where the pool's own rate
-// predicts ~55 % at 0.9; each nvJPEG row costs the training ~33 us, so the share is worth
-// having.) (The ring of 2 held the share to ~66 % with 12 threads on the H200 at
-// ResNet-50's pace, where the pool could decode every row: measured, 2026-12-01.) (A first
-// version grew the share when the ring filled and shrank it when the consumer waited; at
-// ResNet-50's pace on the H200 the ring of 2 large batches was never full and the consumer
-// waited a little on every batch for other reasons, so the share stayed 0: measured.)
+// fit: 0.85 and 0.97. Lower bounds left the share below what the pool could decode, and every
+// nvJPEG row costs the training, so the share is worth having. Growing the share on a full
+// ring and shrinking it on a waiting consumer does not work: a ring of 2 large batches is
+// never full at a training's pace, so that share stayed 0 (measured: docs/benchmarks.md,
+// section Adaptive decode, The share's bounds).
 // StageTarget::cpu carries the share to the rows; images/cpu_rows.h picks which rows.
 #pragma once
 

@@ -30,8 +30,8 @@ struct StagedRingRoom {
 // 4 slots, else 3, where that many for every GPU fit in half its budget (the other half left
 // for other sessions). Its slots are large (~168 MB for 256 images), so auto_ring_bytes gives
 // it 2, and 2 are too few: each fill must then finish within one consumer step, behind the
-// batch's GPU work. ResNet-50 on an H200 (.ci/device/resnet_goals_on_device.sh) trained
-// measurably closer to its synthetic rate, with less data wait, on 4 slots than on 2.
+// batch's GPU work. A training runs closer to its synthetic rate, with less data wait, on 4
+// slots than on 2 (measured: docs/benchmarks.md, section Adaptive decode).
 int32_t DefaultRingSlots(const RingDepthRule& rule, uint64_t stride_bytes,
                          const StagedRingRoom* staged = nullptr);
 

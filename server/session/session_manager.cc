@@ -24,8 +24,8 @@ bool TokenEquals(absl::string_view a, absl::string_view b) {
 }
 
 // FeedSnapshot::bad_samples: the dataset's counts by reason, plus each notice's samples left
-// out at open under its reason (issue 31: what Attach reports is counted too). A "warning" is
-// no sample.
+// out at open under its reason (what Attach reports is counted too, so the two agree). A
+// "warning" is no sample.
 std::vector<std::pair<std::string, int64_t>> BadSamplesOf(const Dataset& dataset) {
   std::vector<std::pair<std::string, int64_t>> out = dataset.bad_samples();
   for (const DatasetNotice& n : dataset.notices()) {

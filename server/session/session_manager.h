@@ -68,8 +68,8 @@ struct SessionManagerOptions {
   int threads = 4;
   int max_sessions = 256;
   // Ring depth when Attach gives none; 0 = auto: as many slots as fit in auto_ring_bytes,
-  // at least 2 and at most 16. Depth is what hides the round trip of a release: measured
-  // here, 4 slots of 256 KiB gave 9.2k batches/s to one consumer, 16 slots 14.6k.
+  // at least 2 and at most 16. Depth is what hides the round trip of a release (measured:
+  // docs/benchmarks.md, section Host delivery).
   int32_t default_ring_slots = 0;
   uint64_t auto_ring_bytes = uint64_t{64} << 20;
   int32_t max_ring_slots = 64;

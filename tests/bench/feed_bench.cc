@@ -11,7 +11,7 @@
 //      ranks of one job) for tokens B=64, seq_len=2048 and B=256, seq_len=128, uint16, with
 //      each read mode of the daemon (mmap, pread);
 //  (c) time from Attach to the first batch on a warm file (median of 9);
-//  (d) the same tokens as 64 raw shards in a directory (issue 16: sharded datasets within
+//  (d) the same tokens as 64 raw shards in a directory (sharded datasets within
 //      10 % of one file): one consumer's rate per case and Attach -> first batch, mmap reads.
 // Not a timed test: CI does not gate on it.
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Python consumer batches/s for tokens (issue 5): gpufeed.torch.Loader with host delivery
+"""Python consumer batches/s for tokens: gpufeed.torch.Loader with host delivery
 against torch's DataLoader(num_workers=2) over a map-style dataset on the same memory-mapped
 file, both yielding shuffled [B, L+1] integer batches as torch tensors. Prints a table and a
 JSON line.

@@ -1,4 +1,4 @@
-// How long a training job pauses when gpufeedd restarts (issue 13), on this machine.
+// How long a training job pauses when gpufeedd restarts, on this machine.
 //
 //   restart_bench [--restarts N] [--ranks R] [--step-ms MS]
 //

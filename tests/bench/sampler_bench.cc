@@ -3,7 +3,7 @@
 //   sampler_bench [N]
 //
 // Prints a table and one JSON line comparing
-//  (a) the order before issue 12: SplitMix64 + Fisher-Yates materialised per epoch (8 bytes
+//  (a) the former order: SplitMix64 + Fisher-Yates materialised per epoch (8 bytes
 //      of memory per sample), then read back position by position, copied here as it was;
 //  (b) EpochOrder ("feistel1"): each position on its own, O(1) memory, through
 //      Sampler::RankSlice in batches of 256 as the fill workers ask for them.

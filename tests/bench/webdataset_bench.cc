@@ -1,4 +1,4 @@
-// WebDataset shards against an ImageFolder of the same images (issue 16), in process, CPU:
+// WebDataset shards against an ImageFolder of the same images, in process, CPU:
 //   webdataset_bench [--images N] [--shards S] [--per-shard M]
 // Prints a table and one JSON line:
 //  (a) the same N JPEGs (160 x 120, 10 classes) as an ImageFolder and as 8 tar shards:

@@ -5,7 +5,7 @@
 // sessions with files nvJPEG refuses, asserting progress; and a consumer whose GPU still reads
 // its batch while another session on the same GPU goes on.
 //
-// These would have caught issue 10's two faults: the first batch of later sessions held
+// These would have caught two past faults: the first batch of later sessions held
 // images decoded for another batch (nvJPEG's hardware backend writes when called, not in
 // stream order), and the nvJPEG path stalling after 14-84 batches.
 #include <cuda_runtime_api.h>
@@ -277,7 +277,7 @@ TEST_F(NvjpegSessionsTest, DecodeAutoMixesTheDecodersAndEveryRowMatchesTheCpuPat
   }
 }
 
-// Issue 10's hang, as users drive it: several sessions of B=256 through the ImageNet training
+// The past hang, as users drive it: several sessions of B=256 through the ImageNet training
 // pipeline, ring of 2 slots (the automatic depth), consumed as fast as they go for 5 epochs,
 // with files nvJPEG refuses mixed in (their JPEG headers pass inspection; their entropy data
 // is cut short). Asserts every session delivers every batch of every epoch, each sample of
@@ -382,8 +382,8 @@ TEST_F(NvjpegSessionsTest, FiveEpochsAtFullSpeedInSeveralSessionsAlwaysProgress)
 // for the previous call's stream work before the next call (CudaRing::DecodeJpegs). Each of
 // those sizes, every row for nvJPEG, at full speed: every batch of every epoch comes, each
 // epoch holds every sample once. A guard, not a sure reproducer: the stall is a race, and a
-// daemon without the wait passed this once (2026-12-02, at 12-14k images/s against the fixed
-// one's 17-24k); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
+// daemon without the wait passed this once (at a lower rate than the fixed one's: docs/
+// benchmarks.md); nvjpeg_batch_sizes_on_device.sh, at the daemon's full speed, is the probe.
 TEST_F(NvjpegSessionsTest, BackToBackNvjpegBatchesOfTheSizesThatOnceSpunAlwaysProgress) {
   const std::string root = dir_.Join("baseline");
   constexpr int kFiles = 384;

@@ -842,7 +842,7 @@ TEST_F(RawProtocolTest, DatasetHandlesAreSingleUseAndFifosAreRefused) {
   EXPECT_THAT(ctl.err, HasSubstr("dataset.path: " + fifo + " is a FIFO, not a regular file"));
 }
 
-// One client dribbling its memory-socket request a byte every 0.9 s (issue 12, item 6) is cut
+// One client dribbling its memory-socket request a byte every 0.9 s is cut
 // off at mem_request_timeout (2 s) for the whole request, and delays nobody meanwhile.
 TEST_F(RawProtocolTest, ADribblingMemoryClientIsCutOffAndDelaysNobody) {
   absl::StatusOr<UniqueFd> slow = ConnectUnix(dir_.Join("gf.mem.sock"));
@@ -947,7 +947,7 @@ TEST_P(ShrinkTest, ShrunkenDatasetIsDataLossNotACrash) {
 
 // The C ABI, from a program compiled as C.
 TEST_F(DaemonTest, CApiProgram) {
-  // And a WebDataset whose key img.001 is key img without an image: its notice (issue 31).
+  // And a WebDataset whose key img.001 is key img without an image: its notice.
   const std::string shards = dir_.Join("wds");
   std::filesystem::create_directories(shards);
   const std::vector<uint8_t> png = EncodePng(Picture(6, 7, 3, 1), 6, 7);

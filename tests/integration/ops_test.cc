@@ -1,4 +1,4 @@
-// Operating gpufeedd (issue 6), against the real binaries: Prometheus metrics (values after a
+// Operating gpufeedd, against the real binaries: Prometheus metrics (values after a
 // known run, promtool's lint), gRPC health on the TCP port, the config file and flag
 // overrides, systemd's notify protocol, drain, gpufeedctl stats/version and its command line,
 // JSON logs.

@@ -1,4 +1,4 @@
-// Transparent re-attach (issue 13): gpufeedd is killed (SIGKILL) or stopped (SIGTERM) while
+// Transparent re-attach: gpufeedd is killed (SIGKILL) or stopped (SIGTERM) while
 // 3 ranks of one job consume 2 epochs, and started again on the same socket; every rank goes
 // on where it was and its id stream and checksum equal a fault-free run's.
 #include <signal.h>

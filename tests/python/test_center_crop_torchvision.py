@@ -1,4 +1,4 @@
-"""center_crop is torchvision's, bit for bit (issue 31): the daemon's CPU path against
+"""center_crop is torchvision's, bit for bit: the daemon's CPU path against
 torchvision.transforms.functional.center_crop itself on the same decoded images, for crops
 smaller than, equal to and larger than the image on each axis, odd and even paddings both.
 

@@ -38,7 +38,7 @@ HOW = ("is gpufeedd running? Start it, or pass socket= the path it listens on "
 
 
 def test_no_daemon_names_the_socket(tmp_path, monkeypatch):
-    """Issue 31: Python's "no socket" error names socket= (gpufeedctl's names --socket) and
+    """Python's "no socket" error names socket= (gpufeedctl's names --socket) and
     where the path came from: the argument, GPUFEED_SOCKET or the default."""
     path = str(tmp_path / "absent.sock")
     with pytest.raises(gpufeed.Unavailable) as e:
@@ -109,7 +109,7 @@ def test_every_code_has_its_class():
         assert type(again) is type(e) and again.message == "why"
     odd = gpufeed.errors.error_for(99, "what")
     assert type(odd) is gpufeed.Unknown and str(odd) == "status 99: what"
-    # Issue 32: a bad argument is also Python's ValueError (and only that one is).
+    # A bad argument is also Python's ValueError (and only that one is).
     assert [name for name in names.values()
             if issubclass(getattr(gpufeed, name), ValueError)] == ["InvalidArgument"]
     with pytest.raises(ValueError, match="attach: batch_size: must be >= 1, got 0"):

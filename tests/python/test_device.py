@@ -96,7 +96,7 @@ def test_loader_device_copy(daemon, job, datasets):
 
 
 def test_records_of_several_arrays_land_on_the_device_byte_exact(daemon, job, tmp_path):
-    """Issue 16: x float32 [N, 3, 4] and y int64 [N] in one feed, delivered to cuda:0; every
+    """x float32 [N, 3, 4] and y int64 [N] in one feed, delivered to cuda:0; every
     tensor of every batch equals the arrays' rows of its ids."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((37, 3, 4)).astype(np.float32)

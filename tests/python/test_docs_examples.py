@@ -1,5 +1,5 @@
 """Every ```python, ```bash and ```sh block of README.md, client/python/README.md and the pages
-under docs/ runs as written (issue 31), against a real gpufeedd and the demo data set.
+under docs/ runs as written, against a real gpufeedd and the demo data set.
 
 The markdown's conventions, which this test enforces:
 

@@ -57,7 +57,7 @@ def test_train_ddp_with_gpufeed_needs_no_torchvision(daemon, job, datasets, tmp_
 
 
 def test_train_tokens_passes_its_vocab_to_the_loader(daemon, tmp_path):
-    """Issue 31: train_tokens.py gives the loader its --vocab as vocab_size, so a file whose
+    """train_tokens.py gives the loader its --vocab as vocab_size, so a file whose
     tokens reach the vocabulary is refused at attach, naming vocab_size (it used to reach the
     model's embedding: an index error, or silent nonsense with a wider vocabulary)."""
     script = ROOT / "client" / "python" / "examples" / "train_tokens.py"

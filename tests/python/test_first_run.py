@@ -1,4 +1,4 @@
-"""A bare gpufeedd starts (issue 31): without --listen it makes its runtime directory (here a
+"""A bare gpufeedd starts: without --listen it makes its runtime directory (here a
 temp --runtime_dir, never the real /run) mode 0755 and serves in it; without root it listens
 in $XDG_RUNTIME_DIR/gpufeed instead; one log line says where; an unsafe directory on the way
 is refused naming it; clients (the C library's rule, gpufeedctl) look where it listens; and

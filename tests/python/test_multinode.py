@@ -1,4 +1,4 @@
-"""Several nodes, a gpufeedd each (issue 15's multi-node recipe): every rank attaches to its
+"""Several nodes, a gpufeedd each (the multi-node recipe): every rank attaches to its
 own node's daemon with its global rank and the job's world size. Two daemons here stand for
 two nodes serving ranks {0, 1} and {2, 3} of one job; the ranks see every sample exactly once
 per epoch between them, each batch the sampler's, as if one daemon served all four."""

@@ -1,4 +1,4 @@
-"""Samples left out at attach reach the user (issue 31: never silently): WebDataset keys
+"""Samples left out at attach reach the user (never silently): WebDataset keys
 without an image (names with a second dot, `img.001.jpg`, are key `img`, as webdataset itself
 splits them) are counted with the first, warned once in Python (GpufeedWarning), printed by
 `gpufeedctl consume` (and in its -o json), and counted in the feed's bad_samples

@@ -1,4 +1,4 @@
-"""Transparent re-attach (issue 13) seen from gpufeed.torch.Loader, host delivery: gpufeedd is
+"""Transparent re-attach seen from gpufeed.torch.Loader, host delivery: gpufeedd is
 SIGKILLed mid-epoch and started again on the same socket; the loader pauses, then yields the
 very batches, ids and bytes a fault-free run yields, none twice, none lost."""
 

@@ -1,4 +1,4 @@
-"""Round 2's new dataset forms ride through a daemon restart (issue 13 for issue 16's kinds):
+"""The sharded and multi-array dataset forms ride through a daemon restart (re-attach):
 token shards, records of several arrays and WebDataset shards. gpufeedd is SIGKILLed
 mid-epoch and started again on the same socket; the loader must then yield exactly the
 batches of a fault-free run of the same settings (positions, ids and every tensor's bytes),

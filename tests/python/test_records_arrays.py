@@ -1,4 +1,4 @@
-"""Records of several arrays (issue 16): a mapping of tensor names to .npy files of one row
+"""Records of several arrays: a mapping of tensor names to .npy files of one row
 count, as x/y datasets are stored; the client passes their directory, the daemon opens the
 files beneath it. Three ranks see every sample once per epoch with reference.py's ids, every
 tensor byte-exact against numpy; resume exact; a changed file refused; bad input named."""

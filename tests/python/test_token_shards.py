@@ -1,5 +1,5 @@
 """Token datasets in shards through the client, as users point gpufeed at nanoGPT/llm.c/.npy
-shards (issue 16): a directory or a glob, passed by this process as a directory descriptor;
+shards: a directory or a glob, passed by this process as a directory descriptor;
 three ranks see every window of every shard exactly once per epoch, byte-exact."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_a_shard_set_that_changed_does_not_resume(daemon, job, shards):
                                              start_fingerprint=fingerprint)
 
 
-# ---- issue 31: each peer's own writer, served exactly or refused naming the format ----
+# ---- Each peer's own writer, served exactly or refused naming the format ----
 
 import gzip  # noqa: E402
 import importlib  # noqa: E402
@@ -314,7 +314,7 @@ def test_the_loader_refuses_an_arrow_file_at_its_first_use(daemon, job, tmp_path
         len(loader)
 
 
-# ---- issue 31: an explicit list of shard files ----
+# ---- An explicit list of shard files ----
 
 
 @pytest.fixture

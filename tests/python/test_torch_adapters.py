@@ -1,4 +1,4 @@
-"""gpufeed.torch.Loader's adapters (issue 15): one lazy attach, pickling and spawn, fork
+"""gpufeed.torch.Loader's adapters: one lazy attach, pickling and spawn, fork
 safety, the IterableDataset adapter, and image_folder class names."""
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ AS_DATALOADER = ("use DataLoader(loader.as_dataset(), batch_size=None, "
 
 
 def test_iterable_dataset_refuses_a_dataloader_that_batches_again(daemon, job, datasets):
-    """Issue 31: DataLoader(loader.as_dataset()) (batch_size 1 by default) stacked whole
+    """DataLoader(loader.as_dataset()) (batch_size 1 by default) stacked whole
     batches into [1, 10, ...] tensors; now iter() refuses it before the loader attaches,
     naming the call that works, as it does batch_size=None without the collate_fn (torch's
     default_convert iterates a mapping, and a batch iterates its tensors)."""
@@ -293,7 +293,7 @@ def test_iterable_dataset_refuses_a_dataloader_that_batches_again(daemon, job, d
         with pytest.raises(gpufeed.InvalidArgument) as e:
             next(iter(data))
         assert str(e.value).startswith(message), (name, str(e.value))
-        assert isinstance(e.value, ValueError)  # issue 32: InvalidArgument is a ValueError
+        assert isinstance(e.value, ValueError)  # InvalidArgument is a ValueError
     assert _attaches(daemon, job) == []  # refused before the loader attached
     # Batched again some other way (torch's default_collate called on our batches, the
     # collate_fn handed a list): the same message, never stacked tensors.

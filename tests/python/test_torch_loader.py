@@ -154,7 +154,7 @@ def test_state_dict_resumes_exactly(daemon, job, datasets):
 
 
 def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_path):
-    """Issue 10, section 3: seq_len 32's position does not load into a seq_len 16 loader;
+    """seq_len 32's position does not load into a seq_len 16 loader;
     neither does one saved before the dataset changed. The message names each difference."""
     opts = dict(kind="tokens", token_dtype="uint16", batch_size=2, seed=3, job=job)
     with _loader(daemon, datasets.tokens_u16, seq_len=32, **opts) as loader:
@@ -202,7 +202,7 @@ def test_a_state_resumes_only_the_feed_it_came_from(daemon, job, datasets, tmp_p
 
 
 def test_npy_tokens_and_vocab_size(daemon, job, tmp_path):
-    """Issue 10, section 4: a .npy token file is read through its header; vocab_size catches a
+    """A .npy token file is read through its header; vocab_size catches a
     uint16 file read as uint32."""
     values = (np.arange(1002, dtype=np.uint32) * 7919 % 50257).astype(np.uint16)
     npy = tmp_path / "tokens.npy"
@@ -501,7 +501,7 @@ def test_set_epoch_ends_a_running_iterator(daemon, job, datasets):
 
 
 def test_even_gives_every_rank_the_same_real_count_as_distributed_sampler(daemon, job, datasets):
-    # Issue 15: N=157, W=2, B=10 without drop_last: plain padding gives ranks 80 and 77 real
+    # N=157, W=2, B=10 without drop_last: plain padding gives ranks 80 and 77 real
     # rows; even=True gives each ceil(157/2) = 79, as DistributedSampler does, every sample
     # at least once and one wrapped duplicate.
     counts, seen = [], []
@@ -569,7 +569,7 @@ def test_a_shard_directory_position_of_an_earlier_release_still_resumes(daemon, 
             third.load_state_dict(dict(state, fingerprint=other))
 
 
-# ---- DataLoader conventions (issue 31) ----
+# ---- DataLoader conventions ----
 
 
 def _ten(tmp_path):

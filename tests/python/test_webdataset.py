@@ -1,4 +1,4 @@
-"""WebDataset tar shards through the client (issue 16): shards written by Python's tarfile in
+"""WebDataset tar shards through the client: shards written by Python's tarfile in
 its GNU, PAX and USTAR formats (long names included), named by a directory, a glob or a brace
 pattern; three ranks see every sample once per epoch with the ids of the independent sampler
 (reference.py), the same bytes as the same images served as an ImageFolder, labels from cls,
@@ -182,7 +182,7 @@ def test_an_image_that_does_not_decode_follows_the_policy(daemon, job, webdatase
 
 
 def test_a_list_of_shards_is_read_in_its_order(daemon, job, webdataset):
-    """Issue 31: the list's order, not the names': the last shard's samples come first."""
+    """The list's order, not the names': the last shard's samples come first."""
     shards, _, _ = webdataset
     listed = [shards / f"train-{k:06d}.tar" for k in (2, 1, 0)]
     batches = epoch_batches(daemon, job, listed, "webdataset", 0, world=1, batch=17,

@@ -13,7 +13,7 @@ the generated modules (gpufeed/v1/feed_pb2.py).
 
 Datasets: when the protocol has DatasetSpec.handle and MemRequest.open_dataset (docs/SECURITY.md
 §2), the agent opens the dataset with its own rights and passes the descriptor, as the client
-library does; otherwise it names the path (the protocol before issue 12).
+library does; otherwise it names the path (the protocol before dataset handles).
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ def cmd_probe(a: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def cmd_lease(a: Dict[str, Any]) -> Dict[str, Any]:
-    """Issue 30's lease attack: open `dataset` (a file this uid may read, perhaps the
+    """The lease attack: open `dataset` (a file this uid may read, perhaps the
     victim's), hand the daemon the descriptor, attach and stream until it maps the file, then
     set the lease signal on this uid's own copy of the descriptor to `signal` (F_SETSIG),
     leaving its owner (the daemon, which took the lease) as it is: on one shared open file

@@ -1,4 +1,4 @@
-"""The attacks of issue 12 as small reusable functions, against the real binaries with real uids.
+"""The security attacks as small reusable functions, against the real binaries with real uids.
 
 The test process runs as root. It starts gpufeedd as root with the socket group SOCKET_GID (as
 in a pod: the daemon can read every file), and runs the victim (VICTIM_UID) and the attacker
@@ -8,7 +8,7 @@ group, which is what lets them reach the 0660 sockets. Neither is an admin.
 The victim and the attacker drive the daemon with gpufeedctl (and so the client library), and
 the attacker also with agent.py, a client of its own (gRPC and the memory socket by hand).
 
-Names of flags and config fields that issue 12 adds live in NEW_FLAGS, one line each, so the
+Names of flags and config fields that the defences add live in NEW_FLAGS, one line each, so the
 integrator can adjust one line if a branch spelled one otherwise.
 """
 
@@ -45,9 +45,9 @@ SOCKET_GID = 10000   # the sockets' group (the "gpufeed" group of a node)
 VICTIM_UID = 10001
 ATTACKER_UID = 10002
 
-# Flags of gpufeedd that issue 12 adds (docs/SECURITY.md, config fields *_ms map to duration
+# Flags of gpufeedd that the defences add (docs/SECURITY.md, config fields *_ms map to duration
 # flags as attach_timeout_ms -> --attach_timeout). A daemon that does not know one (the code
-# before issue 12) is started without it, so the test then fails on the behaviour the flag
+# before the defences) is started without it, so the test then fails on the behaviour the flag
 # asks for, not on start-up.
 NEW_FLAGS = {
     "idle_lease_timeout": "--idle_lease_timeout",  # idle_lease_timeout_ms (26)
@@ -272,7 +272,7 @@ def daemon_knows(flag: str) -> bool:
 
 
 def new_flag(name: str, value: str) -> List[str]:
-    """[--flag=value] for a flag issue 12 adds, or [] (noted in the log) where the daemon under
+    """[--flag=value] for a flag the defences add, or [] (noted in the log) where the daemon under
     test does not have it."""
     flag = NEW_FLAGS[name]
     if daemon_knows(flag):

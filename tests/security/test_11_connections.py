@@ -1,4 +1,4 @@
-"""Issue 30, item 4: gRPC connections and streams are unbounded.
+"""gRPC connections and streams, once unbounded, are capped.
 
 The audit: 20,000 idle connections of one uid exhausted the daemon's descriptors (attaches
 timed out, `gpufeedctl status` hung, the memory socket's accept loop then spun at 100 % CPU on

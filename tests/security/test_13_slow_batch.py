@@ -1,4 +1,4 @@
-"""Issue 30, item 6: one user's batch of expensive work must not restart the daemon for everyone.
+"""One user's batch of expensive work must not restart the daemon for everyone.
 
 The audit: 700 hard links of a 7000 x 7000 JPEG in one image-folder batch kept a fill worker in
 one work item past --stall_timeout (60 s): liveness went NOT_SERVING and systemd or the kubelet

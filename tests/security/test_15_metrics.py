@@ -1,4 +1,4 @@
-"""Issue 30, items 8 and 9: who is an admin (a root pod need not be), what /metrics shows to
+"""Who is an admin (a root pod need not be), what /metrics shows to
 anyone who can scrape it, idle HTTP connections against scrapes, and the client's check of
 who serves the memory socket before it hands over a dataset descriptor (docs/SECURITY.md
 sections 1, 2 and 4)."""

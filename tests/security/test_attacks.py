@@ -1,4 +1,4 @@
-"""Issue 12's attacks, each against the real binaries with real uids (attacks.py), asserting
+"""The attacks, each against the real binaries with real uids (attacks.py), asserting
 the refusal or the bounded outcome docs/SECURITY.md promises, the victim's bytes unchanged and
 the daemon still serving. README.md here has the table attack -> before -> after."""
 

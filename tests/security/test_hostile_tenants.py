@@ -1,6 +1,6 @@
-"""Issue 30 ("hostile tenants, round two"): the attacks on leases, directories, a WebDataset's
+"""Hostile tenants, round two: the attacks on leases, directories, a WebDataset's
 index, a Megatron .idx scan and the sample-id heap, each against the real binaries with real
-uids (conftest.py, attacks.py). Each test failed on the code before issue 30 (noted per test).
+uids (conftest.py, attacks.py). Each test failed on the code before its defence (noted per test).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def process_state(pid: int) -> str:
                          ids=["SIGKILL", "SIGSTOP", "SIGTERM", "ignored_SIGURG"])
 def test_8_a_clients_lease_signal_cannot_reach_the_daemon(node: Node, fresh, expected: int,
                                                           sig: int) -> None:
-    # Before issue 30 the lease was taken on the description the client shares: SIGKILL and
+    # Before the defence the lease was taken on the description the client shares: SIGKILL and
     # SIGTERM ended the daemon, SIGSTOP froze it, and with SIGURG (ignored) the victim's open
     # for writing waited out lease-break-time (45 s).
     daemon = fresh()
@@ -87,7 +87,7 @@ def shard_dir(node: Node, name: str, mode: int) -> Path:
 
 def test_9_a_directory_the_attacker_may_list_but_not_search_serves_nothing(
         node: Node, daemon, expected: int) -> None:
-    # Before issue 30: a 0744 directory's 0644 file was read with the daemon's rights and its
+    # Before the defence: a 0744 directory's 0644 file was read with the daemon's rights and its
     # bytes served (exit 0) though the kernel refuses the attacker's own open of it.
     d = shard_dir(node, "listable", 0o744)
     run = node.attacker(daemon).consume(d, "--dump", str(node.attacker_home / "dump-744"))
@@ -103,7 +103,7 @@ def test_9_a_directory_the_attacker_may_list_but_not_search_serves_nothing(
 
 def test_9_a_directory_descriptor_kept_across_a_chmod_serves_nothing_written_after(
         node: Node, daemon, expected: int) -> None:
-    # Before issue 30: the descriptor opened while the folder was 0755 kept serving it, and the
+    # Before the defence: the descriptor opened while the folder was 0755 kept serving it, and the
     # file the victim wrote after its chmod 0700 was attached (OK, its samples counted).
     d = shard_dir(node, "closed-later", 0o755)
     agent = node.agent(daemon, "attach_held", dataset=str(d), kind="tokens",
@@ -147,7 +147,7 @@ def consume_wds(node: Node, daemon, path: Path):
 
 def test_10_hard_links_of_one_shard_are_refused_before_indexing(node: Node, daemon,
                                                                 expected: int) -> None:
-    # Before issue 30: 700 links of one 40 MB tar were indexed 700 times (~7.6 GB).
+    # Before the defence: 700 links of one 40 MB tar were indexed 700 times (~7.6 GB).
     d = node.attacker_path("links/x")
     d.parent.mkdir(exist_ok=True)
     os.chown(d.parent, attacks.ATTACKER_UID, attacks.ATTACKER_UID)
@@ -162,7 +162,7 @@ def test_10_hard_links_of_one_shard_are_refused_before_indexing(node: Node, daem
 
 def test_10_a_member_path_longer_than_path_max_is_refused(node: Node, daemon,
                                                          expected: int) -> None:
-    # Before issue 30: pax paths up to 1 MiB were kept for every sample.
+    # Before the defence: pax paths up to 1 MiB were kept for every sample.
     tar = node.attacker_file("long-names.tar", wds_tar(2, name_bytes=100_000))
     run = consume_wds(node, daemon, tar)
     assert run.returncode != 0 and error_code(run) == "INVALID_ARGUMENT", run.stderr
@@ -172,7 +172,7 @@ def test_10_a_member_path_longer_than_path_max_is_refused(node: Node, daemon,
 
 def test_10_one_uids_indexes_stay_within_its_share_of_max_index_bytes(node: Node, fresh,
                                                                      expected: int) -> None:
-    # Before issue 30 there was no bound on the indexes' memory at all.
+    # Before the defence there was no bound on the indexes' memory at all.
     daemon = fresh("--max_index_bytes=1048576")
     tar = node.attacker_file("many.tar", wds_tar(12000))  # > 512 KiB of index
     run = consume_wds(node, daemon, tar)
@@ -187,7 +187,7 @@ def test_10_one_uids_indexes_stay_within_its_share_of_max_index_bytes(node: Node
 
 def test_12_a_sparse_megatron_index_is_cut_at_the_walk_timeout(node: Node, fresh,
                                                                expected: int) -> None:
-    # Before issue 30: the .idx's 2^36 sizes were summed with no deadline (minutes; the
+    # Before the defence: the .idx's 2^36 sizes were summed with no deadline (minutes; the
     # attach threads busy, other attaches queued behind).
     config = node.base / "walk-2s.textproto"
     config.write_text("folder_walk_timeout_ms: 2000\n")
@@ -216,7 +216,7 @@ def sparse_megatron(node: Node, name: str) -> Path:
 
 def test_12_one_uids_slow_attaches_leave_an_attach_thread_to_the_others(node: Node, fresh,
                                                                         expected: int) -> None:
-    # Before issue 30 one FIFO fed both attach threads: two slow attaches of the attacker held
+    # Before the defence one FIFO fed both attach threads: two slow attaches of the attacker held
     # both until folder_walk_timeout and the victim's Attach waited behind them (~7 s here).
     config = node.base / "walk-8s.textproto"
     config.write_text("folder_walk_timeout_ms: 8000\n")
@@ -241,7 +241,7 @@ def test_12_one_uids_slow_attaches_leave_an_attach_thread_to_the_others(node: No
 # ---- 14. max_ids_bytes: one uid's share ----
 
 def test_14_one_uid_cannot_take_the_whole_ids_heap(node: Node, fresh, expected: int) -> None:
-    # Before issue 30: max_ids_bytes was daemon-wide only; the attacker's 8 sessions took all
+    # Before the defence: max_ids_bytes was daemon-wide only; the attacker's 8 sessions took all
     # of it and the victim's Attach was RESOURCE_EXHAUSTED.
     daemon = fresh("--max_ids_bytes=131072")  # 8 sessions of 512 rows x 4 slots x 8 bytes
     hog = node.agent(daemon, "sessions", count=8, job="ids", dataset=str(node.attacker_tokens),

@@ -191,7 +191,7 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     if (!created.ok()) return Fail(created.status());
     stream = std::move(*created);
   }
-  // What the daemon left out of the dataset, or warns about, before any batch (issue 31).
+  // What the daemon left out of the dataset, or warns about, before any batch: never silently.
   for (const client::DatasetNotice& n : (*session)->info().notices) {
     std::fprintf(stderr, "notice (%s): %s\n", n.reason.c_str(), n.message.c_str());
   }

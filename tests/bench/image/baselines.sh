@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python half of the image benchmark (issue 4), for the GPU machine's one scripted call:
+# The Python half of the image benchmark, for the GPU machine's one scripted call:
 # make the dataset (or reuse a complete one), then measure the torchvision baselines.
 # Usage: tests/bench/image/baselines.sh DATA_DIR OUT_DIR [SECONDS]
 # Writes OUT_DIR/make_dataset.log, torchvision.log, torchvision.json and torchvision.md.

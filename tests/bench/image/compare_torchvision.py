@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compare gpufeed's image outputs with torchvision's, for issue 4's acceptance checks.
+"""Compare gpufeed's image outputs with torchvision's, for the image path's acceptance checks.
 
 --ours OURS.npy (uint8 HWC, size x size x 3): gpufeed's output for one fixed crop (no flip, no
 normalisation, DCT scaling off), against

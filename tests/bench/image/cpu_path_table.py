@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14's CPU-path goal from one call's lines: each CPU-path rate against 16 cores times
+"""The CPU-path goal from one call's lines: each CPU-path rate against 16 cores times
 the one-core libjpeg-turbo decode rate measured in the same call, and against torchvision's
 DataLoader there.
 

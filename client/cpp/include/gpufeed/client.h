@@ -197,7 +197,7 @@ class Batch {
   std::vector<Tensor> tensors_;
 };
 
-// What Attach reported about the dataset as opened (issue 31: nothing skipped silently):
+// What Attach reported about the dataset as opened (so nothing is skipped silently):
 // samples left out at open, by reason ("no_image": WebDataset keys without an image;
 // "other_image_type", "link": image_folder files), also counted in FeedInfo::bad_samples, or
 // a "warning" (count 0). gpufeedctl consume prints each; Python warns once (GpufeedWarning).

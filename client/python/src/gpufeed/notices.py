@@ -1,4 +1,4 @@
-"""What gpufeedd reports at attach about a dataset (issue 31: nothing skipped silently).
+"""What gpufeedd reports at attach about a dataset (so nothing is skipped silently).
 
 A session's :attr:`~gpufeed.Session.notices` are the samples the daemon left out when it
 opened the dataset (``reason`` ``"no_image"``: WebDataset keys without an image, e.g. names

@@ -760,8 +760,8 @@ class Loader:
 
     def _check_mps(self, session: Session) -> None:
         """Warns once when the daemon and this process disagree about MPS on the GPU: then
-        the daemon's decode and augment kernels are time-sliced against training's (about
-        17 % of ResNet-50's rate on an H200 with nvJPEG) instead of running beside them."""
+        the daemon's decode and augment kernels are time-sliced against training's (a large
+        part of its rate with nvJPEG: docs/benchmarks.md) instead of running beside them."""
         if self._mps_warned or self.device.type != "cuda":
             return
         daemon, mine = session.mps

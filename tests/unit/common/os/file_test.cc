@@ -125,7 +125,7 @@ TEST_P(FileTest, BeneathADirectoryTheReadersModeBitsDecide) {
 }
 
 TEST_P(FileTest, BeneathADirectoryEveryDirectoryOnTheWayMustLetTheReaderSearchIt) {
-  // Issue 30: a 0744 directory's files were served to a uid the kernel refuses, and a
+  // Formerly a 0744 directory's files were served to a uid the kernel refuses, and a
   // directory descriptor kept from before a chmod 0700 served files written after it.
   ASSERT_EQ(::mkdir(dir_.Join("cls").c_str(), 0755), 0);
   const std::string path = dir_.WriteFile("cls/a.jpg", "bytes");
@@ -270,7 +270,7 @@ std::atomic<int> g_client_signals{0};
 void CountClientSignal(int) { g_client_signals.fetch_add(1); }
 
 TEST_F(LeaseTest, AClientsSignalAndOwnerSettingsCannotReachTheDaemon) {
-  // Issue 30: the lease was taken on the client's own open file description, so the client's
+  // The lease was once taken on the client's own open file description, so the client's
   // fcntl(F_SETSIG) chose the signal the kernel sent the daemon when a writer came (SIGKILL,
   // SIGSTOP, ...), or one it ignores, leaving the writer waiting out lease-break-time (45 s).
   // Here the client picks SIGUSR2, counted by this process: the lease must still break

@@ -1,4 +1,4 @@
-// Issue 31, a bare gpufeedd starts: the runtime directory is made (0755, whatever the umask)
+// A bare gpufeedd starts: the runtime directory is made (0755, whatever the umask)
 // or, where the daemon may not make it, $XDG_RUNTIME_DIR/gpufeed; an unsafe directory on the
 // way is refused naming it; clients look where the daemon listens.
 #include "common/os/runtime_dir.h"

@@ -138,7 +138,7 @@ TEST_F(FeedRegistryTest, ADescriptorMustLieBeneathADatasetRoot) {
             absl::StatusCode::kPermissionDenied);
 }
 
-// An explicit list (issue 31): one handle, their common directory's, which may lie above a
+// An explicit list: one handle, their common directory's, which may lie above a
 // dataset root; each listed file's place decides.
 TEST_F(FeedRegistryTest, EachFileOfAListMustLieBeneathADatasetRoot) {
   std::filesystem::create_directories(dir_.Join("data"));

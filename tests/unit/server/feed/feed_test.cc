@@ -176,7 +176,7 @@ TEST(FeedLimitsTest, ADatasetOfMoreSamplesThanTheCapIsRefusedNamingBoth) {
   EXPECT_TRUE(Feed::Create(TokensSpec("/data/t.bin", 1, 4), &fs, limits).ok());
 }
 
-// Issue 12's crash: a 4 GiB sparse token file with seq_len 1 is 2^31 - 1 samples. The feed
+// A former crash: a 4 GiB sparse token file with seq_len 1 is 2^31 - 1 samples. The feed
 // opens at once and gives any batch's ids without materialising an order.
 TEST(FeedLimitsTest, A4GiBTokenFileWithSeqLen1OpensAndSamplesWithoutAPermutation) {
   FakeFileSystem fs;
@@ -231,7 +231,7 @@ TEST(IdsBudgetTest, ChargesNameTheBytesAndReturnThemWhenDestroyed) {
 }
 
 TEST(IdsBudgetTest, OneUidTakesAtMostItsShareAndAdminsOnlyTheTotal) {
-  // Issue 30: max_ids_bytes was daemon-wide, so one uid's sessions inside its own quotas
+  // max_ids_bytes was once daemon-wide, so one uid's sessions inside its own quotas
   // could leave every other uid's Attach RESOURCE_EXHAUSTED.
   std::shared_ptr<ByteBudget> budget = CreateIdsBudget(1000);  // 500 a uid
   EXPECT_EQ(budget->per_uid(), 500u);

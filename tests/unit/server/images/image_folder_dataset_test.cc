@@ -85,7 +85,7 @@ TEST_F(ImageFolderDatasetTest, CentreCropOfALosslessPngIsByteExactWithItsLabel) 
   EXPECT_EQ(label, 1);
 }
 
-// Issue 31: what the walk left out reaches the attaching client as the dataset's notices,
+// What the walk left out reaches the attaching client as the dataset's notices,
 // one line each naming how many, the first and what to do; nothing when nothing was.
 TEST_F(ImageFolderDatasetTest, FilesLeftOutAtOpenAreNotices) {
   auto clean = Open({CenterCropStep{8}});

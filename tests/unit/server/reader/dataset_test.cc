@@ -574,7 +574,7 @@ using ::gpufeed::testing::FakeFileSystem;
 using ::gpufeed::testing::NpyFile;
 using ::testing::HasSubstr;
 
-// Issue 10, section 4: tokens files are checked, not guessed.
+// Tokens files are checked, not guessed.
 
 // A .npy of tokens (np.save) is read through its header: the same samples as the raw file,
 // the dtype from the header whether token_dtype is unset or agrees.

@@ -80,14 +80,14 @@ TEST(ImageFolderTest, LinksToDirectoriesAreNotFollowed) {
   std::vector<std::string> rel;
   for (size_t i = 0; i < index->paths.size(); ++i) rel.push_back(index->Relative(i));
   EXPECT_THAT(rel, ElementsAre("dog/a.jpg", "dog/link.jpg", "outside/o.jpg", "tree/dog2/b.jpg"));
-  // Issue 31: what torchvision would follow and gpufeed does not is counted, the first kept:
+  // What torchvision would follow and gpufeed does not is counted, the first kept:
   // the linked class, then per class X and up (dog), loop (tree).
   EXPECT_EQ(index->unfollowed_links.count, 4);
   EXPECT_EQ(index->unfollowed_links.first, root + "/linked_class");
   EXPECT_EQ(index->links.count, 0);  // an admin's walk takes dog/link.jpg
 }
 
-// Issue 31: what a user would miss is counted with the first of it: files of the image types
+// What a user would miss is counted with the first of it: files of the image types
 // torchvision's ImageFolder loads and gpufeed does not decode, and a caller's links to images.
 // Not counted: what ImageFolder ignores too (other extensions, files in ROOT); a hidden image
 // is a sample for both.
@@ -154,7 +154,7 @@ TEST(ImageFolderTest, TheWalkStopsPastTheEntryCapAndTheDeadline) {
 // A caller's walk sees what that caller could: a sub-folder it may not list and search is
 // skipped (as os.walk skips it), a root it may not search is refused.
 TEST(ImageFolderTest, TheIndexIsChargedToTheCallersShareOfMaxIndexBytesAndReturned) {
-  // Issue 30: attach-time indexes were unbounded memory; an image folder's paths count in
+  // Attach-time indexes were once unbounded memory; an image folder's paths count in
   // max_index_bytes like a webdataset's names.
   testing::TempDir dir;
   const std::string root = dir.path();
@@ -194,7 +194,7 @@ TEST(ImageFolderTest, AReadersWalkSkipsFoldersItsModeBitsCloseOff) {
   absl::StatusOr<ImageFolderIndex> as_user = IndexImageFolder(fd.get(), root, {}, &user);
   ASSERT_TRUE(as_user.ok()) << as_user.status();
   EXPECT_THAT(as_user->paths, ElementsAre(root + "/c/a.jpg"));
-  EXPECT_EQ(as_user->unlisted_folders.count, 2);  // issue 31: counted, the first by name
+  EXPECT_EQ(as_user->unlisted_folders.count, 2);  // counted, the first by name
   EXPECT_EQ(as_user->unlisted_folders.first, root + "/c/nosearch");
   absl::StatusOr<ImageFolderIndex> as_daemon = IndexImageFolder(fd.get(), root, {}, nullptr);
   ASSERT_TRUE(as_daemon.ok());

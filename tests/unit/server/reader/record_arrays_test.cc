@@ -1,4 +1,4 @@
-// Records of several arrays (issue 16): named .npy files of one directory, one tensor each,
+// Records of several arrays: named .npy files of one directory, one tensor each,
 // sample i = row i of every array; unequal row counts, bad names and bad files refused.
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// Token datasets in shards (issue 16): a directory or a glob of raw, .npy, llm.c and
+// Token datasets in shards: a directory or a glob of raw, .npy, llm.c and
 // Megatron files; windows within each shard, samples in shard (name) order; checked headers.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -275,7 +275,7 @@ TEST(TokenShardsTest, TheContentIdentityChangesWithTheSetOrderAndSizes) {
   EXPECT_EQ((*one)->ContentIdentity(), "");
 }
 
-// ---- issue 31: raw only when raw ------------------------------------------------------------
+// ---- Raw only when raw ----------------------------------------------------------------------
 
 TEST(TokenFormatsTest, LlmcVersion7LlamaShardsAreReadAsUint32) {
   TempDir dir;
@@ -611,7 +611,7 @@ TEST(TokenFormatsTest, ADirectoryMixingTrainAndValWarns) {
   EXPECT_THAT((*plain)->notices(), IsEmpty());
 }
 
-// ---- issue 31: an explicit list of shard files -------------------------------------------
+// ---- An explicit list of shard files -------------------------------------------
 
 DatasetSpec Listed(const std::string& dir, const std::vector<std::string>& paths,
                    int64_t seq_len = 4) {

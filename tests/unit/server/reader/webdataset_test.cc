@@ -1,4 +1,4 @@
-// WebDataset shards (issue 16): samples are the members sharing a key, ids the shards in name
+// WebDataset shards: samples are the members sharing a key, ids the shards in name
 // order and the members in tar order; the same decode and augment paths as image_folder, so
 // the same images give the same bytes; bad shards and samples refused naming shard and key.
 #include "server/reader/webdataset.h"
@@ -201,7 +201,7 @@ TEST_F(WebDatasetTest, AKeyWithoutAnImageIsNoSampleUnderSkipAndRefusedUnderFail)
   EXPECT_THAT(index.status().message(), HasSubstr("train-1.tar: key only has no image"));
 }
 
-// Issue 31: `img.001.jpg` is key `img`, extension `001.jpg` (WebDataset splits a name at its
+// `img.001.jpg` is key `img`, extension `001.jpg` (WebDataset splits a name at its
 // first dot too): such keys have no image. They are counted, the first kept, and the user
 // told why and what to do, not only the daemon's log.
 TEST_F(WebDatasetTest, KeysWithDotsAreCountedWithTheFirstAndExplained) {

@@ -448,7 +448,7 @@ TEST(SamplerTest, EpochOrderNear2To40GivesDistinctIdsInRange) {
   }
 }
 
-// The crash of issue 12: 2^31 samples (a 4 GiB sparse token file with seq_len 1) made the
+// A former crash: 2^31 samples (a 4 GiB sparse token file with seq_len 1) made the
 // sampler materialise a 2^31-entry permutation. Any position is now computed on its own.
 TEST(SamplerTest, HugeDatasetsNeedNoMemoryPerSample) {
   std::unique_ptr<Sampler> s = MakeSampler(uint64_t{1} << 40, 4, 2, 9, true, true);

@@ -1,4 +1,4 @@
-// The attach queue: fair between uids, one uid's running attaches capped (issue 30: one uid's
+// The attach queue: fair between uids, one uid's running attaches capped (one uid's
 // slow attaches held every attach thread and the others' Attach timed out).
 #include "server/service/attach_queue.h"
 

@@ -71,7 +71,7 @@ absl::StatusOr<AttachSpec> Checked(const v1::AttachRequest& r) {
   return spec;
 }
 
-// An explicit list of shard files (issue 31): carried in order, checked (count first,
+// An explicit list of shard files: carried in order, checked (count first,
 // entries named), and part of the feed's key.
 TEST(ConvertTest, ShardPathsAreCarriedCheckedAndKeyed) {
   v1::AttachRequest r;

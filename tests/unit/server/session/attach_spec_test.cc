@@ -140,7 +140,7 @@ TEST_F(SessionManagerTest, AttachRefusesStartStepPastTheEpoch) {
   EXPECT_EQ(a->start, (Position{0, 11}));
 }
 
-// Issue 10, section 3: a position resumes only the feed it came from. The fingerprint of a
+// A position resumes only the feed it came from. The fingerprint of a
 // feed names the dataset's identity and every setting that shapes its batches; a different
 // one is refused, naming each field that differs.
 TEST_F(SessionManagerTest, APositionResumesOnlyTheFeedItCameFrom) {

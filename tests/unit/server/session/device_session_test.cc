@@ -121,7 +121,7 @@ TEST_F(DeviceSessionTest, BatchesAreCopiedToTheDeviceRingAndReusedSlotsWaitForRe
   EXPECT_THAT(calls, Contains("wait-copied 0"));  // the host slot is refilled only after its copy
 }
 
-// Records of several arrays (issue 16): every tensor lands in the device slot at its layout's
+// Records of several arrays: every tensor lands in the device slot at its layout's
 // offset, row i of each array for sample i.
 TEST_F(DeviceSessionTest, RecordsOfSeveralArraysLandAtEachTensorsOffset) {
   std::string x, y;  // x: uint16 [20, 3], value 3k + j; y: int64 [20], value 1000 + k

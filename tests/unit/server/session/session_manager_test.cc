@@ -624,7 +624,7 @@ TEST_F(SessionManagerTest, FileShrinkingUnderAMappedSessionEndsItWithDataLoss) {
   ExpectShrinkEndsSession(*manager_, *pool_, *a, path_);
 }
 
-// Issue 10: a fill stuck in a read (a disk that never answers) shows as a stall of that
+// A fill stuck in a read (a disk that never answers) shows as a stall of that
 // worker once it passes the timeout, and the stall clears when the read returns, with the
 // batch delivered; an idle pool or a consumer holding its batches is never one.
 TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) {

@@ -440,8 +440,8 @@ TEST_F(StagedSessionTest, AnAdaptiveShareUnderMpsTooButNoneForAnExplicitNvjpeg) 
     devices_.mps = mps;
     AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
     spec.job = absl::StrCat("fixed-", mps);
-    // Under MPS decode auto adapts as without it (measured on an H200: the CPU decoder costs
-    // training less than nvJPEG there too); an explicit nvjpeg never does.
+    // Under MPS decode auto adapts as without it (the CPU decoder costs training less than
+    // nvJPEG there too: docs/benchmarks.md, Adaptive decode); an explicit nvjpeg never does.
     spec.decode = mps ? DecodeChoice::kAuto : DecodeChoice::kNvjpeg;
     spec.stop_epoch = 20;
     absl::StatusOr<Attachment> a = manager_->Attach(spec);

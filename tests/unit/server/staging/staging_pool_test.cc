@@ -404,7 +404,7 @@ TEST(StagingPoolTest, ManyAllocationsAndFreesReturnEverything) {
 namespace gpufeed::server {
 namespace {
 
-// Issue 10: a new ring never shows the previous session's bytes, whether it takes the freed
+// A new ring never shows the previous session's bytes, whether it takes the freed
 // range exactly, a part of it, or a range that spans two freed ones.
 TEST(StagingPoolTest, ANewRegionIsZeroedWhateverTheLastOwnerWrote) {
   auto pool = StagingPool::Create(16 * PageSize(), 16 * PageSize());

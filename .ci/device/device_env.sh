@@ -37,3 +37,12 @@ image_dataset() {
   find "$1" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
 }
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
+# make_images DIR COUNT: tests/bench/image/make_dataset.py's ImageNet-like JPEGs (100 classes,
+# seed 0) in DIR, then read once so that the page cache holds them.
+make_images() {
+  log "dataset"
+  python3 "$root/tests/bench/image/make_dataset.py" --out "$1" --images "$2" --classes 100 \
+      --seed 0 >"$out/make_dataset.log" 2>&1
+  tail -1 "$out/make_dataset.log" | tee -a "$out/summary.log"
+  find "$1" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+}

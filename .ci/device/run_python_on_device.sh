@@ -9,16 +9,9 @@ set -u
 steps=${1:-60}
 out=${OUT:-/tmp/gpufeed-out}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/../.." && pwd)
-bundle=$root/.devbundle
-export LD_LIBRARY_PATH=$bundle/lib:${LD_LIBRARY_PATH:-}
-export GPUFEEDD=$bundle/bin/gpufeedd GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
+source "$(dirname "$0")/device_env.sh"
+export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
 export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
-if [ -z "${GPUFEED_NVJPEG_LIBRARY:-}" ]; then
-  GPUFEED_NVJPEG_LIBRARY=$(ls /usr/local/cuda*/lib64/libnvjpeg.so.1[23] 2>/dev/null | head -1)
-  export GPUFEED_NVJPEG_LIBRARY
-fi
-log() { echo "== $(date +%T) $*" | tee -a "$out/summary.log"; }
 if ! python3 -c 'import pytest' 2>/dev/null; then
   mkdir -p /tmp/pywheels
   for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
@@ -30,11 +23,7 @@ python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.
 tail -15 "$out/pytest.log" | tee -a "$out/summary.log"
 
 data=/tmp/gpufeed-images
-log "dataset"
-python3 "$root/tests/bench/image/make_dataset.py" --out "$data" --images 20000 --classes 100 \
-    --seed 0 >"$out/make_dataset.log" 2>&1
-tail -1 "$out/make_dataset.log" | tee -a "$out/summary.log"
-find "$data" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
+make_images "$data" 20000
 
 sock=/tmp/gpufeed-train.sock
 "$GPUFEEDD" --listen="unix://$sock" --threads=4 --staging_bytes=$((2 << 30)) \

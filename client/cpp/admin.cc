@@ -82,6 +82,7 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
     info.seed = f.seed();
     info.shuffle = f.shuffle();
     info.drop_last = f.drop_last();
+    info.share_group = f.share_group();
     info.sessions = f.sessions();
     info.batches_produced = f.batches_produced();
     info.bytes_produced = f.bytes_produced();

@@ -295,7 +295,9 @@ Feed::Claimed Feed::Claim(Position p, int32_t rank, std::span<int64_t> ids,
       share->Claim(std::span<const int64_t>(ids.data(), ids.size()), OrderCursor(p),
                    OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).second));
   c.rows.resize(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) c.rows[i] = SharedRow{rows[i].found, rows[i].wanted, nullptr};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    c.rows[i] = SharedRow{rows[i].found, rows[i].wanted, nullptr, rows[i].pending};
+  }
   return c;
 }
 

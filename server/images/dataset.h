@@ -23,6 +23,7 @@
 #include "server/images/cpu_rows.h"
 #include "server/reader/dataset.h"
 #include "server/reader/image_folder.h"
+#include "server/share/share_cache.h"
 
 namespace gpufeed::server {
 
@@ -77,6 +78,9 @@ struct SharedRow {
   std::shared_ptr<const Image> found;    // in: the group's decode of the sample
   bool wanted = false;                   // in, without `found`: decode the file whole
   std::shared_ptr<const Image> decoded;  // out, when wanted: that whole decode
+  // in, without `found`: the sample's decode in flight in the group; the row decodes it only
+  // where no other row has started it, else takes that decode (SharePending).
+  std::shared_ptr<SharePending> pending;
 };
 
 // A dataset of images: finished on the CPU through ReadSampleAt, or staged for the GPU.

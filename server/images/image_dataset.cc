@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -25,6 +26,9 @@ namespace {
 
 // A bad sample is replaced by the next one; a run this long of bad files ends the feed.
 constexpr int kMaxReplacements = 32;
+// How long a row waits for another row's decode of its sample (a started decode, which waits
+// for nothing) before it decodes the file itself: far above any one decode.
+constexpr absl::Duration kSharedDecodeWait = absl::Seconds(30);
 
 class SourcedImageDataset final : public ImageDataset {
  public:
@@ -250,6 +254,21 @@ class SourcedImageDataset final : public ImageDataset {
                                                             SampleRandom& random,
                                                             StagedGeometry* g) const {
     if (share != nullptr && plan_.dct_scaling) share = nullptr;
+    // Another row of the group started this sample's decode: take it (a started decode waits
+    // for nothing); where it failed, decode here.
+    std::shared_ptr<SharePending> pending;
+    if (share != nullptr && share->found == nullptr && share->pending != nullptr) {
+      if (share->pending->TryStart()) {
+        pending = share->pending;
+      } else {
+        share->found = share->pending->Wait(kSharedDecodeWait);
+      }
+    }
+    // This row decodes for the group: whatever happens below, the rows waiting are woken.
+    std::shared_ptr<const Image> finished;
+    absl::Cleanup finish = [&] {
+      if (pending != nullptr) pending->Finish(finished);
+    };
     if (share != nullptr && share->found != nullptr) {
       absl::StatusOr<StagedGeometry> planned =
           PlanGeometry(share->found->height, share->found->width, random);
@@ -275,6 +294,7 @@ class SourcedImageDataset final : public ImageDataset {
     *g = *planned;
     auto decoded = std::make_shared<const Image>(std::move(*image));
     if (share->wanted) share->decoded = decoded;
+    finished = decoded;
     return decoded;
   }
 

@@ -265,6 +265,7 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
   out->set_shuffle(f.spec.shuffle);
   out->set_drop_last(f.spec.drop_last);
   out->set_even(f.spec.even);
+  out->set_share_group(f.spec.share_group);
   out->set_sessions(f.sessions);
   out->set_batches_produced(f.batches_produced);
   out->set_bytes_produced(f.bytes_produced);

@@ -23,6 +23,33 @@ void Add(ShareCounters& to, const ShareCounters& from) {
 
 }  // namespace
 
+bool SharePending::TryStart() {
+  absl::MutexLock lock(&mu_);
+  return !std::exchange(started_, true);
+}
+
+void SharePending::Finish(std::shared_ptr<const Image> image) {
+  absl::MutexLock lock(&mu_);
+  image_ = std::move(image);
+  done_ = true;
+}
+
+std::shared_ptr<const Image> SharePending::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
+  return done_ ? image_ : nullptr;
+}
+
+std::shared_ptr<const Image> SharePending::image() const {
+  absl::MutexLock lock(&mu_);
+  return done_ ? image_ : nullptr;
+}
+
+bool SharePending::failed() const {
+  absl::MutexLock lock(&mu_);
+  return done_ && image_ == nullptr;
+}
+
 ShareCache::Member& ShareCache::Member::operator=(Member&& other) noexcept {
   if (this != &other) {
     Leave();
@@ -95,9 +122,20 @@ std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> 
     if (it != g.entries.end()) {
       ++g.counters.hits;
       rows[i].found = it->second.image;
-    } else {
-      ++g.counters.misses;
+      continue;
     }
+    // In flight: decoded and not offered yet (found), or claimed by another row (shared).
+    std::shared_ptr<SharePending>& pending = g.in_flight[ids[i]];
+    if (pending != nullptr) {
+      if ((rows[i].found = pending->image()) != nullptr) {
+        ++g.counters.hits;
+        continue;
+      }
+      if (pending->failed()) pending = nullptr;  // its decode failed: claim it anew
+    }
+    ++g.counters.misses;
+    if (pending == nullptr) pending = std::make_shared<SharePending>();
+    rows[i].pending = pending;
   }
   // Past the batch once every batch before it is claimed: then past those claimed after it.
   int64_t cursor = *cursor_;
@@ -121,6 +159,7 @@ void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Ima
   ShareCache& c = *cache_;
   absl::MutexLock lock(&c.mu_);
   GroupState& g = *group_;
+  g.in_flight.erase(id);
   if (g.entries.contains(id)) {  // another member's decode came first
     ++g.counters.raced;
     return;
@@ -192,6 +231,7 @@ void ShareCache::Erase(GroupState& g, int64_t id) {
 }
 
 void ShareCache::DropAll(GroupState& g) {
+  g.in_flight.clear();
   while (!g.by_at.empty()) Erase(g, g.by_at.begin()->second);
 }
 

@@ -36,9 +36,35 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/decode/image_decoder.h"
 
 namespace gpufeed::server {
+
+// A miss of a group in flight: the rows of every member that claimed the sample before its
+// decode was kept share one. The first row to start decodes it; a row that finds it started
+// waits for that decode instead of making its own. Only a started decode is waited for, and a
+// started decode waits for nothing, so no row waits on a chain (members in lockstep, whose
+// batches claim the same samples at once, decode each one once).
+class SharePending {
+ public:
+  // True for the first caller, which decodes and must Finish.
+  bool TryStart();
+  // The decode's image, or null where it failed; wakes the rows waiting.
+  void Finish(std::shared_ptr<const Image> image);
+  // The started decode's image, or null where it failed or took longer than `timeout`.
+  std::shared_ptr<const Image> Wait(absl::Duration timeout);
+  // Finished with an image (a later claim takes it as found).
+  std::shared_ptr<const Image> image() const;
+  // Finished without one.
+  bool failed() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const Image> image_ ABSL_GUARDED_BY(mu_);
+};
 
 struct ShareCounters {
   uint64_t hits = 0;       // Find that returned an entry
@@ -70,10 +96,12 @@ class ShareCache {
   ShareCache& operator=(const ShareCache&) = delete;
 
   // One row of a claimed batch: the group's decode of the sample, or (a miss) whether the
-  // caller should offer its decode (the cache keeps decodes: a budget above zero).
+  // caller should offer its decode (the cache keeps decodes: a budget above zero) and the
+  // decode in flight it shares with the group's other rows of that sample.
   struct Row {
     std::shared_ptr<const Image> found;
     bool wanted = false;
+    std::shared_ptr<SharePending> pending;
   };
 
   // One session's place in a group. Move-only; its destruction leaves the group.
@@ -127,6 +155,8 @@ class ShareCache {
     std::string identity;
     std::multiset<int64_t> cursors;
     absl::flat_hash_map<int64_t, Entry> entries;  // by sample id
+    // Misses claimed and not yet offered, by sample id (SharePending).
+    absl::flat_hash_map<int64_t, std::shared_ptr<SharePending>> in_flight;
     std::set<std::pair<int64_t, int64_t>> by_at;  // (at, id) of every entry
     ShareCounters counters;
   };

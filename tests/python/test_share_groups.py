@@ -145,6 +145,10 @@ def test_four_jobs_in_a_group_each_get_their_solo_bytes_and_decode_once(
                 shared["c"].append(resumed)
                 procs = [consume(daemon, folder, job, 0, resumed, "--start-step", str(last + 1))]
             running += procs
+        feeds = json.loads(subprocess.run(
+            [gpufeedctl(), "--socket", daemon.socket, "-o", "json", "feeds"],
+            capture_output=True, text=True, check=True).stdout)
+        assert feeds and {f["share_group"] for f in feeds} == {GROUP}, feeds
         for p in running:
             finish(p)
         for name, *_ in JOBS:

@@ -30,11 +30,12 @@ int RunFeeds(const GlobalFlags& global) {
     for (const auto& f : *feeds) {
       items.push_back(absl::StrFormat(
           "{\"key\":%s,\"kind\":%s,\"dataset\":%s,\"num_samples\":%d,\"batch_size\":%d,"
-          "\"world_size\":%d,\"seed\":%u,\"shuffle\":%s,\"drop_last\":%s,\"sessions\":%d,"
+          "\"world_size\":%d,\"seed\":%u,\"shuffle\":%s,\"drop_last\":%s,"
+          "\"share_group\":%s,\"sessions\":%d,"
           "\"batches_produced\":%d,\"bytes_produced\":%u,\"bad_samples\":{%s}}",
           JsonString(f.key), JsonString(f.kind), JsonString(f.dataset), f.num_samples, f.batch_size,
           f.world_size, f.seed, f.shuffle ? "true" : "false", f.drop_last ? "true" : "false",
-          f.sessions, f.batches_produced, f.bytes_produced,
+          JsonString(f.share_group), f.sessions, f.batches_produced, f.bytes_produced,
           absl::StrJoin(f.bad_samples, ",", [](std::string* out, const auto& kv) {
             absl::StrAppend(out, JsonString(kv.first), ":", kv.second);
           })));
@@ -46,11 +47,12 @@ int RunFeeds(const GlobalFlags& global) {
   for (const auto& f : *feeds) {
     rows.push_back({f.key, f.kind, f.dataset, absl::StrCat(f.num_samples),
                     absl::StrCat(f.batch_size, "x", f.world_size), absl::StrCat(f.seed),
-                    f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no", absl::StrCat(f.sessions),
+                    f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no",
+                    f.share_group.empty() ? "-" : f.share_group, absl::StrCat(f.sessions),
                     absl::StrCat(f.batches_produced), absl::StrCat(BadTotal(f))});
   }
   PrintTable({"KEY", "KIND", "DATASET", "SAMPLES", "BATCHxWORLD", "SEED", "SHUFFLE", "DROP_LAST",
-              "SESSIONS", "BATCHES", "BAD"},
+              "GROUP", "SESSIONS", "BATCHES", "BAD"},
              rows);
   return 0;
 }

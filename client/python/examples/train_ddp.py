@@ -59,6 +59,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--share-group", default=None,
+                   help="--loader gpufeed: a sharing group (jobs of one group decode each image "
+                        "once; --seed then keys only this job's augmentation)")
     p.add_argument("--device", default=None, help="cpu to run without a GPU")
     p.add_argument("--json", action="store_true", help="also print one JSON line (rank 0)")
     return p.parse_args()
@@ -79,7 +82,7 @@ def gpufeed_batches(args, device, info: Dict[str, int]) -> Iterator[Tuple]:
     loader = gpufeed.torch.Loader(args.data, kind="image_folder", batch_size=args.batch_size,
                                   pipeline=ops, seed=args.seed, device=device,
                                   socket=args.socket, ring_slots=args.ring_slots,
-                                  decode=args.decode,
+                                  decode=args.decode, share_group=args.share_group,
                                   job=os.environ.get("TORCHELASTIC_RUN_ID", "train_ddp"))
     info["steps_per_epoch"] = len(loader)
     with loader:

@@ -299,6 +299,7 @@ struct FeedInfo {
   uint64_t seed = 0;
   bool shuffle = true;
   bool drop_last = true;
+  std::string share_group;  // empty: none
   int32_t sessions = 0;
   int64_t batches_produced = 0;
   uint64_t bytes_produced = 0;

@@ -448,22 +448,32 @@ TEST_F(ImageFolderDatasetTest, SharedRowsGiveThePrivateBytes) {
     for (uint64_t id = 0; id < kSamples; ++id) {
       const SampleContext ctx{static_cast<uint64_t>(7 + epoch), epoch};
       const std::vector<uint8_t> own = read(id, ctx, nullptr);
-      SharedRow first{nullptr, /*wanted=*/true, nullptr};
+      SharedRow first{nullptr, /*wanted=*/true, nullptr, nullptr};
       EXPECT_EQ(read(id, ctx, &first), own) << "sample " << id << " epoch " << epoch;
       ASSERT_NE(first.decoded, nullptr);
       EXPECT_EQ(first.decoded->top, 0);
-      SharedRow unwanted{nullptr, false, nullptr};  // nobody behind: decoded, not handed back
+      // Nobody behind: decoded, not handed back.
+      SharedRow unwanted{nullptr, false, nullptr, nullptr};
       EXPECT_EQ(read(id, ctx, &unwanted), own) << "sample " << id;
       EXPECT_EQ(unwanted.decoded, nullptr);
       EXPECT_EQ(first.decoded->left, 0);
       // Another job (another seed) takes the decode: the same as its own private read.
       const SampleContext other{ctx.seed + 100, epoch};
-      SharedRow found{first.decoded, false, nullptr};
+      SharedRow found{first.decoded, false, nullptr, nullptr};
       EXPECT_EQ(read(id, other, &found), read(id, other, nullptr)) << "sample " << id;
       EXPECT_EQ(found.decoded, nullptr);
-      SharedRow staged_found{first.decoded, false, nullptr};
-      SharedRow staged_wanted{nullptr, true, nullptr};
+      SharedRow staged_found{first.decoded, false, nullptr, nullptr};
+      SharedRow staged_wanted{nullptr, true, nullptr, nullptr};
       const std::vector<uint8_t> staged_own = stage(id, other, nullptr);
+      // Two rows of the group share one decode in flight: the first to start decodes it and
+      // the other takes its image; both give their private bytes.
+      auto pending = std::make_shared<SharePending>();
+      SharedRow starter{nullptr, true, nullptr, pending}, taker{nullptr, true, nullptr, pending};
+      EXPECT_EQ(read(id, ctx, &starter), own) << "sample " << id;
+      ASSERT_NE(starter.decoded, nullptr);
+      EXPECT_EQ(read(id, other, &taker), read(id, other, nullptr)) << "sample " << id;
+      EXPECT_EQ(taker.decoded, nullptr);  // it decoded nothing
+      EXPECT_EQ(pending->image(), starter.decoded);
       EXPECT_EQ(stage(id, other, &staged_found), staged_own) << "sample " << id;
       EXPECT_EQ(stage(id, other, &staged_wanted), staged_own) << "sample " << id;
       ASSERT_NE(staged_wanted.decoded, nullptr);
@@ -471,10 +481,10 @@ TEST_F(ImageFolderDatasetTest, SharedRowsGiveThePrivateBytes) {
     }
   }
   // A found row reads no file: the group's decode stands in for a file that is gone.
-  SharedRow keep{nullptr, true, nullptr};
+  SharedRow keep{nullptr, true, nullptr, nullptr};
   const std::vector<uint8_t> before = read(0, {7, 0}, &keep);
   std::filesystem::remove_all(root_ + "/c0/100.jpg");
-  SharedRow found{keep.decoded, false, nullptr};
+  SharedRow found{keep.decoded, false, nullptr, nullptr};
   EXPECT_EQ(read(0, {7, 0}, &found), before);
 }
 

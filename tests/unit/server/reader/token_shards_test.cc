@@ -519,7 +519,7 @@ TEST(TokenFormatsTest, ForeignFormatsAreRefusedNamingTheFormat) {
     ASSERT_FALSE(ds.ok()) << c.format;
     EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument) << c.format;
     EXPECT_THAT(ds.status().message(), HasSubstr("dataset.path: " + path + " " + c.format));
-    EXPECT_THAT(ds.status().message(), HasSubstr("README.md, \"Token files\""));
+    EXPECT_THAT(ds.status().message(), HasSubstr("(docs/howto/token-files.md lists what is read)"));
     dir.WriteFile("a.bin", Bytes(Stretch(0, 40), 2));
     ds = OpenDataset(Tokens(dir.path(), 2), PosixFileSystem());
     ASSERT_FALSE(ds.ok()) << c.format;

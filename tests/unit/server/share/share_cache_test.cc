@@ -292,5 +292,45 @@ TEST(ShareCacheTest, ConcurrentMembersStayInBudget) {
   EXPECT_EQ(cache.counters().entries, 0u);
 }
 
+// Members in lockstep claim the same sample before either offers it: they share one decode in
+// flight. The first row to start decodes; the other takes its image; a failed decode leaves
+// the sample to be claimed anew.
+TEST(ShareCacheTest, MembersThatClaimASampleAtOnceShareOneDecode) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member a = JoinAt(cache, "g", 0), b = JoinAt(cache, "g", 0);
+  const int64_t ids[] = {7, 8};
+  std::vector<ShareCache::Row> ra = a.Claim(ids, 0, 2), rb = b.Claim(ids, 0, 2);
+  ASSERT_NE(ra[0].pending, nullptr);
+  EXPECT_EQ(ra[0].pending, rb[0].pending);
+  EXPECT_EQ(cache.counters().misses, 4u);
+  // b's row starts first; a's row waits for it on another thread.
+  ASSERT_TRUE(rb[0].pending->TryStart());
+  EXPECT_FALSE(ra[0].pending->TryStart());
+  std::shared_ptr<const Image> waited;
+  std::thread waiter([&] { waited = ra[0].pending->Wait(absl::Seconds(30)); });
+  const std::shared_ptr<const Image> decoded = ImageOf(3);
+  rb[0].pending->Finish(decoded);
+  waiter.join();
+  EXPECT_EQ(waited, decoded);
+  // Decoded and not yet offered: a later claim finds it.
+  ShareCache::Member c = JoinAt(cache, "g", 0);
+  EXPECT_EQ(ClaimOne(c, 7, 0), 3);
+  b.Offer(7, 0, decoded);
+  EXPECT_EQ(cache.counters().inserts, 1u);
+  // Sample 8's decode fails: the waiter gets nothing, and the next claim starts anew.
+  ASSERT_TRUE(ra[1].pending->TryStart());
+  ra[1].pending->Finish(nullptr);
+  EXPECT_EQ(rb[1].pending->Wait(absl::Seconds(30)), nullptr);
+  const int64_t eight[] = {8};
+  std::vector<ShareCache::Row> again = c.Claim(eight, 1, 2);
+  ASSERT_NE(again[0].pending, nullptr);
+  EXPECT_NE(again[0].pending, ra[1].pending);
+  EXPECT_TRUE(again[0].pending->TryStart());
+  // A wait for a decode nobody finishes ends at its timeout, with nothing.
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(again[0].pending->Wait(absl::Milliseconds(50)), nullptr);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+}
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -7,6 +7,7 @@
 set -u
 arch=${1:-resnet18}
 threads=${2:-4}
+steps=${STEPS:-100}
 out=${OUT:-/tmp/gpufeed-out}
 mkdir -p "$out"
 source "$(dirname "$0")/device_env.sh"
@@ -32,7 +33,7 @@ for mode in synthetic gpufeed shared; do
   for i in 0 1 2 3; do
     python3 -m torch.distributed.run --nproc_per_node=1 --master-port=$((29600 + i)) \
         --rdzv-id="share-$mode-$i" "$root/client/python/examples/train_ddp.py" \
-        --data "$data" --loader "$loader" --arch "$arch" --batch-size 256 --steps 100 \
+        --data "$data" --loader "$loader" --arch "$arch" --batch-size 256 --steps "$steps" \
         --warmup 20 --seed "$i" --socket "$sock" --json $extra \
         >"$out/share-$mode-$i.log" 2>&1 &
     pids="$pids $!"
@@ -65,8 +66,8 @@ for mode in ("synthetic", "gpufeed", "shared"):
         continue
     agg = sum(r["images_per_s"] for r in rs)
     wait = sum(r["data_wait_share"] for r in rs) / len(rs)
-    # Per image the four jobs took (120 batches of 256 each; the rings' read-ahead is extra).
-    per = rs[0]["decodes"] / (4 * 256 * 120) if mode != "synthetic" else float("nan")
+    # Per image the four jobs took (steps + 20 warm-up batches of 256 each; read-ahead extra).
+    per = rs[0]["decodes"] / (4 * 256 * (rs[0]["steps"] + 20)) if mode != "synthetic" else float("nan")
     print(f"| {mode} | {agg:,.0f} | {100 * agg / syn:.0f} % | {100 * wait:.1f} % | {per:.2f} |")
     summary[mode] = round(agg, 1)
 print(json.dumps(summary))

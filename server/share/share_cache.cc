@@ -76,9 +76,14 @@ absl::StatusOr<ShareCache::Member> ShareCache::Join(const std::string& key,
     g->key = key;
     g->identity = identity;
   } else if (g->identity != identity) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the group reads ", g->identity, "; this job reads ", identity,
-        ": the jobs of a group read one dataset in one order"));
+    if (!g->cursors.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the group reads ", g->identity, "; this job reads ", identity,
+          ": the jobs of a group read one dataset in one order"));
+    }
+    // No job is in the group now: its images are of another dataset; the name is free.
+    DropAll(*g);
+    g->identity = identity;
   }
   Member m;
   m.cache_ = this;
@@ -91,10 +96,12 @@ void ShareCache::Remove(Member& m) {
   absl::MutexLock lock(&mu_);
   GroupState& g = *m.group_;
   g.cursors.erase(m.cursor_);
-  if (g.cursors.empty()) {
-    DropAll(g);
+  if (!g.cursors.empty()) return;
+  // The group's last job went: its images stay for the next job of the group (a sweep run one
+  // job after another), read by no member now, so the first to go when room is needed.
+  g.in_flight.clear();
+  if (g.entries.empty()) {
     Add(gone_, g.counters);
-    gone_.bytes = gone_.entries = 0;  // DropAll freed them
     const std::string key = g.key;  // erase destroys g
     groups_.erase(key);
   }
@@ -186,6 +193,11 @@ void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Ima
     }
     c.Erase(*victim_group, victim.second);
     ++victim_group->counters.evictions;
+    if (victim_group != &g && victim_group->cursors.empty() && victim_group->entries.empty()) {
+      Add(c.gone_, victim_group->counters);  // an ended group's last image went
+      const std::string key = victim_group->key;
+      c.groups_.erase(key);
+    }
   }
   g.entries[id] = Entry{std::move(image), at, bytes};
   g.by_at.emplace(at, id);
@@ -233,6 +245,8 @@ void ShareCache::Erase(GroupState& g, int64_t id) {
 void ShareCache::DropAll(GroupState& g) {
   g.in_flight.clear();
   while (!g.by_at.empty()) Erase(g, g.by_at.begin()->second);
+  Add(gone_, g.counters);  // bytes and entries are 0 now
+  g.counters = ShareCounters{};
 }
 
 ShareCounters ShareCache::counters() const {

@@ -13,7 +13,8 @@
 // - while there is room every decode is kept; when the budget is full, an entry no member
 //   will read goes first (the oldest), then the one whose next use is farthest (Belady's
 //   rule), or the new one is not kept when it would be the farthest itself;
-// - a group's entries go with its last member.
+// - a group's entries outlive its last member (the next job of the group reads them), read by
+//   no member, so the first to go.
 // Nothing here waits: a miss is the caller's own decode, and a member that stalls only makes
 // the entries ahead of it far (evicted first), never blocks another. A member that ends (its
 // session ended, killed or not) stops counting at once: what only it would have read is now
@@ -133,9 +134,9 @@ class ShareCache {
     std::map<int64_t, int64_t> ahead_;  // claimed batches past the cursor: first -> end
   };
 
-  // Joins the group `key` (made on first use; gone with its last member) at `cursor`. Every
-  // member of a group reads one dataset in one order, `identity`: FAILED_PRECONDITION naming
-  // both when the group's is another.
+  // Joins the group `key` (made on first use) at `cursor`. Every member of a group reads one
+  // dataset in one order, `identity`: FAILED_PRECONDITION naming both when the group's members
+  // read another (a group without members takes the new one, dropping its images).
   absl::StatusOr<Member> Join(const std::string& key, const std::string& identity,
                               int64_t cursor);
 
@@ -167,7 +168,7 @@ class ShareCache {
   // The entry of `g` used farthest ahead: (distance, id); distance -1 when `g` has none.
   static std::pair<int64_t, int64_t> Farthest(const GroupState& g);
   void Erase(GroupState& g, int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops every entry of `g` (its last member left).
+  // Drops every entry of `g` and moves its counters to the ended groups'.
   void DropAll(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(Member& m);
 

@@ -10,6 +10,7 @@ import re
 import signal
 import socket as socketlib
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -128,6 +129,19 @@ def test_four_jobs_in_a_group_each_get_their_solo_bytes_and_decode_once(
     try:
         shared: Dict[str, List[Path]] = {}
         running: List[subprocess.Popen] = []
+        # gpufeedctl feeds, polled while the jobs run: every feed shows the group.
+        groups_seen: set = set()
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                out = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "-o", "json",
+                                      "feeds"], capture_output=True, text=True).stdout
+                groups_seen.update(f["share_group"] for f in json.loads(out or "[]"))
+                done.wait(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         for name, batch, world, seed in JOBS:
             job = (name, batch, world, seed)
             if running:  # the job before has read a quarter of its epoch
@@ -145,12 +159,11 @@ def test_four_jobs_in_a_group_each_get_their_solo_bytes_and_decode_once(
                 shared["c"].append(resumed)
                 procs = [consume(daemon, folder, job, 0, resumed, "--start-step", str(last + 1))]
             running += procs
-        feeds = json.loads(subprocess.run(
-            [gpufeedctl(), "--socket", daemon.socket, "-o", "json", "feeds"],
-            capture_output=True, text=True, check=True).stdout)
-        assert feeds and {f["share_group"] for f in feeds} == {GROUP}, feeds
         for p in running:
             finish(p)
+        done.set()
+        watcher.join(10)
+        assert groups_seen == {GROUP}, groups_seen
         for name, *_ in JOBS:
             got = batches(*shared[name])
             assert got.keys() == solo[name].keys(), name

@@ -22,7 +22,9 @@ sock=/tmp/gpufeed-share.sock
 start_daemon "$sock" "$out/gpufeedd.log" --threads="$threads" --staging_bytes=$((8 << 30)) \
     --device_bytes=$((16 << 30)) --share_cache_bytes=$((16 << 30)) \
     --metrics_listen=127.0.0.1:9464 || exit 1
-decodes() { curl -s 127.0.0.1:9464/metrics | awk '/^gpufeed_decodes_total/ {s += $2} END {print s + 0}'; }
+decodes() {
+  curl -s 127.0.0.1:9464/metrics | awk '/^gpufeed_decodes_total/ {s += $2} END {print s + 0}'
+}
 : >"$out/share.jsonl"
 for mode in synthetic gpufeed shared; do
   loader=$mode; extra=""
@@ -42,7 +44,8 @@ for mode in synthetic gpufeed shared; do
   d1=$(decodes)
   for i in 0 1 2 3; do
     grep '^{' "$out/share-$mode-$i.log" | tail -1 | \
-        python3 -c "import json,sys; r=json.load(sys.stdin); r['mode']='$mode'; r['job']=$i; r['decodes']=$d1-$d0; print(json.dumps(r))" \
+        python3 -c "import json,sys; r=json.load(sys.stdin); r['mode']='$mode'; r['job']=$i; \
+                    r['decodes']=$d1-$d0; print(json.dumps(r))" \
         >>"$out/share.jsonl" || tail -5 "$out/share-$mode-$i.log" | tee -a "$out/summary.log"
   done
 done
@@ -67,7 +70,8 @@ for mode in ("synthetic", "gpufeed", "shared"):
     agg = sum(r["images_per_s"] for r in rs)
     wait = sum(r["data_wait_share"] for r in rs) / len(rs)
     # Per image the four jobs took (steps + 20 warm-up batches of 256 each; read-ahead extra).
-    per = rs[0]["decodes"] / (4 * 256 * (rs[0]["steps"] + 20)) if mode != "synthetic" else float("nan")
+    per = (rs[0]["decodes"] / (4 * 256 * (rs[0]["steps"] + 20)) if mode != "synthetic"
+           else float("nan"))
     print(f"| {mode} | {agg:,.0f} | {100 * agg / syn:.0f} % | {100 * wait:.1f} % | {per:.2f} |")
     summary[mode] = round(agg, 1)
 print(json.dumps(summary))

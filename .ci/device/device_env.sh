@@ -37,6 +37,17 @@ image_dataset() {
   find "$1" -name '*.jpg' -print0 | xargs -0 cat >/dev/null
 }
 log "machine: $(nvidia-smi -L | tr '\n' ' ') $(nproc) cores; nvJPEG: ${GPUFEED_NVJPEG_LIBRARY:-none}"
+# python_env: the Python package from this tree on its bundled C library, and pytest from the
+# bundle's wheels where the machine has none.
+python_env() {
+  export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
+  export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
+  if ! python3 -c 'import pytest' 2>/dev/null; then
+    mkdir -p /tmp/pywheels
+    for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
+    export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
+  fi
+}
 # make_images DIR COUNT: tests/bench/image/make_dataset.py's ImageNet-like JPEGs (100 classes,
 # seed 0) in DIR, then read once so that the page cache holds them.
 make_images() {

@@ -10,13 +10,7 @@ steps=${1:-60}
 out=${OUT:-/tmp/gpufeed-out}
 mkdir -p "$out"
 source "$(dirname "$0")/device_env.sh"
-export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
-export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  mkdir -p /tmp/pywheels
-  for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
-  export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
-fi
+python_env
 
 log "pytest tests/python on $(nvidia-smi -L | head -1)"
 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1

@@ -98,13 +98,7 @@ done
 
 if want pytest; then
   log "5. pytest tests/python on the GPU (device variants of the batch lifetime tests included)"
-  export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
-  export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
-  if ! python3 -c 'import pytest' 2>/dev/null; then
-    mkdir -p /tmp/pywheels
-    for w in "$bundle"/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/pywheels; done
-    export PYTHONPATH=$PYTHONPATH:/tmp/pywheels
-  fi
+  python_env
   timeout 600 python3 -m pytest "$root/tests/python" -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1
   tail -6 "$out/pytest.log" | tee -a "$out/summary.log"
 fi

@@ -11,8 +11,7 @@ steps=${STEPS:-100}
 out=${OUT:-/tmp/gpufeed-out}
 mkdir -p "$out"
 source "$(dirname "$0")/device_env.sh"
-export GPUFEED_LIBRARY=$bundle/lib/libgpufeed_c.so
-export PYTHONPATH=$root/client/python/src${PYTHONPATH:+:$PYTHONPATH}
+python_env
 
 data=/tmp/gpufeed-images
 make_images "$data" 20000

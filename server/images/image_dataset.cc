@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
@@ -92,19 +93,20 @@ class SourcedImageDataset final : public ImageDataset {
   absl::StatusOr<uint64_t> StageSampleAt(uint64_t id, const SampleContext& context, int64_t row,
                                          const StageTarget& target,
                                          SharedRow* share) const override {
-    if (target.mode == StageMode::kCpuDecode && share != nullptr) {
-      return StageSharedAt(id, context, row, target, share);
-    }
     const StagedLayout& layout = *target.layout;
     auto* record = reinterpret_cast<StagedRecord*>(target.slot + layout.records_offset) + row;
     std::byte* arena = target.slot + layout.arena_offset;
     return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
-      absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
-      if (!bytes.ok()) return bytes.status();
       SampleRandom random(context.seed, context.epoch, sample);
       *record = StagedRecord{};
       bool staged = false;
+      // nvJPEG's rows need the file's bytes here; the CPU's are read by DecodeShared (a
+      // group's row found in the cache reads nothing).
+      std::optional<std::vector<uint8_t>> bytes;
       if (target.mode == StageMode::kNvjpeg && target.cpu.share < 1) {
+        absl::StatusOr<std::vector<uint8_t>> read = ReadFile(sample);
+        if (!read.ok()) return read.status();
+        bytes = std::move(*read);
         DecodeOptions options;
         options.max_pixels = max_pixels_;
         absl::StatusOr<JpegHeader> header = InspectJpeg(*bytes, options);
@@ -135,30 +137,12 @@ class SourcedImageDataset final : public ImageDataset {
       }
       if (!staged) {
         StagedGeometry g;
-        absl::StatusOr<Image> image = DecodePlanned(*bytes, random, &g);
+        absl::StatusOr<std::shared_ptr<const Image>> image =
+            DecodeShared(sample, sample == id ? share : nullptr, random, &g,
+                         bytes.has_value() ? &*bytes : nullptr);
         if (!image.ok()) return image.status();
-        StageDecoded(*image, g, target, record);
+        StageDecoded(**image, g, target, record);
       }
-      const int64_t label = source_->label(sample);
-      std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
-                  sizeof(label));
-      return absl::OkStatus();
-    });
-  }
-
-  // StageSampleAt on the CPU decode path with a sharing group's row.
-  absl::StatusOr<uint64_t> StageSharedAt(uint64_t id, const SampleContext& context, int64_t row,
-                                         const StageTarget& target, SharedRow* share) const {
-    const StagedLayout& layout = *target.layout;
-    auto* record = reinterpret_cast<StagedRecord*>(target.slot + layout.records_offset) + row;
-    return WithReplacement(id, [&](uint64_t sample) -> absl::Status {
-      SampleRandom random(context.seed, context.epoch, sample);
-      StagedGeometry g;
-      absl::StatusOr<std::shared_ptr<const Image>> image =
-          DecodeShared(sample, sample == id ? share : nullptr, random, &g);
-      if (!image.ok()) return image.status();
-      *record = StagedRecord{};
-      StageDecoded(**image, g, target, record);
       const int64_t label = source_->label(sample);
       std::memcpy(target.slot + layout.labels_offset + row * sizeof(int64_t), &label,
                   sizeof(label));
@@ -248,11 +232,13 @@ class SourcedImageDataset final : public ImageDataset {
 
   // The sample's pixels and geometry with a sharing group's row (null: none): the group's
   // decode where the row found one (no read, no decode), else a whole decode, handed back for
-  // the group where one is wanted; without a group, DecodePlanned's. A whole decode plans the geometry on the
-  // image's size as DecodePlanned plans it on the header's: the same draws, the same box.
-  absl::StatusOr<std::shared_ptr<const Image>> DecodeShared(uint64_t sample, SharedRow* share,
-                                                            SampleRandom& random,
-                                                            StagedGeometry* g) const {
+  // the group where one is wanted; without a group, DecodePlanned's. A whole decode plans the
+  // geometry on the image's size as DecodePlanned plans it on the header's: the same draws,
+  // the same box. `read`: the file's bytes where the caller read them already (null: read
+  // here).
+  absl::StatusOr<std::shared_ptr<const Image>> DecodeShared(
+      uint64_t sample, SharedRow* share, SampleRandom& random, StagedGeometry* g,
+      const std::vector<uint8_t>* read = nullptr) const {
     if (share != nullptr && plan_.dct_scaling) share = nullptr;
     // Another row of the group started this sample's decode: take it (a started decode waits
     // for nothing); where it failed, decode here.
@@ -276,17 +262,22 @@ class SourcedImageDataset final : public ImageDataset {
       *g = *planned;
       return share->found;
     }
-    absl::StatusOr<std::vector<uint8_t>> bytes = ReadFile(sample);
-    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<std::vector<uint8_t>> own;
+    if (read == nullptr) {
+      own = ReadFile(sample);
+      if (!own.ok()) return own.status();
+      read = &*own;
+    }
+    const std::vector<uint8_t>& bytes = *read;
     if (share == nullptr) {
-      absl::StatusOr<Image> image = DecodePlanned(*bytes, random, g);
+      absl::StatusOr<Image> image = DecodePlanned(bytes, random, g);
       if (!image.ok()) return image.status();
       return std::make_shared<const Image>(std::move(*image));
     }
     // In a group every decode is whole, wanted or not: a region decode passes a file damaged
     // only below its box, which a whole decode refuses, and the job's bytes must not depend on
     // whether another job was behind it.
-    absl::StatusOr<Image> image = Decode(*bytes);
+    absl::StatusOr<Image> image = Decode(bytes);
     if (!image.ok()) return image.status();
     Count(metrics::Decoder::kCpu);
     absl::StatusOr<StagedGeometry> planned = PlanGeometry(image->height, image->width, random);

@@ -124,7 +124,6 @@ class ShareCache {
     // others.
     void Offer(int64_t id, int64_t at, std::shared_ptr<const Image> image);
     void Leave();
-    bool joined() const { return cache_ != nullptr; }
 
    private:
     friend class ShareCache;

@@ -183,6 +183,7 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_LIST_FROM_FILE(admin_uids);
   GPUFEED_LIST_FROM_FILE(admin_gids);
   GPUFEED_LIST_FROM_FILE(dataset_roots);
+  GPUFEED_LIST_FROM_FILE(share_groups_across_uids);
 #undef GPUFEED_LIST_FROM_FILE
   if (file.has_read_mode()) {
     GPUFEED_RETURN_IF_ERROR(parse(ParseReadMode(file.read_mode()), &c->read_mode));
@@ -280,6 +281,16 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
     if (root.empty() || root[0] != '/') {
       return Invalid(sources, "dataset_roots",
                      absl::StrCat("must be absolute paths, got '", root, "'"));
+    }
+  }
+  for (const std::string& group : c.share_groups_across_uids) {
+    // As an Attach's share_group (session/attach_spec.h): a name no attach can give is a typo.
+    if (group.empty() || group.size() > 128 ||
+        group.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                "0123456789._:@+=/-") != std::string::npos) {
+      return Invalid(sources, "share_groups_across_uids",
+                     absl::StrCat("a group name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-], got '",
+                                  group, "'"));
     }
   }
   if (c.mem_request_timeout <= absl::ZeroDuration()) {

@@ -64,6 +64,8 @@ struct DaemonConfig {
   bool cheapest_cpu_rows = true;
   // The sharing groups' cache of decoded images (session/session_manager.h).
   uint64_t share_cache_bytes = uint64_t{1} << 30;
+  // Sharing group names whose members may be of several uids (session/session_manager.h).
+  std::vector<std::string> share_groups_across_uids;
   // Liveness from progress (common/progress.h): stalled once a pipeline thread has been in one
   // work item this long without finishing a sample; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);

@@ -127,6 +127,10 @@ ABSL_FLAG(bool, cheapest_cpu_rows, DaemonConfig().cheapest_cpu_rows,
 ABSL_FLAG(uint64_t, share_cache_bytes, DaemonConfig().share_cache_bytes,
           "bytes of decoded images the sharing groups' cache may hold, every group of the node "
           "together (AttachRequest.share_group); 0: none kept, each job decodes what it reads");
+ABSL_FLAG(std::vector<std::string>, share_groups_across_uids, {},
+          "sharing group names whose members may be of several uids (comma-separated): one "
+          "group of every uid's jobs of that name reading the same files, a decode made for "
+          "one uid given to another only where that uid may read the file; others: per uid");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");
@@ -208,6 +212,7 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_region_decode, &c->region_decode);
   apply(FLAGS_cheapest_cpu_rows, &c->cheapest_cpu_rows);
   apply(FLAGS_share_cache_bytes, &c->share_cache_bytes);
+  apply(FLAGS_share_groups_across_uids, &c->share_groups_across_uids);
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);

@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
   options.adaptive_decode = c.adaptive_decode;
   options.cheapest_cpu_rows = c.cheapest_cpu_rows;
   options.share_cache_bytes = c.share_cache_bytes;
+  options.share_groups_across_uids = c.share_groups_across_uids;
   options.max_batch_time = c.max_batch_time;
   options.attach_timeout = c.attach_timeout;
   options.feed_limits.max_samples = c.max_samples_per_feed;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -245,6 +246,19 @@ absl::Status PastDeadline(Position p, const FillDeadline& deadline, int64_t done
                    " samples done: this session ends; ask for smaller batches or smaller images"));
 }
 
+// Once a fill of a group's rows ended, done or not: lets go of their decodes in flight and
+// counts their read checks (ShareCache::Member::EndFill).
+void EndFill(std::span<const SharedRow> rows, ShareCache::Member* share) {
+  if (rows.empty()) return;
+  ShareCache::FillEnd end;
+  for (const SharedRow& row : rows) {
+    if (row.pending != nullptr) end.pending.push_back(row.pending);
+    end.read_checks_passed += row.read_check == SharedRow::ReadCheck::kPassed;
+    end.read_checks_refused += row.read_check == SharedRow::ReadCheck::kRefused;
+  }
+  share->EndFill(end);
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> Feed::FillStaged(Position p, int32_t rank, StageMode mode,
@@ -265,13 +279,25 @@ absl::StatusOr<int64_t> Feed::Fill(Position p, int32_t rank, std::byte* slot,
                       [&] { return FillImpl(p, rank, slot, ids, parallel, deadline, share); });
 }
 
-std::string Feed::ShareIdentity() const {
+std::string Feed::ShareIdentity(bool across_uids) const {
   std::vector<std::string> identity;
   for (const auto& [name, value] : identity_) identity.push_back(absl::StrCat(name, "=", value));
-  return absl::StrCat(spec_.dataset.path, " (", spec_.dataset.resolved.empty() ? "" : spec_.dataset.resolved.substr(1),
+  std::string name = spec_.dataset.path;
+  std::string resolved = spec_.dataset.resolved;
+  std::string list;
+  if (across_uids) {
+    // Two uids name one folder by their own paths and read it with their own rights: the
+    // dataset's (device, inode), what Create saw of it and the exact sample list prove the
+    // same files by the same ids, and the text names nothing of either uid's attach.
+    resolved = resolved.substr(0, resolved.find(";reader="));
+    if (!resolved.empty()) name = "a dataset";
+    list = absl::StrCat(", sample list ", images_ != nullptr ? images_->SampleListDigest() : "-");
+  }
+  return absl::StrCat(name, " (", resolved.empty() ? "" : resolved.substr(1),
                       identity.empty() ? "" : ";", absl::StrJoin(identity, ";"), ", ",
-                      dataset_->num_samples(), " samples", spec_.shuffle ? "" : ", not shuffled",
-                      ", max_pixels ", spec_.dataset.max_pixels, ")");
+                      dataset_->num_samples(), " samples", list,
+                      spec_.shuffle ? "" : ", not shuffled", ", max_pixels ",
+                      spec_.dataset.max_pixels, ")");
 }
 
 int64_t Feed::OrderCursor(Position p) const {
@@ -300,7 +326,12 @@ Feed::Claimed Feed::Claim(Position p, int32_t rank, std::span<int64_t> ids,
                    OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).second));
   c.rows.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
-    c.rows[i] = SharedRow{rows[i].found, rows[i].wanted, nullptr, rows[i].pending};
+    SharedRow& row = c.rows[i];
+    row.found = rows[i].found;
+    row.wanted = rows[i].wanted;
+    row.pending = rows[i].pending;
+    row.uid = share->uid();
+    row.check_read = rows[i].check_read;
   }
   return c;
 }
@@ -322,6 +353,7 @@ absl::StatusOr<int64_t> Feed::FillStagedImpl(Position p, int32_t rank, StageMode
   metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   // nvJPEG's pixels are not the CPU decoder's: only the CPU decode path shares.
   Claimed claimed = Claim(p, rank, ids, mode == StageMode::kCpuDecode ? share : nullptr);
+  absl::Cleanup end_fill = [&] { EndFill(claimed.rows, share); };
   const int64_t valid = claimed.valid;
   StageArena arena(*staged_layout_);
   const StageTarget target{mode, &*staged_layout_, slot, &arena, cpu};
@@ -374,6 +406,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
                                        ShareCache::Member* share) const {
   metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   Claimed claimed = Claim(p, rank, ids, share);
+  absl::Cleanup end_fill = [&] { EndFill(claimed.rows, share); };
   const int64_t valid = claimed.valid;
   uint64_t row_bytes = 0;
   for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;

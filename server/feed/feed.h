@@ -158,8 +158,10 @@ class Feed {
 
   // What the jobs of a sharing group must agree on: the dataset (its display path, device,
   // inode and reader's rights, size and mtime, sample count, the decode's pixel cap) and the
-  // order's shape (shuffle); the order seed is the group's own.
-  std::string ShareIdentity() const;
+  // order's shape (shuffle); the order seed is the group's own. `across_uids` (a group the
+  // daemon lets several uids share): no display path and no reader's rights, and the exact
+  // sample list's digest (ImageDataset::SampleListDigest) instead.
+  std::string ShareIdentity(bool across_uids = false) const;
   // Where a member of a sharing group that reads global batch `p` next stands in the group's
   // order (OrderPosition): the batch's first place, or for an epoch's first batch the end of
   // the last batch before it (with drop_last the places past it are never read by this job).

@@ -81,6 +81,14 @@ struct SharedRow {
   // in, without `found`: the sample's decode in flight in the group; the row decodes it only
   // where no other row has started it, else takes that decode (SharePending).
   std::shared_ptr<SharePending> pending;
+  // A group across uids: the uid whose rights this row reads with (in), and whether `found`
+  // was decoded for another uid (in; set too when the decode waited for was another uid's).
+  // Such an image is used only after this row's own open of the file succeeds (ImageSource::
+  // CheckReadable); where it fails, the row reads the file itself, as without the group.
+  uint32_t uid = 0;
+  bool check_read = false;
+  enum class ReadCheck { kNone, kPassed, kRefused };
+  ReadCheck read_check = ReadCheck::kNone;  // out
 };
 
 // A dataset of images: finished on the CPU through ReadSampleAt, or staged for the GPU.
@@ -91,6 +99,11 @@ class ImageDataset : public Dataset {
   virtual absl::StatusOr<uint64_t> ReadImageAt(uint64_t id, const SampleContext& context,
                                                std::span<const std::span<std::byte>> rows,
                                                SharedRow* share) const = 0;
+  // A digest (FNV-1a, 64 bits, hex) of the exact sample list: each sample's name beneath the
+  // dataset's root and its label, in id order. Two uids' datasets of the same root with the
+  // same digest name the same files by the same ids (a sharing group across uids). Computed
+  // once, on first use.
+  virtual std::string SampleListDigest() const = 0;
   // The staged layout of a batch of `batch` samples.
   virtual StagedLayout StagedLayoutFor(int64_t batch) const = 0;
   // Stages sample `id` as row `row` of a staged batch (its record, label and arena bytes) and

@@ -7,10 +7,12 @@
 #include <limits>
 #include <optional>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -84,6 +86,22 @@ class SourcedImageDataset final : public ImageDataset {
       std::memcpy(rows[1].data(), &label, sizeof(label));
       return absl::OkStatus();
     });
+  }
+
+  std::string SampleListDigest() const override {
+    absl::call_once(digest_once_, [this] {
+      uint64_t h = 0xcbf29ce484222325ULL;
+      const auto mix = [&h](absl::string_view text) {
+        for (const char c : text) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+        h = (h ^ 0xffu) * 0x100000001b3ULL;  // no name or label runs into the next
+      };
+      for (uint64_t id = 0; id < source_->size(); ++id) {
+        mix(source_->SampleName(id));
+        mix(absl::StrCat(source_->label(id)));
+      }
+      digest_ = absl::StrFormat("%016x", h);
+    });
+    return digest_;
   }
 
   StagedLayout StagedLayoutFor(int64_t batch) const override {
@@ -244,11 +262,20 @@ class SourcedImageDataset final : public ImageDataset {
     // for nothing); where it failed, decode here.
     std::shared_ptr<SharePending> pending;
     if (share != nullptr && share->found == nullptr && share->pending != nullptr) {
-      if (share->pending->TryStart()) {
+      if (share->pending->TryStart(share->uid)) {
         pending = share->pending;
       } else {
         share->found = share->pending->Wait(kSharedDecodeWait);
+        share->check_read = share->pending->decoder_uid() != share->uid;
       }
+    }
+    // A decode made for another uid of a group across uids: this row's uid may have it only
+    // where it may read the file itself, opened as this row's own read would open it. Where
+    // it may not, the row reads the file itself, which fails as it fails without the group.
+    if (share != nullptr && share->found != nullptr && share->check_read) {
+      const bool readable = source_->CheckReadable(sample).ok();
+      share->read_check = readable ? SharedRow::ReadCheck::kPassed : SharedRow::ReadCheck::kRefused;
+      if (!readable) share->found = nullptr;
     }
     // This row decodes for the group: whatever happens below, the rows waiting are woken.
     std::shared_ptr<const Image> finished;
@@ -465,6 +492,8 @@ class SourcedImageDataset final : public ImageDataset {
   mutable std::atomic<int64_t> bad_[std::size(kBadImageReasons)] = {};
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_set<uint64_t> logged_ ABSL_GUARDED_BY(mu_);
+  mutable absl::once_flag digest_once_;
+  mutable std::string digest_;  // written once, under digest_once_
 };
 
 }  // namespace

@@ -98,6 +98,16 @@ class FolderSource final : public ImageSource {
     return bytes;
   }
 
+  // Opened as Read opens it (beneath the root, with the reader's mode bits), then closed.
+  absl::Status CheckReadable(uint64_t id) const override {
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
+        fs_->OpenForReadBeneath(root_.get(), index_.Relative(id), index_.paths[id],
+                                reader_.has_value() ? &*reader_ : nullptr);
+    return file.status();
+  }
+
+  std::string SampleName(uint64_t id) const override { return index_.Relative(id); }
+
   std::vector<DatasetNotice> notices() const override { return notices_; }
 
  private:

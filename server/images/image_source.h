@@ -34,6 +34,18 @@ class ImageSource {
   }
   // Dataset::ContentIdentity.
   virtual std::string ContentIdentity() const { return ""; }
+  // OK where the dataset's reader may read sample `id` now, the way Read would open it,
+  // reading nothing; else Read's error. A sharing group across uids hands a decode made for
+  // another uid to a row only then. The default (a source whose files were all opened with
+  // the reader's rights when it was indexed, as a webdataset's shards, held open): OK.
+  virtual absl::Status CheckReadable(uint64_t id) const {
+    (void)id;
+    return absl::OkStatus();
+  }
+  // The sample's name as the dataset itself knows it, the same whoever opened it by whatever
+  // display path (an ImageFolder's path beneath its root): a sharing group across uids
+  // compares two uids' sample lists by these names. Default: name(id).
+  virtual std::string SampleName(uint64_t id) const { return name(id); }
   // Dataset::notices: what the index left out at open.
   virtual std::vector<DatasetNotice> notices() const { return {}; }
 };

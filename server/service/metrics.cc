@@ -197,7 +197,8 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                {{"reason", "consumer_gone"}},
                static_cast<double>(src.sessions->lifeline_reclaims()));
   // Sharing groups (docs/ARCHITECTURE.md section 9): the cache's bytes, and per group its
-  // lookups, evictions, bytes and members. The group label is the group's key ("uid 1000/NAME")
+  // lookups, evictions, bytes and members. The group label is the group's key ("uid 1000/NAME";
+  // "uid */NAME" for a group across uids)
   // with job_labels, else an opaque digest of it (as job names, group names are their user's).
   const ShareCache& cache = src.sessions->share_cache();
   const ShareCounters all = cache.counters();
@@ -219,6 +220,18 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                                MetricType::Gauge);
   auto& members = b.Family("gpufeed_share_members",
                            "Sessions in a sharing group", MetricType::Gauge);
+  auto& read_checks = b.Family("gpufeed_share_read_checks_total",
+                               "A group across uids: rows given another uid's decode only after "
+                               "their own open of the file passed, or refused (read it alone)",
+                               MetricType::Counter);
+  auto& in_flight = b.Family("gpufeed_share_decodes_in_flight",
+                             "Decodes in flight a sharing group's rows share (at most each "
+                             "member's ring of rows)",
+                             MetricType::Gauge);
+  auto& unshared = b.Family("gpufeed_share_unshared_total",
+                            "Misses decoded alone, their session holding its ring's rows of "
+                            "decodes in flight",
+                            MetricType::Counter);
   for (const ShareGroupInfo& g : cache.Groups()) {
     const std::string group =
         src.job_labels ? g.key : absl::StrCat("g", FeedKeyOf(g.key).substr(0, 8));
@@ -229,6 +242,12 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
     Builder::Add(evictions, {{"group", group}}, static_cast<double>(g.counters.evictions));
     Builder::Add(group_bytes, {{"group", group}}, static_cast<double>(g.counters.bytes));
     Builder::Add(members, {{"group", group}}, g.members);
+    Builder::Add(read_checks, {{"group", group}, {"result", "passed"}},
+                 static_cast<double>(g.counters.read_checks_passed));
+    Builder::Add(read_checks, {{"group", group}, {"result", "refused"}},
+                 static_cast<double>(g.counters.read_checks_refused));
+    Builder::Add(in_flight, {{"group", group}}, static_cast<double>(g.pending));
+    Builder::Add(unshared, {{"group", group}}, static_cast<double>(g.counters.unshared));
   }
   Builder::Add(b.Family("gpufeed_fill_queue_depth",
                         "Fill tasks waiting for a worker (sessions with free slots, chunks)",

@@ -105,6 +105,11 @@ struct SessionManagerOptions {
   // Sharing groups (docs/ARCHITECTURE.md section 9): the bytes of decoded samples the cache
   // every group of the node shares may hold.
   uint64_t share_cache_bytes = uint64_t{1} << 30;
+  // Group names whose members may be of several uids (share_groups_across_uids): one group
+  // of every uid's jobs of that name, on proof of the same files (Feed::ShareIdentity with
+  // across_uids), each decode made for another uid handed out only to a row whose own open of
+  // the file succeeds. Others: each uid's groups are its own.
+  std::vector<std::string> share_groups_across_uids;
   // "Now" for the lease decisions (attach_timeout, idle_lease_timeout: the sessions record
   // their times with it) and the dataset handles' lifetime; reap_interval stays real time.
   Clock clock = RealClock();

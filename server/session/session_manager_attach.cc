@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -192,10 +193,17 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
                                    spec.feed.batch_size, ring.slots));
   params.lifeline = std::move(lifeline);
   if (!spec.feed.share_group.empty()) {
-    // Each uid's groups are its own: the same name under another uid is another group.
-    absl::StatusOr<ShareCache::Member> member =
-        share_cache_.Join(absl::StrCat("uid ", spec.caller.uid(), "/", spec.feed.share_group),
-                          feed->ShareIdentity(), feed->OrderCursor(spec.start));
+    // Each uid's groups are its own (the same name under another uid is another group), but
+    // for the names the admin lets uids share. A member holds at most its ring's rows of
+    // decodes in flight.
+    const bool across = absl::c_linear_search(options_.share_groups_across_uids,
+                                              spec.feed.share_group);
+    const ShareMemberOptions share{
+        spec.caller.uid(), static_cast<int64_t>(ring.slots) * spec.feed.batch_size};
+    absl::StatusOr<ShareCache::Member> member = share_cache_.Join(
+        absl::StrCat("uid ", across ? "*" : absl::StrCat(spec.caller.uid()), "/",
+                     spec.feed.share_group),
+        feed->ShareIdentity(across), feed->OrderCursor(spec.start), share);
     if (!member.ok()) {
       return Annotate(member.status(), absl::StrCat("share_group \"", spec.feed.share_group, "\""));
     }

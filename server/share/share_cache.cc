@@ -17,15 +17,26 @@ void Add(ShareCounters& to, const ShareCounters& from) {
   to.bypassed += from.bypassed;
   to.raced += from.raced;
   to.evictions += from.evictions;
+  to.read_checks_passed += from.read_checks_passed;
+  to.read_checks_refused += from.read_checks_refused;
+  to.unshared += from.unshared;
   to.bytes += from.bytes;
   to.entries += from.entries;
 }
 
 }  // namespace
 
-bool SharePending::TryStart() {
+bool SharePending::TryStart(uint32_t uid) {
   absl::MutexLock lock(&mu_);
-  return !std::exchange(started_, true);
+  if (started_) return false;
+  started_ = true;
+  uid_ = uid;
+  return true;
+}
+
+uint32_t SharePending::decoder_uid() const {
+  absl::MutexLock lock(&mu_);
+  return uid_;
 }
 
 void SharePending::Finish(std::shared_ptr<const Image> image) {
@@ -57,6 +68,9 @@ ShareCache::Member& ShareCache::Member::operator=(Member&& other) noexcept {
     group_ = std::exchange(other.group_, nullptr);
     cursor_ = other.cursor_;
     ahead_ = std::move(other.ahead_);
+    options_ = other.options_;
+    held_ = std::move(other.held_);
+    held_rows_ = std::exchange(other.held_rows_, 0);
   }
   return *this;
 }
@@ -68,7 +82,8 @@ void ShareCache::Member::Leave() {
 }
 
 absl::StatusOr<ShareCache::Member> ShareCache::Join(const std::string& key,
-                                                    const std::string& identity, int64_t cursor) {
+                                                    const std::string& identity, int64_t cursor,
+                                                    const ShareMemberOptions& options) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<GroupState>& g = groups_[key];
   if (g == nullptr) {
@@ -89,12 +104,18 @@ absl::StatusOr<ShareCache::Member> ShareCache::Join(const std::string& key,
   m.cache_ = this;
   m.group_ = g.get();
   m.cursor_ = g->cursors.insert(cursor);
+  m.options_ = options;
   return m;
 }
 
 void ShareCache::Remove(Member& m) {
   absl::MutexLock lock(&mu_);
   GroupState& g = *m.group_;
+  // A member that ends with rows still held (its fill cut short) lets go of them now.
+  while (!m.held_.empty()) {
+    const auto held = m.held_.begin();
+    Unhold(m, held->first, held->second);
+  }
   g.cursors.erase(m.cursor_);
   if (!g.cursors.empty()) return;
   // The group's last job went: its images stay for the next job of the group (a sweep run one
@@ -129,20 +150,33 @@ std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> 
     if (it != g.entries.end()) {
       ++g.counters.hits;
       rows[i].found = it->second.image;
+      rows[i].check_read = it->second.uid != options_.uid;
       continue;
     }
     // In flight: decoded and not offered yet (found), or claimed by another row (shared).
-    std::shared_ptr<SharePending>& pending = g.in_flight[ids[i]];
-    if (pending != nullptr) {
+    auto flight = g.in_flight.find(ids[i]);
+    if (flight != g.in_flight.end()) {
+      const std::shared_ptr<SharePending>& pending = flight->second.pending;
       if ((rows[i].found = pending->image()) != nullptr) {
+        rows[i].check_read = pending->decoder_uid() != options_.uid;
         ++g.counters.hits;
         continue;
       }
-      if (pending->failed()) pending = nullptr;  // its decode failed: claim it anew
     }
     ++g.counters.misses;
-    if (pending == nullptr) pending = std::make_shared<SharePending>();
-    rows[i].pending = pending;
+    if (held_rows_ >= options_.max_in_flight) {
+      ++g.counters.unshared;  // decoded by this row alone
+      continue;
+    }
+    if (flight == g.in_flight.end() || flight->second.pending->failed()) {
+      // None, or its decode failed: claimed anew (the failed one's rows let go of it alone).
+      flight = g.in_flight.insert_or_assign(
+          ids[i], InFlight{std::make_shared<SharePending>(ids[i]), 0}).first;
+    }
+    ++flight->second.rows;
+    ++held_[flight->second.pending];
+    ++held_rows_;
+    rows[i].pending = flight->second.pending;
   }
   // Past the batch once every batch before it is claimed: then past those claimed after it.
   int64_t cursor = *cursor_;
@@ -161,12 +195,33 @@ std::vector<ShareCache::Row> ShareCache::Member::Claim(std::span<const int64_t> 
   return rows;
 }
 
+void ShareCache::Member::EndFill(const FillEnd& end) {
+  if (cache_ == nullptr) return;
+  absl::MutexLock lock(&cache_->mu_);
+  for (const std::shared_ptr<SharePending>& pending : end.pending) {
+    if (pending != nullptr && held_.contains(pending)) cache_->Unhold(*this, pending, 1);
+  }
+  group_->counters.read_checks_passed += end.read_checks_passed;
+  group_->counters.read_checks_refused += end.read_checks_refused;
+}
+
+void ShareCache::Unhold(Member& m, const std::shared_ptr<SharePending>& pending, int64_t rows) {
+  const auto held = m.held_.find(pending);
+  m.held_rows_ -= rows;
+  if ((held->second -= rows) == 0) m.held_.erase(held);
+  // The group's map may hold another decode of the sample by now (this one failed and the
+  // sample was claimed anew, or the group was emptied): that one is not this row's.
+  GroupState& g = *m.group_;
+  const auto flight = g.in_flight.find(pending->id());
+  if (flight == g.in_flight.end() || flight->second.pending != pending) return;
+  if ((flight->second.rows -= rows) == 0) g.in_flight.erase(flight);
+}
+
 void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Image> image) {
   const uint64_t bytes = image->rgb.size() + kEntryOverhead;
   ShareCache& c = *cache_;
   absl::MutexLock lock(&c.mu_);
   GroupState& g = *group_;
-  g.in_flight.erase(id);
   if (g.entries.contains(id)) {  // another member's decode came first
     ++g.counters.raced;
     return;
@@ -199,7 +254,7 @@ void ShareCache::Member::Offer(int64_t id, int64_t at, std::shared_ptr<const Ima
       c.groups_.erase(key);
     }
   }
-  g.entries[id] = Entry{std::move(image), at, bytes};
+  g.entries[id] = Entry{std::move(image), at, bytes, options_.uid};
   g.by_at.emplace(at, id);
   c.used_ += bytes;
   ++g.counters.inserts;
@@ -261,7 +316,8 @@ std::vector<ShareGroupInfo> ShareCache::Groups() const {
   std::vector<ShareGroupInfo> out;
   for (const auto& [key, g] : groups_) {
     out.push_back({key, static_cast<int>(g->cursors.size()),
-                   std::vector<int64_t>(g->cursors.begin(), g->cursors.end()), g->counters});
+                   std::vector<int64_t>(g->cursors.begin(), g->cursors.end()),
+                   static_cast<int64_t>(g->in_flight.size()), g->counters});
   }
   return out;
 }

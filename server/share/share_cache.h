@@ -49,8 +49,10 @@ namespace gpufeed::server {
 // batches claim the same samples at once, decode each one once).
 class SharePending {
  public:
-  // True for the first caller, which decodes and must Finish.
-  bool TryStart();
+  explicit SharePending(int64_t id) : id_(id) {}
+  int64_t id() const { return id_; }
+  // True for the first caller, which decodes (for `uid`, its member's) and must Finish.
+  bool TryStart(uint32_t uid = 0);
   // The decode's image, or null where it failed; wakes the rows waiting.
   void Finish(std::shared_ptr<const Image> image);
   // The started decode's image, or null where it failed or took longer than `timeout`.
@@ -59,11 +61,15 @@ class SharePending {
   std::shared_ptr<const Image> image() const;
   // Finished without one.
   bool failed() const;
+  // The uid whose row started the decode.
+  uint32_t decoder_uid() const;
 
  private:
+  const int64_t id_;
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t uid_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const Image> image_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -74,6 +80,12 @@ struct ShareCounters {
   uint64_t bypassed = 0;   // Offer not kept: the budget full of entries read sooner
   uint64_t raced = 0;      // Offer of a sample another member had just offered
   uint64_t evictions = 0;  // entries pushed out for a newer one
+  // A group across uids: hits on a decode made for another uid, handed out only after the
+  // member's own open of the file succeeded (passed) or not (refused: the row's own read).
+  uint64_t read_checks_passed = 0;
+  uint64_t read_checks_refused = 0;
+  // Misses that shared no decode in flight: their member held its cap of rows in flight.
+  uint64_t unshared = 0;
   uint64_t bytes = 0;      // held now
   uint64_t entries = 0;    // held now
 };
@@ -82,7 +94,19 @@ struct ShareGroupInfo {
   std::string key;
   int members = 0;
   std::vector<int64_t> cursors;  // the members', lowest first
+  int64_t pending = 0;           // decodes in flight (SharePending) the group's map holds
   ShareCounters counters;
+};
+
+// Who a member is, and what it may hold.
+struct ShareMemberOptions {
+  // Whose rights its rows read with. In a group across uids (the daemon's
+  // share_groups_across_uids) a decode made for another uid comes marked check_read.
+  uint32_t uid = 0;
+  // The most rows of its claims that hold a decode in flight at once: its ring's batches'
+  // rows. Past it a miss decodes for itself (and still offers its decode), so no member
+  // grows the group's map of decodes in flight past its own batches.
+  int64_t max_in_flight = int64_t{1} << 16;
 };
 
 class ShareCache {
@@ -96,13 +120,23 @@ class ShareCache {
   ShareCache(const ShareCache&) = delete;
   ShareCache& operator=(const ShareCache&) = delete;
 
-  // One row of a claimed batch: the group's decode of the sample, or (a miss) whether the
-  // caller should offer its decode (the cache keeps decodes: a budget above zero) and the
-  // decode in flight it shares with the group's other rows of that sample.
+  // One row of a claimed batch: the group's decode of the sample (`check_read`: made for
+  // another uid), or (a miss) whether the caller should offer its decode (the cache keeps
+  // decodes: a budget above zero) and the decode in flight it shares with the group's other
+  // rows of that sample (null past the member's max_in_flight).
   struct Row {
     std::shared_ptr<const Image> found;
+    bool check_read = false;
     bool wanted = false;
     std::shared_ptr<SharePending> pending;
+  };
+
+  // How the rows of one fill ended: its decodes in flight to let go of, and the read checks
+  // its rows made (Row::check_read).
+  struct FillEnd {
+    std::vector<std::shared_ptr<SharePending>> pending;
+    uint64_t read_checks_passed = 0;
+    uint64_t read_checks_refused = 0;
   };
 
   // One session's place in a group. Move-only; its destruction leaves the group.
@@ -120,10 +154,15 @@ class ShareCache {
     std::vector<Row> Claim(std::span<const int64_t> ids, int64_t first, int64_t end);
     // Moves the cursor without reading (a resume at another position), forgetting claims.
     void Advance(int64_t cursor);
+    // Once a fill of claimed rows ended, done or not (a deadline, an error): lets go of their
+    // decodes in flight (one the group no longer shares with any row leaves its map, started
+    // or not) and counts their read checks.
+    void EndFill(const FillEnd& end);
     // `image`, a whole decode by this member of sample `id` at order position `at`, for the
     // others.
     void Offer(int64_t id, int64_t at, std::shared_ptr<const Image> image);
     void Leave();
+    uint32_t uid() const { return options_.uid; }
 
    private:
     friend class ShareCache;
@@ -131,13 +170,17 @@ class ShareCache {
     GroupState* group_ = nullptr;
     std::multiset<int64_t>::iterator cursor_;
     std::map<int64_t, int64_t> ahead_;  // claimed batches past the cursor: first -> end
+    ShareMemberOptions options_;
+    // The decodes in flight its rows hold (each with its rows' count), until EndFill.
+    absl::flat_hash_map<std::shared_ptr<SharePending>, int64_t> held_;
+    int64_t held_rows_ = 0;
   };
 
   // Joins the group `key` (made on first use) at `cursor`. Every member of a group reads one
   // dataset in one order, `identity`: FAILED_PRECONDITION naming both when the group's members
   // read another (a group without members takes the new one, dropping its images).
   absl::StatusOr<Member> Join(const std::string& key, const std::string& identity,
-                              int64_t cursor);
+                              int64_t cursor, const ShareMemberOptions& options = {});
 
   uint64_t budget_bytes() const { return budget_; }
   // All groups together.
@@ -149,14 +192,20 @@ class ShareCache {
     std::shared_ptr<const Image> image;
     int64_t at = 0;
     uint64_t bytes = 0;
+    uint32_t uid = 0;  // whose member decoded it
+  };
+  // A decode in flight and the rows of the group's claims that share it.
+  struct InFlight {
+    std::shared_ptr<SharePending> pending;
+    int64_t rows = 0;
   };
   struct GroupState {
     std::string key;
     std::string identity;
     std::multiset<int64_t> cursors;
     absl::flat_hash_map<int64_t, Entry> entries;  // by sample id
-    // Misses claimed and not yet offered, by sample id (SharePending).
-    absl::flat_hash_map<int64_t, std::shared_ptr<SharePending>> in_flight;
+    // Misses of fills in progress, by sample id: at most every member's max_in_flight rows.
+    absl::flat_hash_map<int64_t, InFlight> in_flight;
     std::set<std::pair<int64_t, int64_t>> by_at;  // (at, id) of every entry
     ShareCounters counters;
   };
@@ -170,6 +219,9 @@ class ShareCache {
   // Drops every entry of `g` and moves its counters to the ended groups'.
   void DropAll(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(Member& m);
+  // Lets go of `rows` of `m`'s rows holding `pending`.
+  void Unhold(Member& m, const std::shared_ptr<SharePending>& pending, int64_t rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t budget_;
   mutable absl::Mutex mu_;

@@ -482,6 +482,29 @@ TEST_F(ConfigTest, DataAccessFieldsComeFromTheFileWithTheirDefaults) {
   }
 }
 
+// share_groups_across_uids (field 54): empty by default, from the file (repeated) or the flag
+// (comma-separated), a name no Attach could give refused naming the field.
+TEST_F(ConfigTest, GroupsAcrossUidsFromTheFileAndTheFlag) {
+  EXPECT_EQ(v1::DaemonConfig().GetDescriptor()->FindFieldByName("share_groups_across_uids")
+                ->number(), 54);
+  absl::StatusOr<DaemonConfig> defaults = Load({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->share_groups_across_uids.empty());
+  const std::string file = File("g.textproto",
+                                "share_groups_across_uids: \"imagenet\"\n"
+                                "share_groups_across_uids: \"coco/val\"\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->share_groups_across_uids, ::testing::ElementsAre("imagenet", "coco/val"));
+  c = Load({"--config=" + file, "--share_groups_across_uids=a,b"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->share_groups_across_uids, ::testing::ElementsAre("a", "b"));
+  absl::StatusOr<DaemonConfig> refused = Load({"--share_groups_across_uids=ok,no way"});
+  EXPECT_EQ(refused.status(),
+            absl::InvalidArgumentError("share_groups_across_uids: a group name is 1 to 128 bytes "
+                                       "of [A-Za-z0-9._:@+=/-], got 'no way'"));
+}
+
 // docs/SECURITY.md's connection caps (37-40), with their defaults, from the file and flags.
 TEST_F(ConfigTest, ConnectionCapsFromTheFileAndFlags) {
   v1::DaemonConfig numbered;

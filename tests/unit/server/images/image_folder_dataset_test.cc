@@ -467,7 +467,7 @@ TEST_F(ImageFolderDatasetTest, SharedRowsGiveThePrivateBytes) {
       const std::vector<uint8_t> staged_own = stage(id, other, nullptr);
       // Two rows of the group share one decode in flight: the first to start decodes it and
       // the other takes its image; both give their private bytes.
-      auto pending = std::make_shared<SharePending>();
+      auto pending = std::make_shared<SharePending>(static_cast<int64_t>(id));
       SharedRow starter{nullptr, true, nullptr, pending}, taker{nullptr, true, nullptr, pending};
       EXPECT_EQ(read(id, ctx, &starter), own) << "sample " << id;
       ASSERT_NE(starter.decoded, nullptr);

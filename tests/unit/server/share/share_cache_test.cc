@@ -345,5 +345,85 @@ TEST(ShareCacheTest, MembersThatClaimASampleAtOnceShareOneDecode) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
 }
 
+// The map of decodes in flight holds only rows of fills in progress: a fill that ends, done or
+// not (a deadline, an error: rows never started), lets go of its rows, and a decode no row
+// shares any more leaves the map; a member that ends lets go of what it still held.
+TEST(ShareCacheTest, DecodesInFlightLastOnlyAsLongAsTheFillsThatShareThem) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member a = JoinAt(cache, "g", 0), b = JoinAt(cache, "g", 0);
+  auto pending = [&] { return cache.Groups()[0].pending; };
+  const int64_t ids[] = {1, 2, 3};
+  const std::vector<ShareCache::Row> ra = a.Claim(ids, 0, 3);
+  const int64_t two[] = {2, 3};
+  const std::vector<ShareCache::Row> rb = b.Claim(two, 1, 3);
+  EXPECT_EQ(pending(), 3);
+  ASSERT_TRUE(ra[0].pending->TryStart());  // a's fill decodes sample 1, then fails
+  ra[0].pending->Finish(nullptr);
+  a.EndFill({{ra[0].pending, ra[1].pending, ra[2].pending}});
+  EXPECT_EQ(pending(), 2);  // 2 and 3: b's rows still share them
+  b.EndFill({{rb[0].pending, rb[1].pending}});
+  EXPECT_EQ(pending(), 0);
+  // A member that ends mid-fill lets go at once; another member's EndFill after it is a no-op
+  // for what it held.
+  const std::vector<ShareCache::Row> again = b.Claim(ids, 3, 6);
+  EXPECT_EQ(pending(), 3);
+  b.Leave();
+  EXPECT_EQ(pending(), 0);
+  b.EndFill({{again[0].pending}});
+  EXPECT_EQ(cache.Groups()[0].members, 1);
+}
+
+// A member holds at most max_in_flight rows of decodes in flight: past it a miss decodes for
+// itself alone (counted unshared), so no member grows the map past its own batches.
+TEST(ShareCacheTest, AMemberHoldsAtMostItsCapOfDecodesInFlight) {
+  ShareCache cache(100 * kEntry);
+  absl::StatusOr<ShareCache::Member> m = cache.Join("g", "data", 0, {.uid = 0, .max_in_flight = 2});
+  ASSERT_TRUE(m.ok());
+  const int64_t ids[] = {1, 2, 3, 4};
+  const std::vector<ShareCache::Row> rows = m->Claim(ids, 0, 4);
+  EXPECT_NE(rows[1].pending, nullptr);
+  EXPECT_EQ(rows[2].pending, nullptr);
+  EXPECT_EQ(rows[3].pending, nullptr);
+  EXPECT_TRUE(rows[3].wanted);  // still decoded whole and offered
+  ShareGroupInfo g = cache.Groups()[0];
+  EXPECT_EQ(g.pending, 2);
+  EXPECT_EQ(g.counters.misses, 4u);
+  EXPECT_EQ(g.counters.unshared, 2u);
+  m->EndFill({{rows[0].pending, rows[1].pending}});
+  const int64_t more[] = {5, 6, 7};
+  EXPECT_NE(m->Claim(more, 4, 7)[1].pending, nullptr);  // room again
+  EXPECT_EQ(cache.Groups()[0].pending, 2);
+}
+
+// Across uids, a decode made for another uid comes marked check_read, in the cache and in
+// flight; one made for the member's own uid does not.
+TEST(ShareCacheTest, ADecodeMadeForAnotherUidIsMarkedForAReadCheck) {
+  ShareCache cache(100 * kEntry);
+  ShareCache::Member a = *cache.Join("uid */g", "data", 0, {.uid = 1001});
+  ShareCache::Member a2 = *cache.Join("uid */g", "data", 0, {.uid = 1001});
+  ShareCache::Member b = *cache.Join("uid */g", "data", 0, {.uid = 1002});
+  const int64_t one[] = {1};
+  const std::vector<ShareCache::Row> ra = a.Claim(one, 0, 1);
+  ASSERT_TRUE(ra[0].pending->TryStart(1001));
+  ra[0].pending->Finish(ImageOf(5));
+  EXPECT_EQ(ra[0].pending->decoder_uid(), 1001u);
+  // Decoded, not offered yet: found in flight.
+  std::vector<ShareCache::Row> rb = b.Claim(one, 0, 1), ra2 = a2.Claim(one, 0, 1);
+  ASSERT_NE(rb[0].found, nullptr);
+  EXPECT_TRUE(rb[0].check_read);
+  ASSERT_NE(ra2[0].found, nullptr);
+  EXPECT_FALSE(ra2[0].check_read);
+  a.Offer(1, 0, ra[0].pending->image());
+  a.EndFill({{ra[0].pending}});
+  rb = b.Claim(one, 1, 2);
+  ra2 = a2.Claim(one, 1, 2);
+  EXPECT_TRUE(rb[0].check_read);
+  EXPECT_FALSE(ra2[0].check_read);
+  b.EndFill({.pending = {}, .read_checks_passed = 1, .read_checks_refused = 1});
+  const ShareCounters c = cache.counters();
+  EXPECT_EQ(c.read_checks_passed, 1u);
+  EXPECT_EQ(c.read_checks_refused, 1u);
+}
+
 }  // namespace
 }  // namespace gpufeed::server

@@ -167,17 +167,32 @@ def _check(lib: ctypes.CDLL, status: int) -> None:
         raise error_for(status, _capi.last_error(lib))
 
 
-class Position(NamedTuple):
-    """A place in the stream of batches: ``epoch``, ``step`` (the rank's batch index within
-    the epoch) and ``samples``, the global cursor: the places of the epoch's order the job's
-    batches before it cover, all ranks together, the same from every rank (so one rank's
-    position describes the whole job, at any world size). What a checkpoint stores; attaching
-    with ``start=`` a position resumes there. ``samples`` 0 in a start: ``step`` x the saved
-    global batch (a position saved before the field)."""
-
+class _EpochStep(NamedTuple):
     epoch: int
     step: int
-    samples: int = 0
+
+
+class Position(_EpochStep):
+    """A place in the stream of batches: ``epoch`` and ``step`` (the rank's batch index within
+    the epoch), a 2-tuple for unpacking and comparing, and the attribute ``samples``, the
+    global cursor: the places of the epoch's order the job's batches before it cover, all
+    ranks together, the same from every rank (so one rank's position describes the whole
+    job, at any world size). What a checkpoint stores; attaching with ``start=`` a position
+    resumes there. ``samples`` 0 in a start: ``step`` x the saved global batch (a position
+    saved before the field)."""
+
+    samples: int
+
+    def __new__(cls, epoch: int, step: int, samples: int = 0) -> "Position":
+        self = super().__new__(cls, epoch, step)
+        self.samples = samples
+        return self
+
+    def __getnewargs__(self) -> Tuple[int, int, int]:  # pickles keep the cursor
+        return (self.epoch, self.step, self.samples)
+
+    def __repr__(self) -> str:
+        return f"Position(epoch={self.epoch}, step={self.step}, samples={self.samples})"
 
 
 class SessionInfo(NamedTuple):
@@ -821,7 +836,8 @@ class Client:
             "ring_slots": ring_slots,
             "start_epoch": None if start is None else start[0],
             "start_step": None if start is None else start[1],
-            "start_samples": None if start is None or len(start) < 3 else start[2],
+            "start_samples": (None if start is None
+                              else start[2] if len(start) > 2 else getattr(start, "samples", None)),
             "stop_epoch": stop_epoch,
             "rpc_timeout_ms": None if rpc_timeout is None else int(rpc_timeout * 1000),
             "reconnect_timeout_ms": (None if reconnect_timeout is None

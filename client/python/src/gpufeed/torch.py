@@ -749,8 +749,7 @@ class Loader:
         if self._session is not None and not self._session.closed:
             at = self._session.position()
             # A position loaded without its cursor (samples 0) is the session's at that step.
-            if (at[:2] == position[:2] and position.samples in (0, at.samples)
-                    and not anew):
+            if at == position and position.samples in (0, at.samples) and not anew:
                 return self._session
             # Ending the session returns its ring: first every batch still held must be
             # moved out of it.
@@ -790,7 +789,7 @@ class Loader:
         self._pid = os.getpid()
         self._info = self._session.info
         self._fingerprint = self._session.fingerprint
-        if self._position[:2] == position[:2]:
+        if self._position == position:
             # The daemon's cursor for the start (a state saved before ``samples`` gives 0).
             self._position = self._session.position()
         self._check_mps(self._session)

@@ -37,6 +37,9 @@ std::string FeedSpec::Canonical() const {
       ";vocab_size=", dataset.vocab_size, ";batch_size=", batch_size, ";world_size=", world_size,
       ";seed=", seed, ";shuffle=", shuffle, ";drop_last=", drop_last, even ? ";even=1" : "");
   if (!share_group.empty()) absl::StrAppend(&out, ";share_group=", share_group);
+  if (resume_epoch >= 0) {
+    absl::StrAppend(&out, ";resume_epoch=", resume_epoch, ";resume_base=", resume_base);
+  }
   if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
   if (!dataset.paths.empty()) absl::StrAppend(&out, ";paths=", ShardPathsIdentity(dataset.paths));
   if (IsImageKind(dataset.kind)) {
@@ -117,8 +120,9 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.fd = -1;
   spec.dataset.handle.clear();
   spec.dataset.reader.reset();
-  SamplerConfig config{dataset->num_samples(), spec.batch_size,     spec.world_size,
-                       spec.order_seed(),      spec.shuffle, spec.drop_last, spec.even};
+  SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
+                       spec.order_seed(),      spec.shuffle,    spec.drop_last,
+                       spec.even,              spec.resume_epoch, spec.resume_base};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
   // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
   __uint128_t slot_bytes = 0;
@@ -272,8 +276,8 @@ std::string Feed::ShareIdentity() const {
 
 int64_t Feed::OrderCursor(Position p) const {
   const uint64_t n = sampler_->config().num_samples;
-  if (p.step == 0 && p.epoch > 0) {
-    const Position last{p.epoch - 1, sampler_->steps_per_epoch() - 1};
+  if (p.step == 0 && p.epoch > 0 && sampler_->StepsIn(p.epoch - 1) > 0) {
+    const Position last{p.epoch - 1, sampler_->StepsIn(p.epoch - 1) - 1};
     return OrderPosition(last.epoch, n, sampler_->GlobalBatchSpan(last).second);
   }
   return OrderPosition(p.epoch, n, sampler_->GlobalBatchSpan(p).first);

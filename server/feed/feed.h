@@ -56,6 +56,11 @@ struct FeedSpec {
   // A sharing group's name (docs/ARCHITECTURE.md section 9), or empty. In a group the order
   // is the group's (order_seed()), while `seed` keys only this job's augmentation.
   std::string share_group;
+  // An elastic resume mid-epoch at another global batch (SamplerConfig::resume_epoch; set by
+  // session/elastic.h, never by a request): epoch resume_epoch is read from place
+  // resume_base of its order. -1: none.
+  int64_t resume_epoch = -1;
+  uint64_t resume_base = 0;
 
   // The seed of the sample order: `seed`, or in a sharing group the group's (OrderSeedOf).
   uint64_t order_seed() const;

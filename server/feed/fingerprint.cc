@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -54,7 +55,26 @@ void UpgradeSaved(Fields& saved, const Fields& current) {
   }
 }
 
+bool IsLayout(absl::string_view name) {
+  return std::find(std::begin(kLayoutFields), std::end(kLayoutFields), name) !=
+         std::end(kLayoutFields);
+}
+
 }  // namespace
+
+std::optional<SavedLayout> LayoutOf(absl::string_view fingerprint) {
+  const Fields fields = ParseFields(fingerprint);
+  const auto batch = Find(fields, "batch_size");
+  const auto world = Find(fields, "world_size");
+  SavedLayout layout;
+  if (batch == fields.end() || world == fields.end() ||
+      !absl::SimpleAtoi(batch->second, &layout.batch_size) ||
+      !absl::SimpleAtoi(world->second, &layout.world_size) || layout.batch_size < 1 ||
+      layout.world_size < 1) {
+    return std::nullopt;
+  }
+  return layout;
+}
 
 std::vector<FingerprintDifference> FingerprintDifferences(absl::string_view saved,
                                                           absl::string_view current) {
@@ -64,6 +84,7 @@ std::vector<FingerprintDifference> FingerprintDifferences(absl::string_view save
   const Fields b = ParseFields(current);
   UpgradeSaved(a, b);
   for (const auto& [name, value] : b) {
+    if (IsLayout(name)) continue;
     const auto it = Find(a, name);
     if (it == a.end()) {
       out.push_back({name, std::nullopt, value});
@@ -72,7 +93,7 @@ std::vector<FingerprintDifference> FingerprintDifferences(absl::string_view save
     }
   }
   for (const auto& [name, value] : a) {
-    if (Find(b, name) == b.end()) out.push_back({name, value, std::nullopt});
+    if (!IsLayout(name) && Find(b, name) == b.end()) out.push_back({name, value, std::nullopt});
   }
   return out;
 }

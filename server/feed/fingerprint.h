@@ -4,6 +4,7 @@
 // kFingerprintRefusal and DescribeDifference fix) instead of comparing themselves.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,6 +49,20 @@ inline constexpr absl::string_view kFingerprintRefusal =
     "start.fingerprint: the position was saved from another feed: ";
 inline constexpr absl::string_view kFingerprintRefusalEnd =
     ". Resume with the settings and data it was saved with, or start without it";
+
+// The items of a fingerprint that name the world layout a position was saved at (the
+// per-rank batch and the world size), not the feed: never compared, since a resume at
+// another layout is an elastic one (session/elastic.h; docs/sampling.md).
+inline constexpr absl::string_view kLayoutFields[] = {"batch_size", "world_size"};
+
+struct SavedLayout {
+  int64_t batch_size = 0;
+  int32_t world_size = 0;
+  bool operator==(const SavedLayout&) const = default;
+};
+// The layout a fingerprint names; nullopt where it lacks either item or one is not a
+// positive number of its range.
+std::optional<SavedLayout> LayoutOf(absl::string_view fingerprint);
 
 // OK when a position saved with fingerprint `saved` may resume the feed of `current`;
 // FAILED_PRECONDITION naming every field that differs otherwise.

@@ -20,14 +20,13 @@ uint64_t Fmix64(uint64_t z) {
 
 uint64_t SplitMix64(uint64_t& state) { return Fmix64(state += kGamma); }
 
-// Called once Create has checked batch_size >= 1, world_size >= 1 and that their product
-// fits: global >= 1.
-int64_t StepsPerEpoch(const SamplerConfig& c) {
+// The steps of an epoch of `n` places. Called once Create has checked batch_size >= 1,
+// world_size >= 1 and that their product fits: global >= 1. (Without drop_last, even or not:
+// ceil(ceil(n / W) / B) = ceil(n / (W·B)).)
+int64_t StepsFor(const SamplerConfig& c, uint64_t n) {
   const uint64_t global = static_cast<uint64_t>(c.batch_size) * static_cast<uint64_t>(c.world_size);
   // Without drop_last: ceil(n / global), written so that n + global - 1 cannot wrap.
-  return static_cast<int64_t>(c.drop_last ? c.num_samples / global
-                                          : c.num_samples / global +
-                                                (c.num_samples % global != 0 ? 1 : 0));
+  return static_cast<int64_t>(c.drop_last ? n / global : n / global + (n % global != 0 ? 1 : 0));
 }
 
 }  // namespace
@@ -90,29 +89,55 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplerConfig& c)
         "even: pads each rank's share to ceil(N / world_size) samples, as DistributedSampler "
         "does; set drop_last=false with it");
   }
-  if (StepsPerEpoch(c) == 0) {
+  if (StepsFor(c, c.num_samples) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch_size: a global batch of ", c.batch_size, " x ", c.world_size, " ranks = ",
         static_cast<uint64_t>(global), " samples is larger than the dataset's ", c.num_samples,
         " samples with drop_last; lower batch_size or set drop_last=false"));
   }
+  if (c.resume_epoch >= 0) {
+    if (c.resume_epoch > kMaxEpoch || c.resume_base >= c.num_samples) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("start.samples: a resume of epoch ", c.resume_epoch, " at place ",
+                       c.resume_base, " of ", c.num_samples, " samples"));
+    }
+  }
   return std::unique_ptr<Sampler>(new Sampler(c));
 }
 
 Sampler::Sampler(const SamplerConfig& config)
-    : config_(config), steps_per_epoch_(StepsPerEpoch(config)) {}
+    : config_(config),
+      steps_per_epoch_(StepsFor(config, config.num_samples)),
+      resume_steps_(config.resume_epoch >= 0
+                        ? StepsFor(config, config.num_samples - config.resume_base)
+                        : 0) {}
+
+int64_t Sampler::StepsIn(int64_t epoch) const {
+  return epoch == config_.resume_epoch ? resume_steps_ : steps_per_epoch_;
+}
 
 Position Sampler::Next(Position p) const {
-  if (++p.step >= steps_per_epoch_) {
+  ++p.step;
+  // A resume epoch may have no step (its base past the last full batch): skipped.
+  while (p.step >= StepsIn(p.epoch)) {
     p.step = 0;
     ++p.epoch;
   }
   return p;
 }
 
+uint64_t Sampler::global_batch() const {
+  return static_cast<uint64_t>(config_.batch_size) * static_cast<uint64_t>(config_.world_size);
+}
+
+uint64_t Sampler::Cursor(Position p) const {
+  return GlobalBatchSpan(p).first;
+}
+
 std::pair<uint64_t, uint64_t> Sampler::GlobalBatchSpan(Position p) const {
-  const uint64_t global = static_cast<uint64_t>(config_.batch_size) * config_.world_size;
-  const uint64_t first = static_cast<uint64_t>(p.step) * global;
+  const uint64_t global = global_batch();
+  // step < StepsIn(epoch), so base + step·global < n + global < 2^64 (Create bounds global).
+  const uint64_t first = Base(p.epoch) + std::min<uint64_t>(p.step, steps_per_epoch_) * global;
   return {std::min(first, config_.num_samples), std::min(first + global, config_.num_samples)};
 }
 
@@ -120,19 +145,22 @@ int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids,
                            std::span<uint64_t> positions) const {
   const EpochOrder order(config_.num_samples, config_.seed, p.epoch, config_.shuffle);
   const uint64_t n = config_.num_samples;
+  // The epoch's places from its base on: [base, n), m of them; padding wraps to the base.
+  const uint64_t base = Base(p.epoch);
+  const uint64_t m = n - base;
   const uint64_t b = static_cast<uint64_t>(config_.batch_size);
-  // step < steps_per_epoch, so first + b <= steps * W * B < n + W * B < 2^64: no wrap.
+  const auto place = [&](uint64_t rel) { return base + (rel < m ? rel : rel % m); };
+  // step < StepsIn(epoch), so every relative index below is < m + W·B < 2^64: no wrap.
   if (config_.even) {
-    // Row i is the rank's position k = step·B + i of ceil(N/W); epoch position k·W + rank.
-    // k·W + rank < steps·B·W <= N + W·B < 2^64 (Create bounds W·B).
+    // Row i is the rank's position k = step·B + i of ceil(m/W); relative place k·W + rank.
     const uint64_t w = static_cast<uint64_t>(config_.world_size);
-    const uint64_t per_rank = n / w + (n % w != 0 ? 1 : 0);
+    const uint64_t per_rank = m / w + (m % w != 0 ? 1 : 0);
     int64_t valid = 0;
     for (uint64_t i = 0; i < b && i < ids.size(); ++i) {
       const uint64_t k = static_cast<uint64_t>(p.step) * b + i;
-      const uint64_t index = k * w + static_cast<uint64_t>(rank);
-      ids[i] = static_cast<int64_t>(order.At(index % n));
-      if (i < positions.size()) positions[i] = index % n;
+      const uint64_t at = place(k * w + static_cast<uint64_t>(rank));
+      ids[i] = static_cast<int64_t>(order.At(at));
+      if (i < positions.size()) positions[i] = at;
       if (k < per_rank) ++valid;
     }
     return valid;
@@ -140,10 +168,10 @@ int64_t Sampler::RankSlice(Position p, int32_t rank, std::span<int64_t> ids,
   const uint64_t first = (static_cast<uint64_t>(p.step) * config_.world_size + rank) * b;
   int64_t valid = 0;
   for (uint64_t i = 0; i < b && i < ids.size(); ++i) {
-    const uint64_t index = first + i;
-    ids[i] = static_cast<int64_t>(order.At(index < n ? index : index % n));
-    if (i < positions.size()) positions[i] = index < n ? index : index % n;
-    if (index < n) ++valid;
+    const uint64_t at = place(first + i);
+    ids[i] = static_cast<int64_t>(order.At(at));
+    if (i < positions.size()) positions[i] = at;
+    if (first + i < m) ++valid;
   }
   return valid;
 }

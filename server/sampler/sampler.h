@@ -74,6 +74,15 @@ struct SamplerConfig {
   bool shuffle = true;
   bool drop_last = true;
   bool even = false;  // DistributedSampler's equal split (needs drop_last false)
+  // An elastic resume at another global batch, mid-epoch (docs/sampling.md, "Elastic
+  // resume"): epoch `resume_epoch`'s global batches start at place `resume_base` of its
+  // order instead of 0, batch g reading [base + g·W·B, base + (g+1)·W·B), so that the batch
+  // the job resumes at begins exactly at its global cursor. That epoch is cut (drop_last),
+  // padded and split (even) as an epoch of num_samples - base samples; padding wraps to the
+  // base; with drop_last it may have no step at all. Every other epoch is as without it.
+  // -1: none.
+  int64_t resume_epoch = -1;
+  uint64_t resume_base = 0;
 };
 
 // Immutable after Create: safe to use from any number of threads.
@@ -83,9 +92,20 @@ class Sampler {
   static absl::StatusOr<std::unique_ptr<Sampler>> Create(const SamplerConfig& config);
 
   const SamplerConfig& config() const { return config_; }
+  // The steps of an epoch (every epoch but a resume_epoch's).
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  // The steps of epoch `epoch`: steps_per_epoch(), or the resume epoch's own count.
+  int64_t StepsIn(int64_t epoch) const;
   // The position after `p`.
   Position Next(Position p) const;
+  // The global batch: batch_size x world_size.
+  uint64_t global_batch() const;
+  // The global cursor at `p` (Position.samples on the wire): the places of p's epoch that
+  // the batches before it read, all ranks together (its epoch's base + step x global batch),
+  // at most num_samples.
+  uint64_t Cursor(Position p) const;
+  // Whether `p` is its epoch's last step.
+  bool EndsEpoch(Position p) const { return p.step + 1 >= StepsIn(p.epoch); }
 
   // Writes the sample ids of `rank`'s slice of global batch `p` into `ids` (batch_size of
   // them) and returns how many leading rows are real samples (the rest are padding). Computes
@@ -101,9 +121,14 @@ class Sampler {
 
  private:
   explicit Sampler(const SamplerConfig& config);
+  // Where epoch `epoch`'s order is read from: resume_base in the resume epoch, else 0.
+  uint64_t Base(int64_t epoch) const {
+    return epoch == config_.resume_epoch ? config_.resume_base : 0;
+  }
 
   const SamplerConfig config_;
   const int64_t steps_per_epoch_;
+  const int64_t resume_steps_;  // StepsIn(resume_epoch); 0 without one
 };
 
 }  // namespace gpufeed::server

@@ -71,6 +71,19 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   spec.resume_gap = absl::Milliseconds(static_cast<int64_t>(
       std::min<uint64_t>(r.resume_gap_ms(), uint64_t{1} << 40)));  // no overflow downstream
   spec.start_fingerprint = r.start().fingerprint();
+  spec.start_samples = r.start().samples();
+  switch (r.elastic()) {
+    case v1::ELASTIC_KEEP_GLOBAL_BATCH:
+      spec.elastic = ElasticMode::kKeepGlobalBatch;
+      break;
+    case v1::ELASTIC_KEEP_RANK_BATCH:
+      spec.elastic = ElasticMode::kKeepRankBatch;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("elastic: unknown value ", static_cast<int>(r.elastic()),
+                       " (0 keeps the global batch, 1 the per-rank batch)"));
+  }
   spec.stop_epoch = r.stop_epoch();
 
   const v1::DatasetSpec& d = r.dataset();
@@ -167,9 +180,10 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
   return spec;
 }
 
-void ToProto(const Position& position, v1::Position* out) {
+void ToProto(const Position& position, uint64_t samples, v1::Position* out) {
   out->set_epoch(position.epoch);
   out->set_step(position.step);
+  out->set_samples(static_cast<int64_t>(samples));
 }
 
 void ToProto(const Attachment& a, v1::AttachResponse* out) {
@@ -188,7 +202,8 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
     p->set_byte_offset(t.byte_offset);
     p->set_byte_size(t.byte_size);
   }
-  ToProto(a.start, out->mutable_start());
+  ToProto(a.start, a.start_samples, out->mutable_start());
+  out->set_batch_size(a.batch_size);
   out->mutable_start()->set_fingerprint(a.fingerprint);
   if (a.device) {
     v1::DeviceRing* d = out->mutable_device();
@@ -219,6 +234,8 @@ void ToProto(const ReadyBatch& b, v1::BatchReady* out) {
   out->set_step(b.position.step);
   out->mutable_ids()->Add(b.ids.begin(), b.ids.end());
   out->set_valid_count(b.valid);
+  out->set_samples(static_cast<int64_t>(b.samples_after));
+  out->set_end_of_epoch(b.end_of_epoch);
 }
 
 void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
@@ -230,7 +247,7 @@ void ToProto(const SessionSnapshot& s, v1::SessionInfo* out) {
   out->set_feed_key(s.feed_key);
   out->set_delivery(s.delivery == DeliveryKind::kDevice ? v1::DELIVERY_KIND_DEVICE
                                                         : v1::DELIVERY_KIND_HOST);
-  ToProto(s.delivered, out->mutable_delivered());
+  ToProto(s.delivered, s.delivered_samples, out->mutable_delivered());
   out->set_ring_slots(s.ring_slots);
   out->set_slots_leased(s.slots_leased);
   out->set_ring_bytes(s.ring_bytes);

@@ -20,7 +20,8 @@ void ToProto(const Attachment& attachment, v1::AttachResponse* response);
 void ToProto(const ReadyBatch& batch, v1::BatchReady* out);
 void ToProto(const SessionSnapshot& session, v1::SessionInfo* out);
 void ToProto(const FeedSnapshot& feed, v1::FeedInfo* out);
-void ToProto(const Position& position, v1::Position* out);
+// `samples`: the global cursor at `position` (Sampler::Cursor).
+void ToProto(const Position& position, uint64_t samples, v1::Position* out);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

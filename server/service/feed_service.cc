@@ -232,7 +232,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
               continue;
             }
             if (event.kind == StreamEvent::kEnd) {
-              ToProto(event.end_position, out_.mutable_end()->mutable_position());
+              ToProto(event.end_position, 0, out_.mutable_end()->mutable_position());
             } else if (event.kind == StreamEvent::kClosed &&
                        out_.batches_size() + out_.rejected_size() == 0) {
               finish = event.status;
@@ -368,7 +368,9 @@ grpc::ServerUnaryReactor* FeedService::GetPosition(grpc::CallbackServerContext* 
       caller.ok() ? sessions_->Find(request->session_id(), request->token(), *caller)
                   : caller.status();
   if (session.ok()) {
-    ToProto((*session)->delivered(), response->mutable_delivered());
+    const Position delivered = (*session)->delivered();
+    ToProto(delivered, (*session)->feed().sampler().Cursor(delivered),
+            response->mutable_delivered());
     response->mutable_delivered()->set_fingerprint((*session)->feed().fingerprint());
   }
   reactor->Finish(ToGrpcStatus(session.status()));

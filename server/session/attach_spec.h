@@ -18,6 +18,9 @@
 
 namespace gpufeed::server {
 
+// What a resume at another world layout keeps (AttachRequest.elastic; session/elastic.h).
+enum class ElasticMode { kKeepGlobalBatch, kKeepRankBatch };
+
 struct AttachSpec {
   // Who attaches (peer credentials and policy, from the service layer): the session's owner;
   // feed.dataset.handle must be this uid's, and no handle needs caller.admin.
@@ -31,8 +34,16 @@ struct AttachSpec {
   std::string gpu_uuid;
   IpcKind ipc = IpcKind::kUnspecified;
   Position start;
-  // The fingerprint saved with `start`; empty: not checked. A different one is refused.
+  // The fingerprint saved with `start`; empty: not checked. A different one is refused,
+  // its layout items aside (fingerprint.h: a resume at another layout is elastic).
   std::string start_fingerprint;
+  // The global cursor saved with `start` (Position.samples); 0: step x the saved global
+  // batch. ResolveElastic turns it and `elastic` into start, batch_size and the feed's
+  // resume fields.
+  int64_t start_samples = 0;
+  ElasticMode elastic = ElasticMode::kKeepGlobalBatch;
+  // Set by ResolveElastic: the saved layout differs from this job's.
+  bool relaid = false;
   int64_t stop_epoch = 0;
   DecodeChoice decode = DecodeChoice::kAuto;
   AugmentChoice augment = AugmentChoice::kAuto;

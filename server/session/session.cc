@@ -285,6 +285,9 @@ void Session::FillOne() {
     ++slot->generation;
     slot->seq = next_fill_seq_++;
     slot->batch.position = fill_position_;
+    slot->batch.end_of_epoch = feed_->sampler().EndsEpoch(fill_position_);
+    slot->batch.samples_after =
+        slot->batch.end_of_epoch ? 0 : feed_->sampler().GlobalBatchSpan(fill_position_).second;
     slot->batch.slot = static_cast<int32_t>(slot - slots_.data());
     slot->batch.generation = slot->generation;
     fill_position_ = feed_->sampler().Next(fill_position_);
@@ -405,6 +408,7 @@ SessionSnapshot Session::Snapshot() const {
   s.delivery = params_.delivery;
   s.gpu_uuid = params_.gpu_uuid;
   s.delivered = delivered_;
+  s.delivered_samples = feed_->sampler().Cursor(delivered_);
   s.ring_slots = params_.ring_slots;
   for (const Slot& slot : slots_) s.slots_leased += slot.state == SlotState::kLeased ? 1 : 0;
   s.ring_bytes = ring_bytes_;

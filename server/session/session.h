@@ -59,6 +59,10 @@ struct ReadyBatch {
   Position position;
   std::vector<int64_t> ids;
   int64_t valid = 0;
+  // The position after this batch, for a checkpoint (BatchReady.samples, end_of_epoch):
+  // its global cursor, and whether the batch ends its epoch.
+  uint64_t samples_after = 0;
+  bool end_of_epoch = false;
 };
 
 // What the stream should send next.
@@ -79,6 +83,7 @@ struct SessionSnapshot {
   DeliveryKind delivery = DeliveryKind::kHost;
   std::string gpu_uuid;
   Position delivered;
+  uint64_t delivered_samples = 0;  // the global cursor at `delivered`
   int32_t ring_slots = 0;
   int32_t slots_leased = 0;
   uint64_t ring_bytes = 0;

@@ -43,6 +43,8 @@ struct Attachment {
   int32_t ring_slots = 0;
   SlotLayout layout;
   Position start;
+  uint64_t start_samples = 0;  // the global cursor at start (Sampler::Cursor)
+  int64_t batch_size = 0;      // per rank, as served (an elastic resume may change it)
   std::string fingerprint;  // the feed's (Feed::fingerprint)
   bool device = false;
   DeviceRingExport device_ring;  // when device
@@ -119,7 +121,7 @@ class SessionManager final : public FillScheduler {
   // max_sessions_per_uid or max_staging_bytes_per_uid (a non-admin caller's). The steps:
   // the spec's rules (attach_spec.h), admission (admission.h), the feed opened or shared,
   // the ring placed (ring_planner.h), the job joined (job_registry.h), the session started.
-  absl::StatusOr<Attachment> Attach(const AttachSpec& spec);
+  absl::StatusOr<Attachment> Attach(const AttachSpec& request);
   // The open session with this id; NOT_FOUND when there is none, PERMISSION_DENIED when the
   // token does not match.
   absl::StatusOr<std::shared_ptr<Session>> Find(uint64_t id, absl::string_view token) const;

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "server/session/elastic.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
@@ -65,6 +66,8 @@ Attachment AttachmentOf(const Session& session, const Feed& feed, const AttachSp
   out.ring_slots = slots;
   out.layout = feed.layout();
   out.start = spec.start;
+  out.start_samples = feed.sampler().Cursor(spec.start);
+  out.batch_size = feed.spec().batch_size;
   out.fingerprint = feed.fingerprint();
   out.device = spec.delivery == DeliveryKind::kDevice;
   if (out.device) out.device_ring = session.device_export();
@@ -160,21 +163,26 @@ absl::StatusOr<SessionManager::PlacedRing> SessionManager::AllocateRing(
   return ring;
 }
 
-absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
-  if (absl::Status admitted = Admit(spec); !admitted.ok()) {
+absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
+  AttachSpec spec = request;
+  const absl::Status admitted = Admit(spec);
+  absl::StatusOr<std::string> elastic =
+      admitted.ok() ? ResolveElastic(spec) : absl::StatusOr<std::string>(admitted);
+  if (!elastic.ok()) {
     // A refused Attach spends its dataset handle all the same: the caller's descriptor is
     // closed now, not held until the handle expires (and does not count against the uid's
     // handles meanwhile).
     if (!spec.feed.dataset.handle.empty()) {
       feeds_.DropDatasetHandle(spec.feed.dataset.handle, spec.caller.uid());
     }
-    return admitted;
+    return elastic.status();
   }
   // The consumer's lifeline, taken before the handle is spent opening the dataset.
   std::shared_ptr<const UniqueFd> lifeline = TakeLifeline(spec);
   // Open (or share) the feed first: the job check below compares resolved specs, so ranks
   // naming one file by different paths still agree.
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed, spec.caller));
+  GPUFEED_RETURN_IF_ERROR(SettleElasticStart(spec, feed->sampler()));
   GPUFEED_RETURN_IF_ERROR(CheckAgainstFeed(spec, *feed));
   GPUFEED_ASSIGN_OR_RETURN(const StageMode stage, ResolveStage(spec, *feed, devices_));
   GPUFEED_ASSIGN_OR_RETURN(PlacedRing ring, PlaceRing(spec, *feed, stage));
@@ -217,6 +225,10 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& spec) {
   session->Start();
   if (spec.resume_gap > absl::ZeroDuration()) resumed_.fetch_add(1, std::memory_order_relaxed);
   LogAttach(spec, *session, *feed, ring.slots, ring.stride);
+  if (!elastic->empty()) {
+    spdlog::info("attach: session {} job '{}' rank {}: {}", session->id(),
+                 EscapeForLog(spec.job), spec.rank, *elastic);
+  }
   return AttachmentOf(*session, *feed, spec, stage, ring.slots);
 }
 

@@ -326,8 +326,13 @@ def test_torchrun_4_then_2_resumes_rank_0s_state_dict_exactly_once(tmp_path):
         for phase, world in (("first", 4), ("resume", 2)):
             out = tmp_path / phase
             done = subprocess.run(
+                # --redirects/--tee 1 (the workers' stdout also to files under --log_dir):
+                # their default, 0, fails in some torch launchers under Python 3.12 (an
+                # IntFlag's zero member is not iterated, so "0" parses to None).
                 [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 "--nproc_per_node", str(world), str(script), phase, dataset, daemon.socket,
+                 "--nproc_per_node", str(world), "--redirects", "1", "--tee", "1",
+                 "--log_dir", str(tmp_path / f"logs-{phase}"), str(script), phase, dataset,
+                 daemon.socket,
                  str(out), str(state), "3"],
                 env=env, capture_output=True, text=True, timeout=100)
             assert done.returncode == 0, done.stderr[-3000:]

@@ -233,7 +233,7 @@ struct SessionInfo {
   std::string feed_key;
   int64_t num_samples = 0;
   // Batches per rank in a whole epoch of the served layout (an epoch an elastic resume
-  // began mid-way may have one more or fewer: Batch::after() says where each ends).
+  // began mid-way may have one step fewer: Batch::after() says where each ends).
   int64_t steps_per_epoch = 0;
   // Samples per rank per step this session serves: AttachOptions::batch_size, or at an
   // elastic resume that keeps the global batch, the saved global batch / world_size.

@@ -204,7 +204,7 @@ class SessionInfo(NamedTuple):
     """Samples in the dataset."""
     steps_per_epoch: int
     """Batches per whole epoch for each rank (an epoch an elastic resume began mid-way may
-    have one more or fewer: :attr:`Batch.after` says where each ends)."""
+    have one step fewer: :attr:`Batch.after` says where each ends)."""
     ring_slots: int
     """Slots in this session's ring: the most batches it can hold at once."""
     num_tensors: int

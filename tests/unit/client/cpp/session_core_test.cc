@@ -35,7 +35,7 @@ MATCHER_P3(IsPosition, epoch, step, samples, "") {
 // where BatchReady says, whatever steps_per_epoch (the whole epoch's) would say.
 TEST(PositionAfterTest, TheDaemonsCursorAndEndOfEpochDecide) {
   EXPECT_THAT(PositionAfter(Ready(2, 3, 160, false), 10), IsPosition(2, 4, 160));
-  // Past steps_per_epoch yet not the end: a resumed epoch with one step more.
+  // Past steps_per_epoch yet not the end: the daemon's mark decides, not the count.
   EXPECT_THAT(PositionAfter(Ready(2, 10, 1100, false), 10), IsPosition(2, 11, 1100));
   // The end before steps_per_epoch: one step fewer.
   EXPECT_THAT(PositionAfter(Ready(2, 8, 990, true), 10), IsPosition(3, 0, 0));

@@ -96,6 +96,12 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.augment = value;
   } else if (k == "start_fingerprint") {
     o.start.fingerprint = value;
+  } else if (k == "elastic") {
+    // Checked here, where the key is set, as well as at gpufeed_attach.
+    if (std::string(value) != "global_batch" && std::string(value) != "rank_batch") {
+      return Invalid(absl::StrCat("elastic: want global_batch or rank_batch, got '", value, "'"));
+    }
+    o.elastic = value;
   } else {
     return Invalid(absl::StrCat("unknown string option '", k, "'"));
   }
@@ -146,6 +152,8 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.start.epoch = value;
   } else if (k == "start_step") {
     o.start.step = value;
+  } else if (k == "start_samples") {
+    o.start.samples = value;
   } else if (k == "stop_epoch") {
     o.stop_epoch = value;
   } else if (k == "rpc_timeout_ms") {
@@ -207,6 +215,23 @@ gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epo
   const gpufeed::client::Position p = session->session->position();
   *out_epoch = p.epoch;
   *out_step = p.step;
+  return Ok();
+}
+
+gpufeed_status gpufeed_position_samples(const gpufeed_session* session, int64_t* out_samples) {
+  if (session == nullptr || out_samples == nullptr) {
+    return Invalid("session and out_samples must not be NULL");
+  }
+  *out_samples = session->session->position().samples;
+  return Ok();
+}
+
+gpufeed_status gpufeed_session_batch_size(const gpufeed_session* session,
+                                          int64_t* out_batch_size) {
+  if (session == nullptr || out_batch_size == nullptr) {
+    return Invalid("session and out_batch_size must not be NULL");
+  }
+  *out_batch_size = session->session->info().batch_size;
   return Ok();
 }
 
@@ -293,6 +318,18 @@ gpufeed_status gpufeed_batch_get_tensor(const gpufeed_batch* batch, int32_t inde
   out_tensor->byte_size = t.byte_size;
   out_tensor->device_type = t.device >= 0 ? GPUFEED_DEVICE_CUDA : GPUFEED_DEVICE_CPU;
   out_tensor->device_id = t.device >= 0 ? t.device : 0;
+  return Ok();
+}
+
+gpufeed_status gpufeed_batch_after(const gpufeed_batch* batch, int64_t* out_epoch,
+                                   int64_t* out_step, int64_t* out_samples) {
+  if (batch == nullptr || out_epoch == nullptr || out_step == nullptr || out_samples == nullptr) {
+    return Invalid("batch, out_epoch, out_step and out_samples must not be NULL");
+  }
+  const gpufeed::client::Position& after = batch->batch.after();
+  *out_epoch = after.epoch;
+  *out_step = after.step;
+  *out_samples = after.samples;
   return Ok();
 }
 

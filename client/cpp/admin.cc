@@ -107,7 +107,7 @@ absl::StatusOr<std::vector<SessionSummary>> AdminClient::ListSessions() {
     info.feed_key = s.feed_key();
     info.delivery = s.delivery() == v1::DELIVERY_KIND_DEVICE ? "device" : "host";
     info.gpu_uuid = s.gpu_uuid();
-    info.delivered = {s.delivered().epoch(), s.delivered().step(), ""};
+    info.delivered = {s.delivered().epoch(), s.delivered().step(), "", s.delivered().samples()};
     info.ring_slots = s.ring_slots();
     info.slots_leased = s.slots_leased();
     info.ring_bytes = s.ring_bytes();

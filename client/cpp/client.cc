@@ -29,6 +29,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     epoch_ = other.epoch_;
     step_ = other.step_;
     valid_ = other.valid_;
+    after_ = std::move(other.after_);
     waited_ = other.waited_;
     ids_ = std::move(other.ids_);
     tensors_ = std::move(other.tensors_);

@@ -175,7 +175,16 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   }
   request.mutable_start()->set_epoch(o.start.epoch);
   request.mutable_start()->set_step(o.start.step);
+  request.mutable_start()->set_samples(o.start.samples);
   request.mutable_start()->set_fingerprint(o.start.fingerprint);
+  if (o.elastic == "global_batch") {
+    request.set_elastic(v1::ELASTIC_KEEP_GLOBAL_BATCH);
+  } else if (o.elastic == "rank_batch") {
+    request.set_elastic(v1::ELASTIC_KEEP_RANK_BATCH);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elastic: want global_batch or rank_batch, got '", o.elastic, "'"));
+  }
   request.set_stop_epoch(o.stop_epoch);
   if (!o.pipeline_json.empty()) {
     GPUFEED_ASSIGN_OR_RETURN(v1::Pipeline pipeline, ParsePipelineJson(o.pipeline_json));

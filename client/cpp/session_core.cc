@@ -83,15 +83,14 @@ absl::StatusOr<std::string> RealListedFiles(v1::DatasetSpec* dataset) {
   return common;
 }
 
-Position Advance(Position p, int64_t steps_per_epoch) {
-  if (++p.step >= steps_per_epoch) {
-    p.step = 0;
-    ++p.epoch;
-  }
-  return p;
-}
-
 }  // namespace
+
+Position PositionAfter(const v1::BatchReady& b, int64_t steps_per_epoch) {
+  if (b.end_of_epoch()) return {b.epoch() + 1, 0, "", 0};
+  if (b.samples() > 0) return {b.epoch(), b.step() + 1, "", b.samples()};
+  if (b.step() + 1 >= steps_per_epoch) return {b.epoch() + 1, 0, "", 0};
+  return {b.epoch(), b.step() + 1, "", 0};
+}
 
 SessionCore::SessionCore(std::shared_ptr<grpc::Channel> channel, std::string socket,
                          absl::Duration rpc_timeout, absl::Duration reconnect_timeout,
@@ -147,7 +146,11 @@ absl::StatusOr<SessionInfo> SessionCore::Attach(const AttachOptions& options) {
   stop_epoch_ = options.stop_epoch;
   plan.request.set_protocol(kProtocol);
   request_ = plan.request;
-  return AttachWith(std::move(plan.request), false);
+  GPUFEED_ASSIGN_OR_RETURN(SessionInfo info, AttachWith(std::move(plan.request), false));
+  // A re-attach asks for what the session serves: at an elastic resume that kept the global
+  // batch, that is not the batch_size asked for (which the daemon may refuse then).
+  request_.set_batch_size(batch_size_);
+  return info;
 }
 
 absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, bool again) {
@@ -160,9 +163,15 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
     // daemon checked itself: the request's start carries our fingerprint, and another feed is
     // FAILED_PRECONDITION. A fingerprint that differs in form only (a gpufeedd upgraded across
     // the restart writes a shard directory's differently: CompareFingerprints) is adopted, so
-    // positions saved from here on carry the daemon's current form.
-    bool same = response.steps_per_epoch() == steps_per_epoch_ &&
-                response.slot_stride_bytes() == stride_ && response.ring_slots() == ring_slots_ &&
+    // positions saved from here on carry the daemon's current form. The per-rank batch is
+    // compared, not steps_per_epoch: an epoch an elastic resume began mid-way may have
+    // another number of steps, and positions go by BatchReady's end of epoch. (A daemon
+    // that does not say its batch: steps_per_epoch, as before.)
+    const bool same_batch = response.batch_size() > 0
+                                ? response.batch_size() == batch_size_
+                                : response.steps_per_epoch() == steps_per_epoch_;
+    bool same = same_batch && response.slot_stride_bytes() == stride_ &&
+                response.ring_slots() == ring_slots_ &&
                 request.start().fingerprint() == fingerprint_ &&
                 response.tensors_size() == static_cast<int>(offsets_.size());
     for (int i = 0; same && i < response.tensors_size(); ++i) {
@@ -180,6 +189,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
     }
     session_id_ = response.session_id();
     token_ = response.token();
+    steps_per_epoch_ = response.steps_per_epoch();
     if (response.start().fingerprint() != fingerprint_) {
       fingerprint_ = response.start().fingerprint();
       absl::MutexLock lock(&mu_);
@@ -199,12 +209,14 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   session_id_ = response.session_id();
   token_ = response.token();
   steps_per_epoch_ = response.steps_per_epoch();
+  batch_size_ = response.batch_size() > 0 ? response.batch_size() : request.batch_size();
   stride_ = response.slot_stride_bytes();
   ring_slots_ = response.ring_slots();
   fingerprint_ = response.start().fingerprint();
   {
     absl::MutexLock lock(&mu_);  // no reader yet; position_ is only ever written under mu_
-    position_ = {response.start().epoch(), response.start().step(), fingerprint_};
+    position_ = {response.start().epoch(), response.start().step(), fingerprint_,
+                 response.start().samples()};
   }
 
   SessionInfo info;
@@ -212,6 +224,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   info.feed_key = response.feed_key();
   info.num_samples = response.num_samples();
   info.steps_per_epoch = steps_per_epoch_;
+  info.batch_size = batch_size_;
   info.ring_slots = ring_slots_;
   info.slot_stride_bytes = stride_;
   for (const v1::TensorLayout& t : response.tensors()) {
@@ -533,6 +546,7 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   batch.epoch_ = b.epoch();
   batch.step_ = b.step();
   batch.valid_ = b.valid_count();
+  batch.after_ = PositionAfter(b, steps_per_epoch_);
   batch.waited_ = absl::FromChrono(std::chrono::steady_clock::now() - asked);
   batch.ids_.assign(b.ids().begin(), b.ids().end());
   batch.tensors_ = layout_;
@@ -543,7 +557,8 @@ absl::StatusOr<Batch> SessionCore::Next(absl::Duration timeout) {
   }
   {
     absl::MutexLock lock(&mu_);
-    position_ = Advance({b.epoch(), b.step(), fingerprint_}, steps_per_epoch_);
+    position_ = batch.after_;
+    position_.fingerprint = fingerprint_;
   }
   return batch;
 }
@@ -613,6 +628,7 @@ absl::Status SessionCore::ReattachSteps() {
   const Position at = position();
   request.mutable_start()->set_epoch(at.epoch);
   request.mutable_start()->set_step(at.step);
+  request.mutable_start()->set_samples(at.samples);
   request.mutable_start()->set_fingerprint(fingerprint_);
   GPUFEED_RETURN_IF_ERROR(AttachWith(std::move(request), true).status());
   absl::Status status = MapRing();
@@ -700,7 +716,7 @@ absl::StatusOr<Position> SessionCore::DaemonPosition() {
   GPUFEED_RETURN_IF_ERROR(Call(stub_.get(), &v1::Feed::Stub::GetPosition, request, &response,
                                rpc_timeout_, "position"));
   return Position{response.delivered().epoch(), response.delivered().step(),
-                  response.delivered().fingerprint()};
+                  response.delivered().fingerprint(), response.delivered().samples()};
 }
 
 absl::Status SessionCore::WaitReady(const RingMapping* ring, int32_t slot, void* stream) {

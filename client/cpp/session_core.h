@@ -10,9 +10,10 @@
 // mapped): position_ is then exactly the next batch the user has not seen. Next() joins the
 // old reader, then retries with backoff (50 ms doubling to 200 ms, bounded by the call's own
 // timeout and by reconnect_timeout from the first failure): the same AttachRequest as the
-// first (job, rank, world size, feed spec, delivery, ring slots, stop epoch) with the dataset
-// opened and passed again and start = position_ with the feed's fingerprint, then MapRing and
-// OpenStream as the first time. UNAVAILABLE, NOT_FOUND (no socket yet), DEADLINE_EXCEEDED and
+// first (job, rank, world size, feed spec, delivery, ring slots, stop epoch, elastic) but for
+// batch_size, which is the one the session serves (an elastic resume may serve another), with
+// the dataset opened and passed again and start = position_ (its global cursor included) with
+// the feed's fingerprint, then MapRing and OpenStream as the first time. UNAVAILABLE, NOT_FOUND (no socket yet), DEADLINE_EXCEEDED and
 // ALREADY_EXISTS (the old daemon still ending our old session) are retried; anything else
 // (another feed: FAILED_PRECONDITION, another slot layout) ends the session with that error.
 // Each ring mapping is a RingMapping held by shared_ptr by the core and by every batch in
@@ -42,6 +43,12 @@
 #include "grpcpp/grpcpp.h"
 
 namespace gpufeed::client::internal {
+
+// The position after batch `b`, from the daemon's global cursor and end-of-epoch mark
+// (BatchReady.samples, end_of_epoch): after an elastic resume an epoch may have another
+// number of steps than `steps_per_epoch`. A daemon before those fields sends neither (a
+// batch within an epoch always moves the cursor): then by `steps_per_epoch`, samples 0.
+Position PositionAfter(const v1::BatchReady& b, int64_t steps_per_epoch);
 
 // One attachment's ring as this process maps it: host memory or a device ring.
 struct RingMapping {
@@ -141,6 +148,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   uint64_t session_id_ = 0;
   std::string token_;
   int64_t steps_per_epoch_ = 1;
+  // Samples per rank per step the session serves (AttachResponse.batch_size; an older daemon
+  // sends 0: the request's). A re-attach asks for it, start.fingerprint naming the layout.
+  int64_t batch_size_ = 0;
   uint64_t stride_ = 0;
   int32_t ring_slots_ = 0;
   std::vector<Tensor> layout_;

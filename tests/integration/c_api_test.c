@@ -93,8 +93,14 @@ int main(int argc, char** argv) {
 
   gpufeed_options_set_int(options, "batch_size", 4);
   gpufeed_options_set_int(options, "seed", 3);
+  CHECK(gpufeed_options_set_string(options, "elastic", "keep") == GPUFEED_INVALID_ARGUMENT,
+        "elastic keep accepted");
+  CHECK(strcmp(gpufeed_last_error(), "elastic: want global_batch or rank_batch, got 'keep'") == 0,
+        "message: %s", gpufeed_last_error());
   CHECK(gpufeed_attach(options, &session) == GPUFEED_OK, "attach: %s", gpufeed_last_error());
-  gpufeed_options_destroy(options);
+  int64_t served = -1;
+  CHECK(gpufeed_session_batch_size(session, &served) == GPUFEED_OK && served == 4,
+        "batch size served %ld", (long)served);
 
   gpufeed_session_info info;
   CHECK(gpufeed_session_get_info(session, &info) == GPUFEED_OK, "info");
@@ -132,11 +138,52 @@ int main(int argc, char** argv) {
       CHECK(memcmp(row, tokens + bi.ids[r] * 16, 17 * 2) == 0, "row %d of batch %d differs", r, b);
     }
     CHECK(gpufeed_batch_get_tensor(batch, 1, &t) == GPUFEED_OUT_OF_RANGE, "tensor 1");
+    int64_t after_epoch = -1, after_step = -1, after_samples = -1;
+    CHECK(gpufeed_batch_after(batch, &after_epoch, &after_step, &after_samples) == GPUFEED_OK &&
+              after_epoch == 0 && after_step == b + 1 && after_samples == 4 * (b + 1),
+          "after batch %d: (%ld, %ld, %ld)", b, (long)after_epoch, (long)after_step,
+          (long)after_samples);
     gpufeed_batch_release(batch);
   }
-  int64_t epoch = -1, step = -1;
+  int64_t epoch = -1, step = -1, samples = -1;
   CHECK(gpufeed_position(session, &epoch, &step) == GPUFEED_OK && epoch == 0 && step == 3,
         "position (%ld, %ld)", (long)epoch, (long)step);
+  CHECK(gpufeed_position_samples(session, &samples) == GPUFEED_OK && samples == 12,
+        "position's samples %ld", (long)samples);
+  const char* saved = NULL;
+  CHECK(gpufeed_fingerprint(session, &saved) == GPUFEED_OK, "fingerprint");
+  char fingerprint[4096];
+  CHECK(strlen(saved) < sizeof(fingerprint), "fingerprint of %zu bytes", strlen(saved));
+  strcpy(fingerprint, saved);
+  CHECK(gpufeed_detach(session) == GPUFEED_OK, "detach: %s", gpufeed_last_error());
+  gpufeed_session_destroy(session);
+
+  /* Rank 0 of 2 resumes the one-rank job's position keeping the global batch of 4: asking
+   * for the saved per-rank batch, it is served 2 a step, epoch positions 12 and 13 first. */
+  gpufeed_options_set_int(options, "world_size", 2);
+  gpufeed_options_set_int(options, "start_epoch", epoch);
+  gpufeed_options_set_int(options, "start_step", step);
+  gpufeed_options_set_int(options, "start_samples", samples);
+  gpufeed_options_set_string(options, "start_fingerprint", fingerprint);
+  gpufeed_options_set_string(options, "elastic", "global_batch");
+  CHECK(gpufeed_attach(options, &session) == GPUFEED_OK, "elastic attach: %s",
+        gpufeed_last_error());
+  gpufeed_options_destroy(options);
+  CHECK(gpufeed_session_batch_size(session, &served) == GPUFEED_OK && served == 2,
+        "elastic batch size served %ld", (long)served);
+  gpufeed_batch* resumed = NULL;
+  CHECK(gpufeed_next(session, 10000, &resumed) == GPUFEED_OK, "next: %s", gpufeed_last_error());
+  gpufeed_batch_info ri;
+  CHECK(gpufeed_batch_get_info(resumed, &ri) == GPUFEED_OK && ri.batch_size == 2 &&
+            ri.epoch == 0 && ri.step == 3,
+        "resumed batch: epoch %ld step %ld rows %ld", (long)ri.epoch, (long)ri.step,
+        (long)ri.batch_size);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t want = (int64_t)epoch_order_at((uint64_t)info.num_samples, 3, 0, 12 + r);
+    CHECK(ri.ids[r] == want, "resumed row %d: id %ld, the epoch order says %ld", r,
+          (long)ri.ids[r], (long)want);
+  }
+  gpufeed_batch_release(resumed);
   CHECK(gpufeed_detach(session) == GPUFEED_OK, "detach: %s", gpufeed_last_error());
   gpufeed_session_destroy(session);
 

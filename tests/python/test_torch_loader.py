@@ -136,8 +136,9 @@ def test_state_dict_resumes_exactly(daemon, job, datasets):
             head = run(first, [0, 1, 2], stop_after=cut)
             state = first.state_dict()
         fingerprint = state.pop("fingerprint")
-        assert state == {"epoch": cut // 16, "step": cut % 16, "world_size": 2,
-                         "batch_size": 6, "seed": 77}
+        # samples: the job's global cursor, step x the global batch of 6 x 2.
+        assert state == {"epoch": cut // 16, "step": cut % 16, "samples": cut % 16 * 12,
+                         "world_size": 2, "batch_size": 6, "seed": 77}
         assert f"path={datasets.tokens_u16};" in fingerprint
         assert f";seq_len={datasets.seq_len};" in fingerprint
         state["fingerprint"] = fingerprint
@@ -252,8 +253,12 @@ def test_load_state_dict_refuses_another_feed(daemon, job, datasets):
     with _loader(daemon, datasets.records, kind="records", batch_size=10, job=job) as loader:
         with pytest.raises(gpufeed.InvalidArgument) as e:
             loader.load_state_dict({"epoch": 1, "step": 2, "world_size": 4, "batch_size": 10})
-        assert str(e.value) == ("state_dict: world_size 4 differs from this loader's 1; a "
-                                "position only resumes the same feed")
+        # Without a fingerprint (a state saved by an older gpufeed) the saved layout is
+        # unknown: only the loader's own resumes.
+        assert str(e.value) == (
+            "state_dict: world_size 4 differs from this loader's 1, and the state has no "
+            "fingerprint (saved by an older gpufeed), which a resume at another layout needs; "
+            "resume with the settings it was saved with")
         with pytest.raises(gpufeed.InvalidArgument, match=r"state_dict: no 'step' in"):
             loader.load_state_dict({"epoch": 1})
         assert loader.position == (0, 0)

@@ -8,8 +8,8 @@ gpufeed_dtype (client/c/include/gpufeed/gpufeed.h) and the Python client's DTYPE
 the Python pipeline's cast names must be proto names. The largest pipeline size is the
 daemon's kMaxPipelineSide (server/augment/pipeline.h), which the Python pipeline repeats to
 refuse a request before sending it. The Python client's string choices (typing.Literal
-types: kind, delivery, ipc, decode, augment, bad_sample, layout) are the names of the proto's
-enums, and the C++ client (which the C library serves) spells each of them. Each mismatch is
+types: kind, delivery, ipc, decode, augment, bad_sample, elastic, layout) are the names of
+the proto's enums (less a common prefix: ELASTIC_KEEP_GLOBAL_BATCH is "global_batch"), and the C++ client (which the C library serves) spells each of them. Each mismatch is
 named with the files on both sides.
 
     python3 tests/structure/mirrors_test.py [ROOT]
@@ -28,7 +28,7 @@ PY = "client/python/src/gpufeed/client.py"
 PY_PIPELINE = "client/python/src/gpufeed/pipeline.py"
 CPP_OPTIONS = ("client/cpp/options.cc", "client/cpp/pipeline_json.cc")
 # Python Literal type (file, name) -> (proto enum, the choice its UNSPECIFIED value stands
-# for, or None when it is no choice).
+# for, or None when it is no choice[, the values' prefix when it is not the enum's name]).
 CHOICES = {
     (PY, "Kind"): ("DatasetKind", None),
     (PY, "Delivery"): ("DeliveryKind", None),
@@ -36,6 +36,7 @@ CHOICES = {
     (PY, "Decode"): ("ImageDecode", None),
     (PY, "Augment"): ("ImageAugment", None),
     (PY, "BadSample"): ("BadSamplePolicy", None),
+    (PY, "Elastic"): ("Elastic", None, "ELASTIC_KEEP_"),
     (PY_PIPELINE, "Layout"): ("ImageLayout", None),
 }
 LIMIT = "server/augment/pipeline.h"
@@ -124,9 +125,10 @@ def choice_errors(root):
     errors = []
     proto = read(root, PROTO)
     cpp = "".join(read(root, path) for path in CPP_OPTIONS)
-    for (path, name), (enum, unspecified) in CHOICES.items():
+    for (path, name), (enum, unspecified, *named_prefix) in CHOICES.items():
         values = re.findall(r"\b([A-Z0-9_]+)\s*=\s*\d+\s*;", block(proto, f"enum {enum} {{", PROTO))
-        prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum).upper() + "_"
+        prefix = (named_prefix[0] if named_prefix
+                  else re.sub(r"(?<!^)(?=[A-Z])", "_", enum).upper() + "_")
         want = set()
         for value in values:
             choice = value[len(prefix):].lower()

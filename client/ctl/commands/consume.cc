@@ -31,6 +31,7 @@ struct ConsumeFlags {
   std::string arrays;
   std::string token_dtype;
   std::string start_fingerprint;
+  std::string elastic = "global_batch";
   std::string ids;
   std::string device;
   std::string ipc = "auto";
@@ -45,7 +46,7 @@ struct ConsumeFlags {
   bool even = false;
   bool checksum = false;
   ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
-      start_epoch, start_step, ring_slots, step_ms, timeout_ms, reconnect_timeout, keepalive;
+      start_epoch, start_step, start_samples, ring_slots, step_ms, timeout_ms, reconnect_timeout, keepalive;
 };
 
 // What the integer flags come to, with their defaults.
@@ -75,6 +76,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
   o->drop_last = !flags.no_drop_last;
   o->even = flags.even;
   o->share_group = flags.share_group;
+  o->elastic = flags.elastic;
   int64_t rank = 0, world = 1, seed = 0, ring = 0;
   for (const auto& [flag, target] : std::vector<std::pair<const ValueFlag*, int64_t*>>{
            {&flags.rank, &rank},
@@ -87,6 +89,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
            {&flags.max_batches, &limits->max_batches},
            {&flags.start_epoch, &o->start.epoch},
            {&flags.start_step, &o->start.step},
+           {&flags.start_samples, &o->start.samples},
            {&flags.ring_slots, &ring},
            {&flags.step_ms, &limits->step_ms},
            {&flags.timeout_ms, &limits->timeout_ms}}) {
@@ -262,25 +265,26 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
   (void)(*session)->Detach();
   if (!end.ok() && !absl::IsOutOfRange(end)) {
     Fail(end);
-    std::fprintf(stderr, "stopped after %ld batches at position (%ld, %ld)\n", batches, pos.epoch,
-                 pos.step);
+    std::fprintf(stderr, "stopped after %ld batches at position (%ld, %ld), samples %ld\n", batches,
+                 pos.epoch, pos.step, pos.samples);
     return 1;
   }
   if (global.json()) {
     std::printf(
         "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
         "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
-        "\"position\":{\"epoch\":%ld,\"step\":%ld,\"fingerprint\":%s}%s,\"notices\":[%s]}\n",
+        "\"batch_size\":%ld,\"position\":{\"epoch\":%ld,\"step\":%ld,\"samples\":%ld,"
+        "\"fingerprint\":%s}%s,\"notices\":[%s]}\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
-        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step,
-        JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str(),
+        absl::ToDoubleMilliseconds(first_batch), (*session)->info().batch_size, pos.epoch,
+        pos.step, pos.samples, JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str(),
         NoticesJson((*session)->info().notices).c_str());
   } else {
     std::printf(
         "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
-        "%.1f MB/s; first batch after %.1f ms; next position (%ld, %ld)\n",
+        "%.1f MB/s; first batch after %.1f ms; next position (%ld, %ld), samples %ld\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs / 1e6,
-        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step);
+        absl::ToDoubleMilliseconds(first_batch), pos.epoch, pos.step, pos.samples);
     if (flags.checksum) {
       // The first tensor's as before; with several, each one's by name too.
       std::printf("checksum %lu\n", sums.empty() ? 0ul : sums[0]);
@@ -288,7 +292,7 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
         std::printf("checksum.%s %lu\n", names[t].c_str(), sums[t]);
       }
     }
-    // To resume: --start-epoch/--start-step from the line above, and this.
+    // To resume: --start-epoch/--start-step/--start-samples from the line above, and this.
     std::printf("fingerprint %s\n", pos.fingerprint.c_str());
   }
   return 0;
@@ -340,10 +344,18 @@ Command AddConsume(CLI::App& app) {
   f.max_batches.AddTo(*cli, "--max-batches", "N", "stop after N batches (default: no limit)");
   f.start_epoch.AddTo(*cli, "--start-epoch", "E0", "resume at epoch E0 (default 0)");
   f.start_step.AddTo(*cli, "--start-step", "S0", "resume at step S0 of E0 (default 0)");
+  f.start_samples.AddTo(*cli, "--start-samples", "N0",
+                        "the global cursor printed with (E0, S0) (samples; default 0:\n"
+                        "S0 x the saved global batch)");
   cli->add_option("--start-fingerprint", f.start_fingerprint,
                   "the fingerprint printed by the run that reached (E0, S0): refuses,\n"
                   "naming each difference, a dataset or settings other than that run's")
       ->type_name("F");
+  cli->add_option("--elastic", f.elastic,
+                  "resuming at another world size than the fingerprint's: global_batch\n"
+                  "(default: each rank gets the saved global batch / W) or rank_batch\n"
+                  "(--batch-size per rank; every sample not yet delivered, each once)")
+      ->type_name("MODE");
   f.ring_slots.AddTo(*cli, "--ring-slots", "K", "ring depth (default: the daemon's)");
   f.step_ms.AddTo(*cli, "--step-ms", "MS",
                   "hold each batch MS milliseconds, as a training step would");

@@ -4,6 +4,14 @@
  * failure gpufeed_last_error() returns a message for the calling thread, valid until that
  * thread's next call. Outputs come last, through out_* pointers. The Python package calls
  * this through ctypes: plain C types, no callbacks, no structs passed by value.
+ *
+ * Compatibility: within one GPUFEED_API_VERSION, functions, option keys and enum values are
+ * only ever added, and the structs below never change (a caller built against an older
+ * header passes a smaller one): an output added later comes as a function of its own
+ * (gpufeed_position_samples, gpufeed_session_batch_size, gpufeed_batch_after), an input as an
+ * option key. A caller that needs an addition checks for the function (dlsym) or the key
+ * (INVALID_ARGUMENT "unknown ... option"); GPUFEED_API_VERSION changes only when something is
+ * removed or changes meaning.
  */
 #ifndef GPUFEED_GPUFEED_H_
 #define GPUFEED_GPUFEED_H_
@@ -66,7 +74,7 @@ typedef struct gpufeed_batch gpufeed_batch;
 typedef struct gpufeed_session_info {
   uint64_t session_id;
   int64_t num_samples;
-  int64_t steps_per_epoch;
+  int64_t steps_per_epoch; /* of a whole epoch; the samples served: gpufeed_session_batch_size */
   int32_t ring_slots;
   int32_t num_tensors;
 } gpufeed_session_info;
@@ -119,9 +127,13 @@ const char* gpufeed_default_socket(void);
  * "cpu", "nvjpeg") and augment ("auto", "cpu", "gpu") for image datasets, start_fingerprint (from
  * gpufeed_fingerprint of the run that saved start_epoch/start_step: a different feed is then
  * refused with FAILED_PRECONDITION naming the fields that differ), share_group (image datasets:
- * the jobs of one group read one order and decode each sample once) (strings);
+ * the jobs of one group read one order and decode each sample once), elastic (what a start
+ * saved at another world size keeps: "global_batch", the default, each rank then getting the
+ * saved global batch / world_size, or "rank_batch", batch_size per rank; see
+ * gpufeed_session_batch_size) (strings);
  * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, even, ring_slots,
- * start_epoch, start_step, stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
+ * start_epoch, start_step, start_samples (the global cursor of the saved position, from
+ * gpufeed_position_samples; 0: start_step x the saved global batch), stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
  * re-attaches after the daemon went away, default 120000, 0 = never), keepalive_ms (pings that
  * find a daemon that stopped answering, default 10000, 0 = none, else >= 1000) (integers; see
  * the C++ AttachOptions). An unknown key is INVALID_ARGUMENT. */
@@ -146,9 +158,18 @@ gpufeed_status gpufeed_session_get_info(const gpufeed_session* session,
 /* The next batch; timeout_ms < 0 waits forever. OUT_OF_RANGE at the end of data. */
 gpufeed_status gpufeed_next(gpufeed_session* session, int64_t timeout_ms,
                             gpufeed_batch** out_batch);
-/* The position after the last batch gpufeed_next returned: what to checkpoint. */
+/* The position after the last batch gpufeed_next returned: what to checkpoint (with
+ * gpufeed_position_samples and gpufeed_fingerprint). */
 gpufeed_status gpufeed_position(const gpufeed_session* session, int64_t* out_epoch,
                                 int64_t* out_step);
+/* That position's global cursor: the samples of its epoch the job's batches before it cover,
+ * all ranks together, the same from every rank. Resume with it as start_samples (at any world
+ * size: the option "elastic"). */
+gpufeed_status gpufeed_position_samples(const gpufeed_session* session, int64_t* out_samples);
+/* Samples per rank per step the session serves: the option batch_size, or at an elastic
+ * resume that keeps the global batch, the saved global batch / world_size. */
+gpufeed_status gpufeed_session_batch_size(const gpufeed_session* session,
+                                          int64_t* out_batch_size);
 /* The feed's fingerprint, to save beside the position: a NUL-terminated string owned by the
  * session, valid until gpufeed_session_destroy. */
 gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** out_fingerprint);
@@ -169,6 +190,11 @@ void gpufeed_session_destroy(gpufeed_session* session);
 gpufeed_status gpufeed_batch_get_info(const gpufeed_batch* batch, gpufeed_batch_info* out_info);
 gpufeed_status gpufeed_batch_get_tensor(const gpufeed_batch* batch, int32_t index,
                                         gpufeed_tensor* out_tensor);
+/* The position after the batch: (epoch + 1, 0, 0) after an epoch's last batch, else (epoch,
+ * step + 1, the global cursor). An epoch an elastic resume began mid-way may have another
+ * number of steps than steps_per_epoch: go by this, not by counting. */
+gpufeed_status gpufeed_batch_after(const gpufeed_batch* batch, int64_t* out_epoch,
+                                   int64_t* out_step, int64_t* out_samples);
 /* Device delivery: makes `stream` (a cudaStream_t; NULL: the legacy default stream) wait
  * until the batch is in device memory, without blocking the host. OK for host batches. */
 gpufeed_status gpufeed_batch_wait_ready(const gpufeed_batch* batch, void* stream);

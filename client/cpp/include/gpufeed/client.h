@@ -52,8 +52,16 @@ struct Position {
   int64_t step = 0;
   // The feed the position belongs to (dataset identity and the settings that shape the
   // batches), from the daemon. Attaching with a start whose fingerprint is set resumes only
-  // the same feed: a different one is FAILED_PRECONDITION naming each differing field.
+  // the same feed: a different one is FAILED_PRECONDITION naming each differing field. Its
+  // world size and batch size are the layout the position was saved at: a start at another
+  // one is an elastic resume (AttachOptions::elastic).
   std::string fingerprint;
+  // The global cursor: the places of the epoch's order the job's batches before this
+  // position cover, all ranks together (docs/sampling.md). The same from every rank of a
+  // job, so one rank's position describes the whole job. Set in every position the daemon
+  // reports; in a start, 0 means step x the saved global batch (a position saved before
+  // this field). Last, so that {epoch, step, fingerprint} still initializes one.
+  int64_t samples = 0;
 };
 
 struct AttachOptions {
@@ -104,6 +112,13 @@ struct AttachOptions {
   // device delivery: "auto" (VMM fd where the GPU supports it), "vmm" or "legacy".
   std::string ipc = "auto";
   Position start;
+  // What a start saved at another world size (or per-rank batch) keeps, start.fingerprint
+  // naming the saved layout: "global_batch" (each rank gets the saved global batch /
+  // world_size samples a step: batch_size must be that or the saved per-rank batch; the
+  // global batches are the uninterrupted run's, byte for byte) or "rank_batch" (batch_size
+  // per rank: the global batch changes, and the rest of the epoch is every sample not yet
+  // delivered, each once). SessionInfo::batch_size says what the session serves.
+  std::string elastic = "global_batch";
   int64_t stop_epoch = 0;  // exclusive; 0 = never end
   // Image datasets: the pipeline as JSON, {"ops": [{"random_resized_crop": {"size": 224}},
   // ...]} (deploy/pipelines/ has ImageNet's). Empty: none.
@@ -159,6 +174,10 @@ class Batch {
 
   int64_t epoch() const { return epoch_; }
   int64_t step() const { return step_; }
+  // The position after this batch (its fingerprint is the session's, left empty here):
+  // (epoch + 1, 0, 0) after an epoch's last batch, else (epoch, step + 1, the global cursor).
+  // After an elastic resume an epoch may have another number of steps than steps_per_epoch.
+  const Position& after() const { return after_; }
   const std::vector<int64_t>& ids() const { return ids_; }
   // Rows [0, valid_count()) are real samples; the rest pad the last batch of an epoch.
   int64_t valid_count() const { return valid_; }
@@ -192,6 +211,7 @@ class Batch {
   int64_t epoch_ = 0;
   int64_t step_ = 0;
   int64_t valid_ = 0;
+  Position after_;
   absl::Duration waited_;
   std::vector<int64_t> ids_;
   std::vector<Tensor> tensors_;
@@ -212,7 +232,12 @@ struct SessionInfo {
   uint64_t session_id = 0;
   std::string feed_key;
   int64_t num_samples = 0;
+  // Batches per rank in a whole epoch of the served layout (an epoch an elastic resume
+  // began mid-way may have one step fewer: Batch::after() says where each ends).
   int64_t steps_per_epoch = 0;
+  // Samples per rank per step this session serves: AttachOptions::batch_size, or at an
+  // elastic resume that keeps the global batch, the saved global batch / world_size.
+  int64_t batch_size = 0;
   int32_t ring_slots = 0;
   uint64_t slot_stride_bytes = 0;
   std::vector<Tensor> layout;  // data = nullptr; shapes and dtypes of every batch

@@ -111,6 +111,8 @@ _PROTOTYPES = {
         _status,
         [_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
     ),
+    "gpufeed_position_samples": (_status, [_p, ctypes.POINTER(ctypes.c_int64)]),
+    "gpufeed_session_batch_size": (_status, [_p, ctypes.POINTER(ctypes.c_int64)]),
     "gpufeed_fingerprint": (_status, [_p, ctypes.POINTER(ctypes.c_char_p)]),
     "gpufeed_session_mps": (
         _status,
@@ -122,6 +124,11 @@ _PROTOTYPES = {
     "gpufeed_session_destroy": (None, [_p]),
     "gpufeed_batch_get_info": (_status, [_p, ctypes.POINTER(BatchInfo)]),
     "gpufeed_batch_get_tensor": (_status, [_p, ctypes.c_int32, ctypes.POINTER(TensorInfo)]),
+    "gpufeed_batch_after": (
+        _status,
+        [_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
+         ctypes.POINTER(ctypes.c_int64)],
+    ),
     "gpufeed_batch_wait_ready": (_status, [_p, _p]),
     "gpufeed_batch_release": (None, [_p]),
     "gpufeed_batch_release_after": (None, [_p, _p]),

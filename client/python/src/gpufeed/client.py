@@ -58,6 +58,11 @@ Ipc = Literal["auto", "vmm", "legacy"]
 Decode = Literal["auto", "cpu", "nvjpeg"]
 Augment = Literal["auto", "cpu", "gpu"]
 BadSample = Literal["skip", "fail"]
+Elastic = Literal["global_batch", "rank_batch"]
+"""What a resume at another world size keeps: the global batch (each rank then gets the saved
+global batch / world_size; the global batches are the uninterrupted run's) or the per-rank
+batch (the global batch changes; the rest of the epoch is every sample not yet delivered,
+each once)."""
 
 # gpufeed_dtype -> (name, numpy typestr). numpy has no bfloat16: its bits are shown as uint16.
 DTYPES: Dict[int, Tuple[str, str]] = {
@@ -162,12 +167,32 @@ def _check(lib: ctypes.CDLL, status: int) -> None:
         raise error_for(status, _capi.last_error(lib))
 
 
-class Position(NamedTuple):
-    """A place in the stream of batches: ``epoch`` and ``step`` (the rank's batch index within
-    the epoch). What a checkpoint stores; attaching with ``start=`` a position resumes there."""
-
+class _EpochStep(NamedTuple):
     epoch: int
     step: int
+
+
+class Position(_EpochStep):
+    """A place in the stream of batches: ``epoch`` and ``step`` (the rank's batch index within
+    the epoch), a 2-tuple for unpacking and comparing, and the attribute ``samples``, the
+    global cursor: the places of the epoch's order the job's batches before it cover, all
+    ranks together, the same from every rank (so one rank's position describes the whole
+    job, at any world size). What a checkpoint stores; attaching with ``start=`` a position
+    resumes there. ``samples`` 0 in a start: ``step`` x the saved global batch (a position
+    saved before the field)."""
+
+    samples: int
+
+    def __new__(cls, epoch: int, step: int, samples: int = 0) -> "Position":
+        self = super().__new__(cls, epoch, step)
+        self.samples = samples
+        return self
+
+    def __getnewargs__(self) -> Tuple[int, int, int]:  # pickles keep the cursor
+        return (self.epoch, self.step, self.samples)
+
+    def __repr__(self) -> str:
+        return f"Position(epoch={self.epoch}, step={self.step}, samples={self.samples})"
 
 
 class SessionInfo(NamedTuple):
@@ -178,11 +203,15 @@ class SessionInfo(NamedTuple):
     num_samples: int
     """Samples in the dataset."""
     steps_per_epoch: int
-    """Batches per epoch for each rank."""
+    """Batches per whole epoch for each rank (an epoch an elastic resume began mid-way may
+    have one step fewer: :attr:`Batch.after` says where each ends)."""
     ring_slots: int
     """Slots in this session's ring: the most batches it can hold at once."""
     num_tensors: int
     """Tensors in every batch."""
+    batch_size: int = 0
+    """Samples per rank per step this session serves: the ``batch_size`` asked for, or at an
+    elastic resume that keeps the global batch, the saved global batch / ``world_size``."""
 
 
 class _SessionHandle:
@@ -366,6 +395,13 @@ class Batch:
         """The ring slot holding the batch."""
         self.generation: int = info.generation
         """The slot's generation (the daemon rejects releases of an old one)."""
+        epoch, step, samples = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        _check(lib, lib.gpufeed_batch_after(ptr, ctypes.byref(epoch), ctypes.byref(step),
+                                            ctypes.byref(samples)))
+        self.after: Position = Position(epoch.value, step.value, samples.value)
+        """The position after this batch, what a checkpoint taken once it is consumed stores:
+        ``(epoch + 1, 0, 0)`` after an epoch's last batch, else ``(epoch, step + 1, the
+        global cursor)``."""
         ids = np.ctypeslib.as_array(info.ids, shape=(info.batch_size,)).copy()
         ids.flags.writeable = False
         self.ids: np.ndarray = ids
@@ -443,8 +479,11 @@ class Session:
         """The daemon's socket."""
         info = _capi.SessionInfo()
         _check(handle.lib, handle.lib.gpufeed_session_get_info(handle.ptr, ctypes.byref(info)))
+        batch_size = ctypes.c_int64()
+        _check(handle.lib, handle.lib.gpufeed_session_batch_size(handle.ptr,
+                                                                 ctypes.byref(batch_size)))
         self.info = SessionInfo(info.session_id, info.num_samples, info.steps_per_epoch,
-                                info.ring_slots, info.num_tensors)
+                                info.ring_slots, info.num_tensors, batch_size.value)
         """What the daemon answered at attach."""
         self.notices: Tuple[_notices.Notice, ...] = _notices.read(handle.lib, handle.ptr)
         """What the daemon reported about the dataset (samples left out at open, cautions):
@@ -519,12 +558,14 @@ class Session:
                 None if consumer.value < 0 else bool(consumer.value))
 
     def position(self) -> Position:
-        """The position after the last batch :meth:`next` returned: what to checkpoint."""
+        """The position after the last batch :meth:`next` returned: what to checkpoint (with
+        :attr:`fingerprint`)."""
         handle = self._live()
-        epoch, step = ctypes.c_int64(), ctypes.c_int64()
+        epoch, step, samples = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
         _check(handle.lib, handle.lib.gpufeed_position(handle.ptr, ctypes.byref(epoch),
                                                        ctypes.byref(step)))
-        return Position(epoch.value, step.value)
+        _check(handle.lib, handle.lib.gpufeed_position_samples(handle.ptr, ctypes.byref(samples)))
+        return Position(epoch.value, step.value, samples.value)
 
     @property
     def closed(self) -> bool:
@@ -693,7 +734,7 @@ class Client:
         delivery: Delivery = "host",
         gpu: Optional[str] = None,
         ipc: Optional[Ipc] = None,
-        start: Optional[Tuple[int, int]] = None,
+        start: Optional[Union[Position, Tuple[int, int], Tuple[int, int, int]]] = None,
         stop_epoch: Optional[int] = None,
         bad_sample: Optional[BadSample] = None,
         decode: Decode = "auto",
@@ -704,6 +745,7 @@ class Client:
         start_fingerprint: Optional[str] = None,
         vocab_size: Optional[int] = None,
         share_group: Optional[str] = None,
+        elastic: Optional[Elastic] = None,
     ) -> Session:
         """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
 
@@ -724,7 +766,8 @@ class Client:
         ring's depth (``None``: the daemon's default). ``delivery``: ``host`` or ``device``
         (then ``gpu``: ``None`` for this process's current CUDA device, ``"cuda:N"`` or a
         ``"GPU-..."`` UUID; ``ipc``: ``auto``, ``vmm`` or ``legacy``). ``start``: the
-        position to resume at; ``stop_epoch``: the exclusive last epoch (``None``: never
+        position to resume at, ``(epoch, step)`` or a :class:`Position` (with its global
+        cursor, ``samples``); ``stop_epoch``: the exclusive last epoch (``None``: never
         end). ``decode`` (``"auto"``, ``"cpu"``, ``"nvjpeg"``) and ``augment`` (``"auto"``,
         ``"cpu"``, ``"gpu"``): who decodes and augments images under device delivery; passed
         to the C library only when not ``"auto"`` (its default), so a library without these
@@ -737,7 +780,13 @@ class Client:
         silent for as long again counts as gone, so a ``next()`` with no timeout raises
         :class:`~gpufeed.Unavailable` within about 2 x keepalive + reconnect_timeout.
         ``start_fingerprint``: the :attr:`Session.fingerprint` saved with ``start``; a feed
-        with another one is refused (FailedPrecondition naming each differing field).
+        with another one is refused (FailedPrecondition naming each differing field), but for
+        its world size and batch size: a ``start`` saved at another world size (or per-rank
+        batch) resumes as ``elastic`` says: ``"global_batch"`` (``None``, the default: each
+        rank gets the saved global batch / ``world_size``, so ``batch_size`` must be that or
+        the saved per-rank batch; the global batches are the uninterrupted run's) or
+        ``"rank_batch"`` (``batch_size`` per rank; the rest of the epoch is every sample not
+        yet delivered, each once). ``Session.info.batch_size`` says what is served.
         ``vocab_size`` (tokens): refuse a file whose sampled tokens reach it (a wrong
         ``token_dtype`` shows so). ``token_dtype`` ``None``: a ``.npy`` file's header, else
         ``uint16``. ``share_group`` (image datasets): the jobs of one group (this uid's) read
@@ -769,6 +818,7 @@ class Client:
             "augment": None if augment == "auto" else augment,
             "start_fingerprint": start_fingerprint or None,
             "share_group": share_group or None,
+            "elastic": elastic,
         }
         seed = _int("seed", seed)
         if not 0 <= seed < 1 << 64:
@@ -786,6 +836,8 @@ class Client:
             "ring_slots": ring_slots,
             "start_epoch": None if start is None else start[0],
             "start_step": None if start is None else start[1],
+            "start_samples": (None if start is None
+                              else start[2] if len(start) > 2 else getattr(start, "samples", None)),
             "stop_epoch": stop_epoch,
             "rpc_timeout_ms": None if rpc_timeout is None else int(rpc_timeout * 1000),
             "reconnect_timeout_ms": (None if reconnect_timeout is None
@@ -827,5 +879,5 @@ class Client:
 
 
 __all__ = ["Augment", "BadSample", "Batch", "Client", "DEFAULT_SOCKET", "DTYPES", "Decode",
-           "Delivery", "Ipc", "Kind", "PipelineSpec", "Position",
+           "Delivery", "Elastic", "Ipc", "Kind", "PipelineSpec", "Position",
            "Session", "SessionInfo", "Tensor", "default_socket", "pipeline_json"]

@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from gpufeed.client import Batch as _CoreBatch
-from gpufeed.client import Augment, BadSample, Decode, Kind
+from gpufeed.client import Augment, BadSample, Decode, Elastic, Kind
 from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -403,7 +403,16 @@ class Loader:
             then keys only this job's crops and flips), and gpufeedd decodes each sample once
             for all of them. Each job's batches are byte for byte the ones it gets alone in
             the group; sharing changes the cost, never the bytes.
-        rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
+        rank, world_size: default to ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1 (torchrun sets
+            them; after an elastic restart at another size they differ from the saved
+            state's, which :meth:`load_state_dict` resumes all the same: see ``elastic``).
+        elastic: what a :meth:`load_state_dict` of a state saved at another world size (or
+            batch size) keeps. ``"global_batch"`` (the default): each rank gets the saved
+            global batch / ``world_size`` samples a step (``batch_size`` must be that or the
+            saved per-rank batch; :attr:`batch_size` says which), and the job's global
+            batches are the uninterrupted run's, byte for byte. ``"rank_batch"``:
+            ``batch_size`` per rank, so the global batch changes; the rest of the epoch is
+            every sample not yet delivered, each once.
         job: the job's name, shared by its ranks. The default never collides with another
             job on the node: torchrun's ``$TORCHELASTIC_RUN_ID``, else its rendezvous
             ``MASTER_ADDR:MASTER_PORT``, else (one process) ``HOST:PID``; the second and later
@@ -483,6 +492,7 @@ class Loader:
         reconnect_timeout: Optional[float] = None,
         keepalive: Optional[float] = None,
         share_group: Optional[str] = None,
+        elastic: Elastic = "global_batch",
     ) -> None:
         self.device: torch.device = _resolve_device(device)
         """Where batches land: ``cpu`` (host delivery) or ``cuda:N`` (device delivery)."""
@@ -504,7 +514,9 @@ class Loader:
             pipeline=pipeline, shuffle=shuffle, seed=seed, drop_last=drop_last, even=even,
             rank=self.rank, world_size=self.world_size, job=self.job, ring_slots=ring_slots,
             decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size,
-            reconnect_timeout=reconnect_timeout, keepalive=keepalive, share_group=share_group)
+            reconnect_timeout=reconnect_timeout, keepalive=keepalive, share_group=share_group,
+            # Passed only when not the default, so a library without the option still serves.
+            elastic=None if elastic == "global_batch" else elastic)
         if self.device.type == "cuda":
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset
@@ -595,8 +607,17 @@ class Loader:
         return self.info.steps_per_epoch
 
     @property
+    def batch_size(self) -> int:
+        """Rows per batch of this rank: what the session serves once attached (after an
+        elastic resume that keeps the global batch, the saved global batch / world_size), the
+        ``batch_size`` given before."""
+        if self._info is not None and self._info.batch_size > 0:
+            return self._info.batch_size
+        return int(self._options["batch_size"])
+
+    @property
     def position(self) -> Position:
-        """The position after the last batch yielded (epoch, step), what :meth:`state_dict`
+        """The position after the last batch yielded (epoch, step, samples), what :meth:`state_dict`
         saves; after :meth:`set_epoch`, :meth:`load_state_dict` or an ``iter()``, where the
         next batch comes from. (An epoch broken off is left by the next ``iter()``, which
         starts the following epoch.)"""
@@ -618,26 +639,32 @@ class Loader:
         self._loaded = None
         self._yielded = False
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> Dict[str, Any]:
         """The resume state (torchdata ``StatefulDataLoader`` convention): the position after
-        the last batch yielded, and the feed's shape it is valid for. The feed's
-        ``fingerprint`` comes from the daemon: a loader that never attached and loaded no
-        state attaches for it."""
+        the last batch yielded (``epoch``, ``step`` and ``samples``, the job's global cursor:
+        the same on every rank, so rank 0's state resumes the whole job, at any world size),
+        and the layout it was saved at (``world_size``, ``batch_size`` as served, ``seed``).
+        The feed's ``fingerprint`` comes from the daemon: a loader that never attached and
+        loaded no state attaches for it."""
         fingerprint = self._fingerprint or self._loaded_fingerprint
         if not fingerprint:
             self._attach(self._position)
             fingerprint = self._fingerprint
         return {"epoch": self._position.epoch, "step": self._position.step,
-                "world_size": self.world_size, "batch_size": int(self._options["batch_size"]),
-                "seed": int(self._options["seed"]), "fingerprint": fingerprint}
+                "samples": self._position.samples, "world_size": self.world_size,
+                "batch_size": self.batch_size, "seed": int(self._options["seed"]),
+                "fingerprint": fingerprint}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at the position of :meth:`state_dict`: the next ``iter()`` yields exactly
-        the batches the saved loader would have yielded next. The state must come from a
-        loader with the same world size, batch size and seed (:class:`~gpufeed.InvalidArgument`
-        otherwise: a position means nothing for another feed), and its ``fingerprint`` (the
-        dataset's identity and every other setting that shapes the batches: ``seq_len``,
-        dtype, shuffle, drop_last, the pipeline...) must be this feed's, else
+        the batches the saved loader would have yielded next. A state saved at another world
+        size or batch size (torchrun elastic: ``$WORLD_SIZE`` differs) resumes as ``elastic``
+        says (the daemon decides, from the fingerprint's layout: a batch size it cannot serve
+        is :class:`~gpufeed.InvalidArgument` naming those that work). A state without a
+        ``fingerprint`` (saved by an older gpufeed) must come from the same world size, batch
+        size and seed (:class:`~gpufeed.InvalidArgument` otherwise). The ``fingerprint`` (the
+        dataset's identity, the seed and every other setting that shapes the batches:
+        ``seq_len``, dtype, shuffle, drop_last, the pipeline...) must be this feed's, else
         :class:`~gpufeed.FailedPrecondition` names each field that differs: raised here when
         the loader attached before (it knows its feed's fingerprint), else by the attach of
         the next ``iter()``. Before the first attach this only sets where that attach starts
@@ -645,17 +672,22 @@ class Loader:
         for key in ("epoch", "step"):
             if key not in state:
                 raise InvalidArgument(f"state_dict: no '{key}' in {dict(state)!r}")
+        fingerprint = state.get("fingerprint")
+        # The fingerprint names the saved layout, from which the daemon resumes at another;
+        # without it, only the same layout means the same batches.
         for key, mine in (("world_size", self.world_size),
                           ("batch_size", self._options["batch_size"]),
                           ("seed", self._options["seed"])):
-            if key in state and int(state[key]) != int(mine):
-                raise InvalidArgument(f"state_dict: {key} {state[key]} differs from this "
-                                      f"loader's {mine}; a position only resumes the same feed")
+            if not fingerprint and key in state and int(state[key]) != int(mine):
+                raise InvalidArgument(
+                    f"state_dict: {key} {state[key]} differs from this loader's {mine}, and "
+                    "the state has no fingerprint (saved by an older gpufeed), which a resume "
+                    "at another layout needs; resume with the settings it was saved with")
         self._generation += 1  # a running iterator ends: it belongs to the old position
-        self._position = Position(int(state["epoch"]), int(state["step"]))
+        self._position = Position(int(state["epoch"]), int(state["step"]),
+                                  int(state.get("samples", 0)))
         self._loaded = self._position  # kept by a set_epoch of the same epoch
         self._yielded = False  # the next iter() resumes here, mid-epoch or not
-        fingerprint = state.get("fingerprint")
         self._loaded_fingerprint = str(fingerprint) if fingerprint else None
         if self._loaded_fingerprint and self._fingerprint not in ("", self._loaded_fingerprint):
             # Said here, where it was loaded. Which fields differ, and which form an earlier
@@ -715,7 +747,9 @@ class Loader:
         """The session, attached anew when it is not at ``position`` (or ``anew``)."""
         self._check_process()
         if self._session is not None and not self._session.closed:
-            if self._session.position() == position and not anew:
+            at = self._session.position()
+            # A position loaded without its cursor (samples 0) is the session's at that step.
+            if at == position and position.samples in (0, at.samples) and not anew:
                 return self._session
             # Ending the session returns its ring: first every batch still held must be
             # moved out of it.
@@ -734,7 +768,7 @@ class Loader:
                         f"({_describe(self._held)}; the tensors themselves were moved out); "
                         "drop those views (del) or keep .clone()s, then iterate again")
             self.close()
-        start = (position.epoch, position.step)
+        start = position
         key = (self._client.socket, self.job, self.rank)
         options = dict(self._options, start_fingerprint=self._loaded_fingerprint)
         try:
@@ -755,6 +789,9 @@ class Loader:
         self._pid = os.getpid()
         self._info = self._session.info
         self._fingerprint = self._session.fingerprint
+        if self._position == position:
+            # The daemon's cursor for the start (a state saved before ``samples`` gives 0).
+            self._position = self._session.position()
         self._check_mps(self._session)
         return self._session
 
@@ -785,9 +822,9 @@ class Loader:
             # yielded past the position, so the next iter() retries this batch.
             self._yielded = False
             raise
-        step = core.step + 1
-        self._position = (Position(core.epoch, step) if step < session.info.steps_per_epoch
-                          else Position(core.epoch + 1, 0))
+        # From the daemon's end-of-epoch mark: an epoch an elastic resume began mid-way may
+        # have another number of steps than steps_per_epoch.
+        self._position = core.after
         self._yielded = True
         batch, zero_copy = self._to_torch(core)
         if zero_copy:

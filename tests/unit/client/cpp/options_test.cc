@@ -27,7 +27,7 @@ AttachOptions TokenOptions() {
   o.seed = 7;
   o.shuffle = false;
   o.ring_slots = 3;
-  o.start = {2, 5, "fp"};
+  o.start = {2, 5, "fp", 160};
   o.stop_epoch = 9;
   return o;
 }
@@ -54,6 +54,8 @@ TEST(AttachPlanFromOptionsTest, TokensOnTheHost) {
   EXPECT_EQ(r.start().epoch(), 2);
   EXPECT_EQ(r.start().step(), 5);
   EXPECT_EQ(r.start().fingerprint(), "fp");
+  EXPECT_EQ(r.start().samples(), 160);
+  EXPECT_EQ(r.elastic(), v1::ELASTIC_KEEP_GLOBAL_BATCH);
   EXPECT_EQ(r.stop_epoch(), 9);
   EXPECT_EQ(r.bad_sample(), v1::BAD_SAMPLE_POLICY_SKIP);
   EXPECT_EQ(r.decode(), v1::IMAGE_DECODE_AUTO);
@@ -121,6 +123,7 @@ TEST(AttachPlanFromOptionsTest, EachBadOptionIsRefusedByName) {
       {"augment", [](AttachOptions& o) { o.augment = "nvjpeg"; }},
       {"delivery", [](AttachOptions& o) { o.delivery = "disk"; }},
       {"pipeline", [](AttachOptions& o) { o.pipeline_json = "{\"ops\": 3}"; }},
+      {"elastic", [](AttachOptions& o) { o.elastic = "keep_global_batch"; }},
   };
   for (const Case& c : cases) {
     AttachOptions o = TokenOptions();
@@ -137,6 +140,17 @@ TEST(AttachPlanFromOptionsTest, TheMessageSaysWhatIsWanted) {
   o.delivery = "disk";
   EXPECT_EQ(AttachPlanFromOptions(o).status().message(),
             "delivery: unknown kind 'disk' (want host or device)");
+}
+
+TEST(AttachPlanFromOptionsTest, ElasticNamesTheModeAResumeAtAnotherWorldSizeKeeps) {
+  AttachOptions o = TokenOptions();
+  o.elastic = "rank_batch";
+  absl::StatusOr<AttachPlan> plan = AttachPlanFromOptions(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->request.elastic(), v1::ELASTIC_KEEP_RANK_BATCH);
+  o.elastic = "rank";
+  EXPECT_EQ(AttachPlanFromOptions(o).status().message(),
+            "elastic: want global_batch or rank_batch, got 'rank'");
 }
 
 TEST(AttachPlanFromOptionsTest, AListOfShardFilesIsSentInOrderOrRefusedByEntry) {

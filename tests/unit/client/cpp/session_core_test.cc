@@ -18,6 +18,35 @@
 namespace gpufeed::client::internal {
 namespace {
 
+v1::BatchReady Ready(int64_t epoch, int64_t step, int64_t samples, bool end_of_epoch) {
+  v1::BatchReady b;
+  b.set_epoch(epoch);
+  b.set_step(step);
+  b.set_samples(samples);
+  b.set_end_of_epoch(end_of_epoch);
+  return b;
+}
+
+MATCHER_P3(IsPosition, epoch, step, samples, "") {
+  return arg.epoch == epoch && arg.step == step && arg.samples == samples;
+}
+
+// The position after a batch is the daemon's: an epoch an elastic resume began mid-way ends
+// where BatchReady says, whatever steps_per_epoch (the whole epoch's) would say.
+TEST(PositionAfterTest, TheDaemonsCursorAndEndOfEpochDecide) {
+  EXPECT_THAT(PositionAfter(Ready(2, 3, 160, false), 10), IsPosition(2, 4, 160));
+  // Past steps_per_epoch yet not the end: the daemon's mark decides, not the count.
+  EXPECT_THAT(PositionAfter(Ready(2, 10, 1100, false), 10), IsPosition(2, 11, 1100));
+  // The end before steps_per_epoch: one step fewer.
+  EXPECT_THAT(PositionAfter(Ready(2, 8, 990, true), 10), IsPosition(3, 0, 0));
+}
+
+// A daemon from before the global cursor sends neither field: steps_per_epoch decides.
+TEST(PositionAfterTest, ADaemonWithoutTheCursorGoesBySteps) {
+  EXPECT_THAT(PositionAfter(Ready(2, 3, 0, false), 10), IsPosition(2, 4, 0));
+  EXPECT_THAT(PositionAfter(Ready(2, 9, 0, false), 10), IsPosition(3, 0, 0));
+}
+
 class PassDatasetTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = temp_.path(); }

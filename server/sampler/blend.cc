@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/sampler/sampler.h"
+#include "server/sampler/splitmix.h"
 
 namespace gpufeed::server {
 namespace {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "server/sampler/splitmix.h"
 
 namespace gpufeed::server {
 namespace {

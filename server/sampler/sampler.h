@@ -63,10 +63,6 @@ class EpochOrder {
   uint64_t keys_[4] = {};
 };
 
-// SplitMix64 (Steele, Lea, Flood 2014): advances `state` by its gamma, 0x9E3779B97F4A7C15,
-// and returns the next output. The key schedule of EpochOrder and of a blend's sources.
-uint64_t SplitMix64(uint64_t& state);
-
 // EpochOrder materialised: n ids. For tests and tools only; the daemon never calls it.
 std::vector<uint64_t> EpochPermutation(uint64_t n, uint64_t seed, int64_t epoch, bool shuffle);
 

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sampler/sampler.h"
+#include "server/sampler/splitmix.h"
 
 namespace gpufeed::server {
 namespace {

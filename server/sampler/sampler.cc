@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "server/sampler/splitmix.h"
 
 namespace gpufeed::server {
 namespace {
@@ -18,7 +19,11 @@ uint64_t Fmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+}  // namespace
+
 uint64_t SplitMix64(uint64_t& state) { return Fmix64(state += kGamma); }
+
+namespace {
 
 // The steps of an epoch of `n` places. Called once Create has checked batch_size >= 1,
 // world_size >= 1 and that their product fits: global >= 1. (Without drop_last, even or not:

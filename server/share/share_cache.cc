@@ -205,7 +205,8 @@ void ShareCache::Member::EndFill(const FillEnd& end) {
   group_->counters.read_checks_refused += end.read_checks_refused;
 }
 
-void ShareCache::Unhold(Member& m, const std::shared_ptr<SharePending>& pending, int64_t rows) {
+// `pending` by value: the caller may pass the held map's own key, which the erase below frees.
+void ShareCache::Unhold(Member& m, std::shared_ptr<SharePending> pending, int64_t rows) {
   const auto held = m.held_.find(pending);
   m.held_rows_ -= rows;
   if ((held->second -= rows) == 0) m.held_.erase(held);

@@ -220,7 +220,7 @@ class ShareCache {
   void DropAll(GroupState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(Member& m);
   // Lets go of `rows` of `m`'s rows holding `pending`.
-  void Unhold(Member& m, const std::shared_ptr<SharePending>& pending, int64_t rows)
+  void Unhold(Member& m, std::shared_ptr<SharePending> pending, int64_t rows)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t budget_;

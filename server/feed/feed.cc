@@ -43,6 +43,7 @@ std::string FeedSpec::Canonical() const {
   }
   if (!dataset.arrays.empty()) absl::StrAppend(&out, ";arrays=", RecordArraysText(dataset.arrays));
   if (!dataset.paths.empty()) absl::StrAppend(&out, ";paths=", ShardPathsIdentity(dataset.paths));
+  if (lm.active()) absl::StrAppend(&out, lm.Canonical());
   if (IsImageKind(dataset.kind)) {
     absl::StrAppend(&out, ";pipeline=", PipelineCanonical(dataset.pipeline), ";bad_sample=",
                     static_cast<int>(dataset.bad_sample), ";max_pixels=", dataset.max_pixels);
@@ -86,10 +87,19 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
       limits.counters != nullptr ? limits.counters : std::make_shared<metrics::Counters>();
   // Opening reads untrusted headers and may allocate by them: an exception is this Attach's
   // error, never the daemon's end.
+  // A blend or a packed feed walks its own stream in order (lm_dataset.h): the sampler does
+  // not shuffle it again, while `shuffle` keys each source's own permutation; nor does it
+  // drop a nominal epoch's last rows (their documents would never come): that epoch ends in
+  // a short batch (valid_count) instead.
+  const bool lm = spec.lm.active();
   GPUFEED_ASSIGN_OR_RETURN(
       std::unique_ptr<Dataset> dataset,
       CallCatching(absl::StrCat("opening dataset ", spec.dataset.path),
-                   [&] { return OpenDataset(spec.dataset, fs); }));
+                   [&]() -> absl::StatusOr<std::unique_ptr<Dataset>> {
+                     if (!lm) return OpenDataset(spec.dataset, fs);
+                     return LmDataset::Open(spec.dataset, spec.lm, spec.order_seed(),
+                                            spec.shuffle, fs);
+                   }));
   if (dataset->num_samples() > limits.max_samples) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "dataset.path: ", spec.dataset.path, " makes ", dataset->num_samples(),
@@ -105,7 +115,11 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   // file added beside them, a checkpoint or a dot-file say, and is left out. A regular file's
   // size and time stay, a single shard's too.
   std::string files = dataset->ContentIdentity();
-  if (spec.dataset.arrays.empty() &&
+  if (lm) {
+    // The sources' own files name the blend (LmDataset::Identity), not their directory.
+    identity.emplace_back("blend", static_cast<const LmDataset&>(*dataset).Identity());
+    if (spec.lm.eos_id.has_value()) identity.emplace_back("eos_id", absl::StrCat(*spec.lm.eos_id));
+  } else if (spec.dataset.arrays.empty() &&
       (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
                             : ::stat(spec.dataset.path.c_str(), &st) == 0) &&
       (files.empty() || !S_ISDIR(st.st_mode))) {
@@ -122,7 +136,7 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.handle.clear();
   spec.dataset.reader.reset();
   SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
-                       spec.order_seed(),      spec.shuffle,    spec.drop_last,
+                       spec.order_seed(),      spec.shuffle && !lm, spec.drop_last && !lm,
                        spec.even,              spec.resume_epoch, spec.resume_base};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
   // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
@@ -148,6 +162,7 @@ Feed::Feed(FeedSpec spec, std::string key, std::unique_ptr<Dataset> dataset,
       identity_(std::move(identity)),
       dataset_(std::move(dataset)),
       images_(dynamic_cast<const ImageDataset*>(dataset_.get())),
+      lm_(dynamic_cast<const LmDataset*>(dataset_.get())),
       sampler_(std::move(sampler)) {
   uint64_t offset = 0;
   for (const SampleTensor& t : dataset_->tensors()) {

@@ -22,6 +22,7 @@
 #include "server/auth/caller.h"
 #include "server/feed/dataset_handles.h"
 #include "server/feed/fingerprint.h"
+#include "server/feed/lm_dataset.h"
 #include "server/images/dataset.h"
 #include "server/sampler/sampler.h"
 #include "server/share/share_cache.h"
@@ -61,6 +62,8 @@ struct FeedSpec {
   // resume_base of its order. -1: none.
   int64_t resume_epoch = -1;
   uint64_t resume_base = 0;
+  // A blend of token sources and/or document packing (lm_dataset.h); inactive by default.
+  LmSpec lm;
 
   // The seed of the sample order: `seed`, or in a sharing group the group's (OrderSeedOf).
   uint64_t order_seed() const;
@@ -122,6 +125,8 @@ class Feed {
   const std::string& fingerprint() const { return fingerprint_; }
   const Sampler& sampler() const { return *sampler_; }
   const Dataset& dataset() const { return *dataset_; }
+  // dataset_ when the feed is a blend or packs documents, else null.
+  const LmDataset* lm() const { return lm_; }
   const SlotLayout& layout() const { return layout_; }
 
   // Runs fn(0) .. fn(n-1), possibly on several threads, and returns when all are done.
@@ -209,6 +214,7 @@ class Feed {
   std::string MakeFingerprint() const;
   const std::unique_ptr<Dataset> dataset_;
   const ImageDataset* const images_;  // dataset_ when it is an image dataset, else null
+  const LmDataset* const lm_;  // dataset_ when it is a blend or packs, else null
   const std::unique_ptr<Sampler> sampler_;
   SlotLayout layout_;
   std::optional<StagedLayout> staged_layout_;

@@ -74,6 +74,10 @@ struct FileDatasetSpec {
   // through (borrowed for the open; readers keep a dup); -1: open `path` with the daemon's
   // rights (an admin's attach by path). `path` is then the display name only.
   int fd = -1;
+  // Set by a feed that packs documents (feed/lm_dataset.h), never from a request: keep a
+  // Megatron .idx's sequence sizes (TokenShard::sequences), the documents it packs, and
+  // take shards of fewer than seq_len + 1 tokens (a row packs documents of several).
+  bool for_packing = false;
   // Set by the feed registry, never from a request: the bounds of every attach-time scan
   // (an image folder's walk, a tar's index, a Megatron .idx's sizes) and of the index kept.
   FolderWalkLimits walk;

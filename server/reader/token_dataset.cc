@@ -29,7 +29,7 @@ uint64_t WindowsOf(uint64_t tokens, uint64_t seq_len) {
 // that the last token of one sample is the first of the next (inputs and shifted targets in
 // one row). Windows never cross shards; the dataset's samples are the shards' windows in
 // shard order (sorted by name), so one global permutation covers them all.
-class TokensDataset final : public Dataset {
+class TokensDataset final : public Dataset, public TokenShardsView {
  public:
   TokensDataset(std::vector<TokenShard> shards, int64_t seq_len, bool sharded,
                 std::vector<DatasetNotice> notices)
@@ -77,6 +77,7 @@ class TokensDataset final : public Dataset {
         [this](size_t k) -> const RandomAccessFile& { return *shards_[k].file; });
   }
   std::vector<DatasetNotice> notices() const override { return notices_; }
+  const std::vector<TokenShard>& shards() const override { return shards_; }
 
  private:
   // The last shard whose first sample is <= id (a shard of no windows shares its first with
@@ -149,7 +150,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeTokens(const FileDatasetSpec& spec,
     windows += WindowsOf(s.tokens, static_cast<uint64_t>(spec.seq_len));
     tokens += s.tokens;
   }
-  if (windows == 0) {
+  if (windows == 0 && !spec.for_packing) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset.seq_len: ", spec.seq_len, " needs at least ",
         static_cast<uint64_t>(spec.seq_len) + 1, " tokens", sharded ? " in one shard" : "",

@@ -46,7 +46,8 @@ absl::Status AgreeWithDeclared(const FileDatasetSpec& spec, const std::string& n
 // promising 10^12 sequences would otherwise keep the attach threads busy for many minutes).
 absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const MegatronIdx& idx,
                                                              const std::string& bin,
-                                                             const WalkBudget& walk) {
+                                                             const WalkBudget& walk,
+                                                             std::vector<uint32_t>* keep) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: ", idx.name, " (the .idx beside ", bin, "): ", why));
@@ -98,6 +99,7 @@ absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const MegatronIdx& 
       std::memcpy(&v, sizes.data() + i * 4, 4);
       if (v < 0) return bad(absl::StrCat("sequence ", done + i, " has a negative size"));
       tokens += static_cast<uint64_t>(v);
+      if (keep != nullptr) keep->push_back(static_cast<uint32_t>(v));
     }
     done += n;
   }
@@ -198,7 +200,9 @@ absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
   const uint32_t magic = prefix.size() >= 4 ? Le32(prefix, 0) : 0;
   if (idx.file != nullptr) {
     // Megatron's .bin is bare token ids: its .idx alone says what they are.
-    GPUFEED_ASSIGN_OR_RETURN(const auto index, ReadMegatronIndex(idx, n, walk));
+    GPUFEED_ASSIGN_OR_RETURN(
+        const auto index,
+        ReadMegatronIndex(idx, n, walk, spec.for_packing ? &shard.sequences : nullptr));
     GPUFEED_RETURN_IF_ERROR(AgreeWithDeclared(spec, n, index.first, "a Megatron dataset"));
     shard.dtype = index.first;
     shard.format = "megatron";

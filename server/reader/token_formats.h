@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -30,6 +31,18 @@ struct TokenShard {
   uint64_t tokens = 0;
   DType dtype = DType::kUInt16;
   const char* format = "raw";
+  // A Megatron .bin's sequence sizes from its .idx, in tokens, in file order; only with
+  // FileDatasetSpec::for_packing (a packing feed's documents), else empty.
+  std::vector<uint32_t> sequences;
+};
+
+// A tokens dataset's shards as opened (every one of one token type), for a feed that reads
+// them otherwise than as windows: a blend's packing (feed/lm_dataset.h). The tokens dataset
+// OpenFileDataset returns implements it (dynamic_cast from Dataset).
+class TokenShardsView {
+ public:
+  virtual ~TokenShardsView() = default;
+  virtual const std::vector<TokenShard>& shards() const = 0;
 };
 
 // A format a token file is not: its name as messages give it ("a tar archive") and what to do

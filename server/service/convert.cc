@@ -144,6 +144,28 @@ absl::StatusOr<AttachSpec> AttachSpecFromProto(const v1::AttachRequest& r) {
     spec.feed.dataset.arrays.push_back({a.name(), a.file()});
   }
   spec.feed.dataset.paths.assign(d.paths().begin(), d.paths().end());
+  // A blend and packing (feed/lm_dataset.h; LmSpec::Validate bounds them).
+  LmSpec& lm = spec.feed.lm;
+  for (const v1::BlendSource& source : d.sources()) {
+    lm.sources.push_back(
+        {{source.paths().begin(), source.paths().end()}, source.weight(), source.name()});
+  }
+  switch (d.pack()) {
+    case v1::PACK_MODE_NONE: lm.pack = PackMode::kNone; break;
+    case v1::PACK_MODE_CONCAT: lm.pack = PackMode::kConcat; break;
+    case v1::PACK_MODE_BEST_FIT: lm.pack = PackMode::kBestFit; break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.pack: unknown mode ", static_cast<int>(d.pack()),
+                       " (want none, concat or best_fit)"));
+  }
+  if (d.has_eos_id()) lm.eos_id = d.eos_id();
+  lm.lookahead = d.pack_lookahead();
+  for (const v1::BlendSegment& segment : d.blend_history()) {
+    lm.history.push_back({segment.start(),
+                          {segment.weights().begin(), segment.weights().end()},
+                          {segment.ledger().begin(), segment.ledger().end()}});
+  }
 
   switch (r.delivery().kind()) {
     case v1::DELIVERY_KIND_UNSPECIFIED:
@@ -204,6 +226,12 @@ void ToProto(const Attachment& a, v1::AttachResponse* out) {
   }
   ToProto(a.start, a.start_samples, out->mutable_start());
   out->set_batch_size(a.batch_size);
+  for (const BlendSegment& segment : a.blend_segments) {
+    v1::BlendSegment* s = out->add_blend_segments();
+    s->set_start(segment.start);
+    for (const double w : segment.weights) s->add_weights(w);
+    for (const uint64_t c : segment.ledger) s->add_ledger(c);
+  }
   out->mutable_start()->set_fingerprint(a.fingerprint);
   if (a.device) {
     v1::DeviceRing* d = out->mutable_device();

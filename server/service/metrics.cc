@@ -128,6 +128,39 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
       Builder::Add(bad, {{"feed", f.key}, {"reason", reason}}, static_cast<double>(count));
     }
   }
+  // Blends and packing (docs/howto/blends-and-packing.md): over the stream each feed has
+  // packed so far, every group counted once (rows read again after a restart are not).
+  auto& blend_tokens = b.Family("gpufeed_blend_tokens_total",
+                                "Document (or window) tokens a blended feed's stream has taken "
+                                "from each source",
+                                MetricType::Counter);
+  auto& pack_tokens = b.Family("gpufeed_pack_tokens_total",
+                               "Tokens of a best_fit feed's packed rows, by kind: document or "
+                               "padding",
+                               MetricType::Counter);
+  auto& pack_documents = b.Family("gpufeed_pack_documents_total",
+                                  "Documents a packed feed's stream has placed, by cut: whole "
+                                  "(in one row) or truncated (cut across rows; best_fit only "
+                                  "cuts those longer than a row)",
+                                  MetricType::Counter);
+  for (const FeedSnapshot& f : feeds) {
+    if (f.lm_sources.empty()) continue;
+    for (size_t k = 0; k < f.lm_sources.size() && k < f.lm_stats.source_tokens.size(); ++k) {
+      Builder::Add(blend_tokens, {{"feed", f.key}, {"source", f.lm_sources[k]}},
+                   static_cast<double>(f.lm_stats.source_tokens[k]));
+    }
+    if (f.pack == PackMode::kBestFit) {
+      const LmDataset::Stats& s = f.lm_stats;
+      Builder::Add(pack_tokens, {{"feed", f.key}, {"kind", "document"}},
+                   static_cast<double>(s.row_tokens - s.pad_tokens));
+      Builder::Add(pack_tokens, {{"feed", f.key}, {"kind", "padding"}},
+                   static_cast<double>(s.pad_tokens));
+      Builder::Add(pack_documents, {{"feed", f.key}, {"cut", "whole"}},
+                   static_cast<double>(s.documents - s.truncated_documents));
+      Builder::Add(pack_documents, {{"feed", f.key}, {"cut", "truncated"}},
+                   static_cast<double>(s.truncated_documents));
+    }
+  }
   auto& delivered =
       b.Family("gpufeed_delivered_bytes_total",
                "Bytes of batches handed to consumers, by delivery kind", MetricType::Counter);

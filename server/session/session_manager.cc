@@ -203,6 +203,11 @@ std::vector<FeedSnapshot> SessionManager::ListFeedsWhere(
     f.samples_produced = feed->samples_produced();
     f.bytes_produced = feed->bytes_produced();
     f.bad_samples = BadSamplesOf(feed->dataset());
+    if (const LmDataset* lm = feed->lm(); lm != nullptr) {
+      f.lm_stats = lm->stats();
+      f.lm_sources = lm->source_names();
+      f.pack = feed->spec().lm.pack;
+    }
     out.push_back(std::move(f));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });

@@ -51,6 +51,7 @@ struct Attachment {
   StageMode stage = StageMode::kNone;
   bool image = false;  // an image dataset: stage says where decode and augment run
   std::vector<DatasetNotice> notices;  // the dataset's (Dataset::notices)
+  std::vector<BlendSegment> blend_segments;  // a blend's segments in force (LmDataset)
 };
 
 struct FeedSnapshot {
@@ -64,6 +65,11 @@ struct FeedSnapshot {
   // Samples that could not be used, by reason: the dataset's bad_samples and its notices'
   // counts (samples left out at open; warnings are not samples).
   std::vector<std::pair<std::string, int64_t>> bad_samples;
+  // A blend or a packed feed (LmDataset): what its stream packed so far holds, and its
+  // sources' names (stats.source_tokens in their order). Empty names: not such a feed.
+  LmDataset::Stats lm_stats;
+  std::vector<std::string> lm_sources;
+  PackMode pack = PackMode::kNone;
 };
 
 struct SessionManagerOptions {

@@ -75,6 +75,7 @@ Attachment AttachmentOf(const Session& session, const Feed& feed, const AttachSp
   out.stage = stage;
   out.image = feed.staged_layout().has_value();
   out.notices = feed.dataset().notices();
+  if (feed.lm() != nullptr) out.blend_segments = feed.lm()->segments();
   return out;
 }
 
@@ -177,6 +178,15 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
       feeds_.DropDatasetHandle(spec.feed.dataset.handle, spec.caller.uid());
     }
     return elastic.status();
+  }
+  if (spec.feed.lm.changes_weights()) {
+    // A blend resumed with other weights: they take over at the resume's global cursor
+    // (LmDataset finds the first pick the rows before it left untouched).
+    spec.feed.lm.change_epoch = spec.start.epoch;
+    spec.feed.lm.change_samples = static_cast<uint64_t>(
+        spec.start_samples > 0
+            ? spec.start_samples
+            : spec.start.step * spec.feed.batch_size * spec.feed.world_size);
   }
   // The consumer's lifeline, taken before the handle is spent opening the dataset.
   std::shared_ptr<const UniqueFd> lifeline = TakeLifeline(spec);

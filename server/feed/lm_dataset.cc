@@ -1,0 +1,594 @@
+#include "server/feed/lm_dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "server/reader/shards.h"
+#include "server/reader/token_formats.h"
+
+namespace gpufeed::server {
+
+const char* PackModeName(PackMode mode) {
+  switch (mode) {
+    case PackMode::kNone: return "none";
+    case PackMode::kConcat: return "concat";
+    case PackMode::kBestFit: return "best_fit";
+  }
+  return "unknown";
+}
+
+std::vector<double> LmSpec::weights() const {
+  if (sources.empty()) return {1.0};
+  std::vector<double> out;
+  for (const LmSourceSpec& s : sources) out.push_back(s.weight);
+  return out;
+}
+
+bool LmSpec::changes_weights() const {
+  return !history.empty() && history.back().weights != weights();
+}
+
+std::string LmSpec::Canonical() const {
+  std::string out = absl::StrCat(";pack=", PackModeName(pack), ";lookahead=", lookahead);
+  if (eos_id.has_value()) absl::StrAppend(&out, ";eos_id=", *eos_id);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    // Names and paths %-escaped as the shard lists are (ShardPathsIdentity), weights exact.
+    absl::StrAppend(&out, ";source", i, "=", ShardPathsIdentity(sources[i].paths), "@",
+                    absl::StrFormat("%a", sources[i].weight));
+  }
+  for (const BlendSegment& s : history) {
+    absl::StrAppend(&out, ";segment=", s.start, ":",
+                    absl::StrJoin(s.weights, ",",
+                                  [](std::string* o, double w) {
+                                    absl::StrAppend(o, absl::StrFormat("%a", w));
+                                  }),
+                    ":", absl::StrJoin(s.ledger, ","));
+  }
+  if (changes_weights()) absl::StrAppend(&out, ";change_at=", change_epoch, ":", change_samples);
+  return out;
+}
+
+absl::Status LmSpec::Validate(DatasetKind kind) const {
+  if (!active()) {
+    if (eos_id.has_value() || lookahead != 0 || !history.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset.pack: eos_id, pack_lookahead and blend_history are for a blend or a packed "
+          "feed (set sources or pack)");
+    }
+    return absl::OkStatus();
+  }
+  if (kind != DatasetKind::kTokens) {
+    return absl::InvalidArgumentError(
+        "dataset.sources: blends and packing are for kind tokens only");
+  }
+  if (sources.size() > kMaxLmSources) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.sources: ", sources.size(),
+                                                   " sources, more than ", kMaxLmSources));
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const LmSourceSpec& s = sources[i];
+    const std::string field = absl::StrCat("dataset.sources[", i, "]");
+    if (s.paths.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".paths: empty (", s.name.empty() ? "a source" : s.name,
+                       " names no file)"));
+    }
+    if (!std::isfinite(s.weight) || s.weight <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".weight: must be finite and > 0, got ",
+                                                     s.weight, " (", s.name, ")"));
+    }
+  }
+  if (lookahead > kMaxPackLookahead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.pack_lookahead: at most ", kMaxPackLookahead, " documents, got ", lookahead));
+  }
+  if (lookahead != 0 && pack != PackMode::kBestFit) {
+    return absl::InvalidArgumentError("dataset.pack_lookahead: only for pack best_fit");
+  }
+  if (eos_id.has_value()) {
+    if (pack == PackMode::kNone) {
+      return absl::InvalidArgumentError(
+          "dataset.eos_id: documents are for packing: set pack to concat or best_fit");
+    }
+    if (*eos_id < 0 || *eos_id > int64_t{0xffffffff}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.eos_id: must be a token id in [0, 2^32), got ", *eos_id));
+    }
+  }
+  const size_t k = std::max<size_t>(sources.size(), 1);
+  for (size_t i = 0; i < history.size(); ++i) {
+    if (history[i].weights.size() != k || history[i].ledger.size() != k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.blend_history[", i, "]: ", history[i].weights.size(), " weights and ",
+          history[i].ledger.size(), " ledger counts for ", k,
+          " sources: the history is another blend's (the sources must stay as they were)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One source: its tokens dataset, and with a pack mode its documents.
+struct LmDataset::Source {
+  std::unique_ptr<Dataset> dataset;
+  const TokenShardsView* view = nullptr;
+  std::vector<uint64_t> shard_first;  // per shard, its first token in the source's stream
+  std::vector<uint64_t> doc_start;    // per document, its first token in that stream
+  std::vector<uint64_t> doc_length;
+  uint64_t tokens = 0;
+};
+
+// L consecutive picks of the stream, and best_fit's rows of them.
+struct LmDataset::Group {
+  uint64_t first = 0;             // its first pick
+  std::vector<BlendPick> picks;
+  std::vector<uint64_t> prefix;   // document tokens before each pick, in the group; picks + 1
+  Packing packing;                // best_fit: pieces' `document` indexes `picks`
+};
+
+namespace {
+
+// A source's documents: a Megatron .bin's sequences (its .idx), or the tokens split after
+// each `eos`; never across a shard's end. Empty documents are left out.
+absl::Status FindDocuments(const std::vector<TokenShard>& shards,
+                           const std::vector<uint64_t>& shard_first,
+                           const std::optional<int64_t>& eos, const std::string& field,
+                           const WalkBudget& walk, std::vector<uint64_t>* start,
+                           std::vector<uint64_t>* length) {
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const TokenShard& s = shards[k];
+    if (!eos.has_value()) {
+      if (s.format != std::string("megatron")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": ", s.name, " is ", s.format,
+            " tokens, which say nowhere where a document ends: set eos_id (documents end at "
+            "that token), or give Megatron .bin/.idx pairs (their sequences are the documents)"));
+      }
+      uint64_t at = 0;
+      for (const uint32_t size : s.sequences) {
+        if (size > 0) {
+          start->push_back(shard_first[k] + at);
+          length->push_back(size);
+        }
+        at += size;
+      }
+      continue;
+    }
+    if (s.dtype == DType::kUInt16 && *eos > 0xffff) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset.eos_id: ", *eos, " is no uint16 token (",
+                                                     s.name, " holds uint16 tokens)"));
+    }
+    const uint64_t tb = DTypeSize(s.dtype);
+    constexpr uint64_t kChunk = 1 << 20;
+    std::vector<std::byte> buffer(std::min(kChunk, s.tokens) * tb);
+    uint64_t doc = 0;
+    for (uint64_t done = 0; done < s.tokens;) {
+      GPUFEED_RETURN_IF_ERROR(walk.Poll());
+      const uint64_t n = std::min(kChunk, s.tokens - done);
+      GPUFEED_RETURN_IF_ERROR(
+          s.file->ReadAt(s.data_offset + done * tb, std::span<std::byte>(buffer.data(), n * tb)));
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t v;
+        if (tb == 2) {
+          uint16_t t;
+          std::memcpy(&t, buffer.data() + i * 2, 2);
+          v = t;
+        } else {
+          uint32_t t;
+          std::memcpy(&t, buffer.data() + i * 4, 4);
+          v = t;
+        }
+        if (v == static_cast<uint64_t>(*eos)) {
+          start->push_back(shard_first[k] + doc);
+          length->push_back(done + i + 1 - doc);
+          doc = done + i + 1;
+        }
+      }
+      done += n;
+    }
+    if (doc < s.tokens) {
+      start->push_back(shard_first[k] + doc);
+      length->push_back(s.tokens - doc);
+    }
+  }
+  if (start->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": no documents (every one is empty)"));
+  }
+  return absl::OkStatus();
+}
+
+// "dataset.paths[3]: ..." of a source's open: "dataset.sources[1].paths[3]: ...".
+absl::Status OfSource(const absl::Status& s, size_t i, const std::string& name) {
+  if (s.ok()) return s;
+  std::string m(s.message());
+  const std::string field = absl::StrCat("dataset.sources[", i, "]");
+  if (absl::StartsWith(m, "dataset.paths")) {
+    m = absl::StrCat(field, m.substr(std::string("dataset").size()));
+  } else {
+    m = absl::StrCat(field, " (", name, "): ", m);
+  }
+  return absl::Status(s.code(), m);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& dataset,
+                                                           const LmSpec& lm, uint64_t seed,
+                                                           bool shuffle, FileSystem* fs) {
+  GPUFEED_RETURN_IF_ERROR(lm.Validate(dataset.kind));
+  std::unique_ptr<LmDataset> out(new LmDataset());
+  out->pack_ = lm.pack;
+  out->seq_len_ = static_cast<uint64_t>(dataset.seq_len);
+  const bool packed = lm.pack != PackMode::kNone;
+  const size_t k = std::max<size_t>(lm.sources.size(), 1);
+  const PeerCred* reader = dataset.reader.has_value() ? &*dataset.reader : nullptr;
+  const WalkBudget walk(dataset.walk, dataset.path, "finding documents in");
+  for (size_t i = 0; i < k; ++i) {
+    FileDatasetSpec spec = dataset;  // the directory, its descriptor, token_dtype, seq_len
+    spec.for_packing = packed;
+    std::string name = dataset.path;
+    if (!lm.sources.empty()) {
+      spec.paths = lm.sources[i].paths;
+      name = lm.sources[i].name.empty() ? absl::StrCat("source ", i) : lm.sources[i].name;
+    }
+    auto source = std::make_unique<Source>();
+    absl::StatusOr<std::unique_ptr<Dataset>> opened = OpenFileDataset(spec, fs, reader);
+    if (!opened.ok()) {
+      return lm.sources.empty() ? opened.status() : OfSource(opened.status(), i, name);
+    }
+    source->dataset = std::move(*opened);
+    source->view = dynamic_cast<const TokenShardsView*>(source->dataset.get());
+    if (source->view == nullptr) {
+      return absl::InternalError("a tokens dataset opened without its shards");
+    }
+    const std::vector<TokenShard>& shards = source->view->shards();
+    const uint64_t tb = DTypeSize(shards.front().dtype);
+    if (i == 0) {
+      out->token_bytes_ = tb;
+    } else if (shards.front().dtype != out->sources_.front()->view->shards().front().dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.sources[", i, "]: ", name, " holds ", DTypeName(shards.front().dtype),
+          " tokens but ", out->names_.front(), " holds ",
+          DTypeName(out->sources_.front()->view->shards().front().dtype),
+          ": every source of a blend must hold one token type"));
+    }
+    for (const TokenShard& s : shards) {
+      source->shard_first.push_back(source->tokens);
+      source->tokens += s.tokens;
+    }
+    if (packed) {
+      const std::string field = lm.sources.empty() ? std::string("dataset.path")
+                                                   : absl::StrCat("dataset.sources[", i, "]");
+      GPUFEED_RETURN_IF_ERROR(FindDocuments(shards, source->shard_first, lm.eos_id, field, walk,
+                                            &source->doc_start, &source->doc_length));
+    }
+    for (DatasetNotice& n : source->dataset->notices()) out->notices_.push_back(std::move(n));
+    out->names_.push_back(std::move(name));
+    out->sources_.push_back(std::move(source));
+  }
+
+  BlendSpec blend;
+  uint64_t tokens = 0;
+  for (const auto& s : out->sources_) {
+    blend.sizes.push_back(packed ? s->doc_start.size() : s->dataset->num_samples());
+    tokens += s->tokens;
+  }
+  blend.seed = seed;
+  blend.shuffle = shuffle;
+  const std::vector<double> weights = lm.weights();
+  if (lm.history.empty()) {
+    blend.segments.push_back({0, weights, std::vector<uint64_t>(k, 0)});
+  } else {
+    blend.segments = lm.history;
+  }
+  absl::StatusOr<std::unique_ptr<Blend>> created = Blend::Create(blend);
+  if (!created.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(lm.history.empty() ? "dataset.sources: " : "dataset.blend_history: ",
+                     created.status().message()));
+  }
+  out->blend_ = std::move(*created);
+
+  const uint64_t width = out->seq_len_ + 1;
+  const DType dtype = out->sources_.front()->view->shards().front().dtype;
+  if (!packed) {
+    for (const auto& s : out->sources_) out->rows_ += s->dataset->num_samples();
+    out->tensors_ = out->sources_.front()->dataset->tensors();
+  } else {
+    out->group_picks_ =
+        lm.pack == PackMode::kBestFit ? (lm.lookahead != 0 ? lm.lookahead : kDefaultPackLookahead)
+                                      : 1024;
+    out->rows_ = lm.pack == PackMode::kBestFit ? tokens / width
+                                               : (tokens > 0 ? (tokens - 1) / out->seq_len_ : 0);
+    out->rows_ = std::max<uint64_t>(out->rows_, 1);
+    const int64_t w = static_cast<int64_t>(width);
+    out->tensors_ = {{"tokens", dtype, {w}, width * out->token_bytes_},
+                     {"position_ids", DType::kInt32, {w}, width * 4},
+                     {"loss_mask", DType::kUInt8, {w}, width},
+                     {"cu_seqlens", DType::kInt32, {w}, width * 4}};
+  }
+  {
+    absl::MutexLock lock(&out->mu_);
+    out->stats_.source_tokens.assign(k, 0);
+  }
+  if (lm.changes_weights()) {
+    // The new weights take over at the first pick the rows before the resume have not
+    // touched; the history's blend decides where that is.
+    const __int128 row = static_cast<__int128>(std::max<int64_t>(lm.change_epoch, 0)) * out->rows_ +
+                         lm.change_samples;
+    if (row >= (__int128{1} << 62)) {
+      return absl::InvalidArgumentError("start: the resume's position is past 2^62 rows");
+    }
+    const uint64_t at = out->ChangePoint(static_cast<uint64_t>(row));
+    absl::StatusOr<BlendSpec> changed = out->blend_->WithWeightsAt(at, weights);
+    if (!changed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.sources: ", changed.status().message()));
+    }
+    GPUFEED_ASSIGN_OR_RETURN(out->blend_, Blend::Create(*std::move(changed)));
+    out->ResetCaches();
+  }
+  return out;
+}
+
+LmDataset::~LmDataset() = default;
+
+void LmDataset::ResetCaches() {
+  absl::MutexLock lock(&mu_);
+  groups_.clear();
+  group_order_.clear();
+  group_tokens_ = {0};
+  group_rows_ = {0};
+  const size_t k = stats_.source_tokens.size();
+  stats_ = Stats();
+  stats_.source_tokens.assign(k, 0);
+  absl::MutexLock chunks(&chunk_mu_);
+  chunks_.clear();
+  chunk_order_.clear();
+}
+
+BlendPick LmDataset::PickAt(uint64_t t) const {
+  const uint64_t c = t / kPickChunk;
+  std::shared_ptr<const std::vector<BlendPick>> chunk;
+  {
+    absl::MutexLock lock(&chunk_mu_);
+    if (auto it = chunks_.find(c); it != chunks_.end()) chunk = it->second;
+  }
+  if (chunk == nullptr) {
+    // Filled outside the lock (about 17 ms for 2^16 picks): two threads may fill one chunk,
+    // both the same.
+    auto fresh = std::make_shared<std::vector<BlendPick>>(kPickChunk);
+    blend_->Fill(c * kPickChunk, *fresh);
+    chunk = fresh;
+    absl::MutexLock lock(&chunk_mu_);
+    if (chunks_.emplace(c, chunk).second) {
+      chunk_order_.push_back(c);
+      if (chunk_order_.size() > kCachedChunks) {
+        chunks_.erase(chunk_order_.front());
+        chunk_order_.pop_front();
+      }
+    }
+  }
+  return (*chunk)[t % kPickChunk];
+}
+
+uint64_t LmDataset::DocLength(const BlendPick& pick) const {
+  return sources_[pick.source]->doc_length[pick.sample];
+}
+
+std::shared_ptr<const LmDataset::Group> LmDataset::GroupLocked(uint64_t g) const {
+  if (auto it = groups_.find(g); it != groups_.end()) return it->second;
+  // The groups before it first: their prefixes place this one.
+  while (group_tokens_.size() - 1 < g) GroupLocked(group_tokens_.size() - 1);
+  auto group = std::make_shared<Group>();
+  group->first = g * group_picks_;
+  group->picks.resize(group_picks_);
+  group->prefix.assign(1, 0);
+  std::vector<uint64_t> lengths;
+  lengths.reserve(group_picks_);
+  for (uint64_t j = 0; j < group_picks_; ++j) {
+    group->picks[j] = PickAt(group->first + j);
+    lengths.push_back(DocLength(group->picks[j]));
+    group->prefix.push_back(group->prefix.back() + lengths.back());
+  }
+  if (pack_ == PackMode::kBestFit) {
+    // The group is one lookahead window: PackBestFit's own grouping cuts nothing more.
+    group->packing = *PackBestFit(lengths, seq_len_, group_picks_);
+  }
+  if (group_tokens_.size() - 1 == g) {
+    group_tokens_.push_back(group_tokens_.back() + group->prefix.back());
+    const uint64_t rows = group->packing.rows();
+    group_rows_.push_back(group_rows_.back() + rows);
+    if (pack_ == PackMode::kBestFit) {
+      const PackStats s = MeasurePacking(group->packing, lengths);
+      stats_.rows += s.rows;
+      stats_.row_tokens += s.row_tokens;
+      stats_.pad_tokens += s.pad_tokens;
+      stats_.documents += s.documents;
+      stats_.truncated_documents += s.truncated_documents;
+    } else {
+      stats_.documents += group_picks_;
+    }
+    for (uint64_t j = 0; j < group_picks_; ++j) {
+      stats_.source_tokens[group->picks[j].source] += lengths[j];
+    }
+  }
+  groups_.emplace(g, group);
+  group_order_.push_back(g);
+  if (group_order_.size() > kCachedGroups) {
+    groups_.erase(group_order_.front());
+    group_order_.pop_front();
+  }
+  return group;
+}
+
+std::shared_ptr<const LmDataset::Group> LmDataset::GroupAt(uint64_t g) const {
+  absl::MutexLock lock(&mu_);
+  return GroupLocked(g);
+}
+
+uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {
+  absl::MutexLock lock(&mu_);
+  const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
+  while (starts.back() <= value) GroupLocked(starts.size() - 1);
+  return static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), value) -
+                               starts.begin()) -
+         1;
+}
+
+absl::StatusOr<std::vector<PackPiece>> LmDataset::RowPieces(uint64_t row) const {
+  std::vector<PackPiece> pieces;
+  if (pack_ == PackMode::kBestFit) {
+    const uint64_t g = GroupHolding(true, row);
+    uint64_t first_row;
+    {
+      absl::MutexLock lock(&mu_);
+      first_row = group_rows_[g];
+    }
+    std::shared_ptr<const Group> group = GroupAt(g);
+    for (const PackPiece& p : group->packing.Row(row - first_row)) {
+      pieces.push_back({group->first + p.document, p.offset, p.length});
+    }
+    return pieces;
+  }
+  // concat: the stream's tokens [row x seq_len, row x seq_len + seq_len + 1).
+  const uint64_t width = seq_len_ + 1;
+  uint64_t at = row * seq_len_;
+  uint64_t g = GroupHolding(false, at);
+  uint64_t left = width;
+  while (left > 0) {
+    uint64_t base;
+    {
+      absl::MutexLock lock(&mu_);
+      GroupLocked(g);  // known, so that its start is
+      base = group_tokens_[g];
+    }
+    std::shared_ptr<const Group> group = GroupAt(g);
+    const uint64_t local = at - base;
+    size_t j = static_cast<size_t>(
+        std::upper_bound(group->prefix.begin(), group->prefix.end(), local) - group->prefix.begin() - 1);
+    for (; j < group->picks.size() && left > 0; ++j) {
+      const uint64_t offset = at - base - group->prefix[j];
+      const uint64_t take = std::min(group->prefix[j + 1] - group->prefix[j] - offset, left);
+      pieces.push_back({group->first + j, offset, take});
+      at += take;
+      left -= take;
+    }
+    ++g;
+  }
+  return pieces;
+}
+
+uint64_t LmDataset::ChangePoint(uint64_t row) const {
+  if (pack_ == PackMode::kNone) return row;
+  if (pack_ == PackMode::kBestFit) {
+    const uint64_t g = GroupHolding(true, row);
+    absl::MutexLock lock(&mu_);
+    return group_rows_[g] == row ? g * group_picks_ : (g + 1) * group_picks_;
+  }
+  if (row == 0) return 0;
+  // The row's first token is the row before's last: the pick holding it was touched.
+  const uint64_t at = row * seq_len_;
+  const uint64_t g = GroupHolding(false, at);
+  uint64_t base;
+  {
+    absl::MutexLock lock(&mu_);
+    base = group_tokens_[g];
+  }
+  std::shared_ptr<const Group> group = GroupAt(g);
+  const size_t j = static_cast<size_t>(
+      std::upper_bound(group->prefix.begin(), group->prefix.end(), at - base) -
+      group->prefix.begin() - 1);
+  return group->first + j + 1;
+}
+
+absl::Status LmDataset::ReadPiece(const BlendPick& pick, uint64_t offset, uint64_t length,
+                                  std::byte* out) const {
+  const Source& s = *sources_[pick.source];
+  const uint64_t at = s.doc_start[pick.sample] + offset;
+  const size_t k = static_cast<size_t>(
+      std::upper_bound(s.shard_first.begin(), s.shard_first.end(), at) - s.shard_first.begin() - 1);
+  const TokenShard& shard = s.view->shards()[k];
+  return shard.file->ReadAt(shard.data_offset + (at - s.shard_first[k]) * token_bytes_,
+                            std::span<std::byte>(out, length * token_bytes_));
+}
+
+absl::Status LmDataset::ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const {
+  return ReadSampleAt(id, SampleContext{}, rows).status();
+}
+
+absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContext& context,
+                                                 std::span<const std::span<std::byte>> rows) const {
+  const __int128 at = static_cast<__int128>(std::max<int64_t>(context.epoch, 0)) * rows_ + id;
+  if (at >= (__int128{1} << 62)) {
+    return absl::OutOfRangeError("a blended feed's stream ends at 2^62 rows");
+  }
+  const uint64_t row = static_cast<uint64_t>(at);
+  if (pack_ == PackMode::kNone) {
+    const BlendPick pick = PickAt(row);
+    GPUFEED_RETURN_IF_ERROR(sources_[pick.source]->dataset->ReadSample(pick.sample, rows));
+    return pick.id;
+  }
+  GPUFEED_ASSIGN_OR_RETURN(const std::vector<PackPiece> pieces, RowPieces(row));
+  const uint64_t width = seq_len_ + 1;
+  std::byte* tokens = rows[0].data();
+  uint64_t filled = 0;
+  for (const PackPiece& p : pieces) {
+    GPUFEED_RETURN_IF_ERROR(
+        ReadPiece(PickAt(p.document), p.offset, p.length, tokens + filled * token_bytes_));
+    filled += p.length;
+  }
+  std::memset(tokens + filled * token_bytes_, 0, (width - filled) * token_bytes_);
+  std::vector<int32_t> ints(width);
+  PositionIds(pieces, ints);
+  std::memcpy(rows[1].data(), ints.data(), width * 4);
+  std::memset(rows[2].data(), 1, filled);
+  std::memset(rows[2].data() + filled, 0, width - filled);
+  const std::vector<int32_t> cu = CuSeqlens(pieces, seq_len_);
+  for (uint64_t i = 0; i < width; ++i) {
+    ints[i] = i < cu.size() ? cu[i] : static_cast<int32_t>(seq_len_);
+  }
+  std::memcpy(rows[3].data(), ints.data(), width * 4);
+  return row;
+}
+
+absl::Status LmDataset::CheckNotShrunk() const {
+  for (const auto& s : sources_) GPUFEED_RETURN_IF_ERROR(s->dataset->CheckNotShrunk());
+  return absl::OkStatus();
+}
+
+absl::Status LmDataset::CheckReadNotShrunk(std::span<const int64_t> ids) const {
+  (void)ids;  // union ids or stream rows: every source's files are checked
+  return CheckNotShrunk();
+}
+
+std::string LmDataset::Identity() const {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const Source& s = *sources_[i];
+    parts.push_back(absl::StrCat(names_[i], " ", s.dataset->ContentIdentity(), " ",
+                                 s.tokens, " tokens ", blend_->spec().sizes[i],
+                                 pack_ == PackMode::kNone ? " windows" : " documents"));
+  }
+  const BlendSegment& first = blend_->spec().segments.front();
+  return absl::StrCat(
+      absl::StrJoin(parts, " | "), "; rule ", kBlendRuleName, "; pack ", PackModeName(pack_),
+      pack_ == PackMode::kNone ? "" : absl::StrCat(" ", group_picks_),
+      "; first weights ",
+      absl::StrJoin(first.weights, ",", [](std::string* o, double w) {
+        absl::StrAppend(o, absl::StrFormat("%a", w));
+      }));
+}
+
+LmDataset::Stats LmDataset::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace gpufeed::server

@@ -1,0 +1,170 @@
+// Language-model feeds: a weighted blend of token sources, document packing, or both, served
+// as one Dataset (docs/howto/blends-and-packing.md). The order arithmetic is the sampler
+// folder's (Blend, PackBestFit); this file reads the sources' tokens by it.
+//
+// The feed's sampler walks this dataset's rows in order (no shuffle of its own: each source
+// is shuffled by its own permutation inside the blend), and row `id` of epoch e is row
+// e x num_samples() + id of one endless stream:
+// - unpacked: stream row T is blended sample T (Blend::At): one window of seq_len + 1 tokens
+//   of one source, as a plain token feed's sample; its reported id is the union id
+//   (offset_k + the source's window); num_samples() is the sources' windows together;
+// - packed: the blend's picks are documents; the stream of picks is cut into groups of
+//   `lookahead` picks (concat: 1,024), best_fit packs each group on its own (PackBestFit),
+//   concat lays the documents end to end across groups; a row's reported id is its stream
+//   row number; num_samples() is a nominal epoch, the sources' tokens / (seq_len + 1)
+//   (concat: (tokens - 1) / seq_len). Each source's documents are delivered once per that
+//   source's own epoch, across the nominal epochs' edges.
+// Packed rows carry four tensors, all of the row's width seq_len + 1 (a trainer takes
+// [:-1] of tokens, position_ids and loss_mask as inputs, [1:] of tokens as labels):
+// `tokens`, `position_ids` (int32, 0.. restarting at each piece of a document; padding counts
+// as a sequence of its own), `loss_mask` (uint8, 1 on document tokens, 0 on padding) and
+// `cu_seqlens` (int32, FlashAttention's varlen boundaries over the first seq_len tokens: 0,
+// each piece's end, then seq_len repeated to the width).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/os/file.h"
+#include "server/images/dataset.h"
+#include "server/reader/dataset.h"
+#include "server/sampler/blend.h"
+#include "server/sampler/pack.h"
+
+namespace gpufeed::server {
+
+enum class PackMode { kNone = 0, kConcat = 1, kBestFit = 2 };
+const char* PackModeName(PackMode mode);
+
+// Bounds on a request's blend (the socket is a trust boundary).
+inline constexpr size_t kMaxLmSources = 256;
+inline constexpr uint64_t kMaxPackLookahead = 1 << 16;
+
+struct LmSourceSpec {
+  // Absolute paths beneath the dataset's directory (as FileDatasetSpec::paths).
+  std::vector<std::string> paths;
+  double weight = 1.0;
+  std::string name;  // as the user named it, for messages
+};
+
+struct LmSpec {
+  // Empty: the dataset itself (its path, paths or pattern) is the only source.
+  std::vector<LmSourceSpec> sources;
+  PackMode pack = PackMode::kNone;
+  std::optional<int64_t> eos_id;
+  uint64_t lookahead = 0;  // best_fit; 0: kDefaultPackLookahead
+  // The segments of the run this one resumes (AttachResponse.blend_segments it was given).
+  std::vector<BlendSegment> history;
+  // Set by Attach from the resume's position, only where the weights differ from the
+  // history's last: the epoch and global samples at which the new weights take over.
+  int64_t change_epoch = -1;
+  uint64_t change_samples = 0;
+
+  bool active() const { return !sources.empty() || pack != PackMode::kNone; }
+  // The weights asked for, one per source (one 1.0 without sources).
+  std::vector<double> weights() const;
+  // Whether a resume changes the weights: a history whose last segment's weights differ.
+  bool changes_weights() const;
+  // A canonical text of every field (part of the feed's key).
+  std::string Canonical() const;
+  // INVALID_ARGUMENT naming the field: too many sources, a source without paths, a weight
+  // not finite or <= 0, a lookahead past kMaxPackLookahead, eos_id out of [0, 2^32) or
+  // without a pack mode, history of another source count. Before anything is opened.
+  absl::Status Validate(DatasetKind kind) const;
+};
+
+class LmDataset final : public Dataset {
+ public:
+  // Opens every source as a tokens dataset of `dataset` (its directory, token_dtype,
+  // seq_len, vocab_size), each from its own paths; with a pack mode, their documents.
+  // `seed` and `shuffle` are the feed's: each source's permutation is keyed by them.
+  static absl::StatusOr<std::unique_ptr<LmDataset>> Open(const DatasetSpec& dataset,
+                                                         const LmSpec& lm, uint64_t seed,
+                                                         bool shuffle, FileSystem* fs);
+  ~LmDataset() override;
+
+  uint64_t num_samples() const override { return rows_; }
+  const std::vector<SampleTensor>& tensors() const override { return tensors_; }
+  absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override;
+  absl::StatusOr<uint64_t> ReadSampleAt(uint64_t id, const SampleContext& context,
+                                        std::span<const std::span<std::byte>> rows) const override;
+  absl::Status CheckNotShrunk() const override;
+  absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override;
+  std::vector<DatasetNotice> notices() const override { return notices_; }
+
+  // The segments in force (AttachResponse.blend_segments).
+  const std::vector<BlendSegment>& segments() const { return blend_->spec().segments; }
+  // For the fingerprint: the sources (names, files, their identity and sizes), the pack mode,
+  // and the first segment's weights (a resume that lost its history changes them).
+  std::string Identity() const;
+
+  // What the stream packed so far holds (each group counted once, when first packed).
+  struct Stats {
+    uint64_t rows = 0, row_tokens = 0, pad_tokens = 0, documents = 0, truncated_documents = 0;
+    std::vector<uint64_t> source_tokens;  // document tokens packed, per source
+  };
+  Stats stats() const;
+  const std::vector<std::string>& source_names() const { return names_; }
+
+ private:
+  struct Source;
+  struct Group;
+  LmDataset() = default;
+
+  // Stream row `row`'s pieces; each piece's `document` is a pick (blended sample) index.
+  absl::StatusOr<std::vector<PackPiece>> RowPieces(uint64_t row) const;
+  BlendPick PickAt(uint64_t t) const;
+  uint64_t DocLength(const BlendPick& pick) const;
+  // Groups 0.. known up to the one holding stream token `token` (concat) or row `row`.
+  // Group g, packed (cached); its entries of group_tokens_/group_rows_ known.
+  std::shared_ptr<const Group> GroupAt(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<const Group> GroupLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Extends the known groups until group_tokens_ (by_rows: group_rows_) passes `value`;
+  // returns the group holding it (the last whose start is <= value).
+  uint64_t GroupHolding(bool by_rows, uint64_t value) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReadPiece(const BlendPick& pick, uint64_t offset, uint64_t length,
+                         std::byte* out) const;
+  // The pick at which new weights may start for a resume at stream row `row`: the first the
+  // rows before it have not touched.
+  uint64_t ChangePoint(uint64_t row) const;
+  void ResetCaches();
+
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::vector<std::string> names_;
+  std::unique_ptr<Blend> blend_;
+  PackMode pack_ = PackMode::kNone;
+  uint64_t seq_len_ = 0;
+  uint64_t group_picks_ = 0;  // picks per group (packed)
+  uint64_t token_bytes_ = 2;
+  uint64_t rows_ = 0;  // num_samples(): one nominal epoch
+  std::vector<SampleTensor> tensors_;
+  std::vector<DatasetNotice> notices_;
+
+  static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
+  static constexpr size_t kCachedChunks = 8;
+  static constexpr size_t kCachedGroups = 32;
+  // Lock order: mu_ before chunk_mu_ (extending the groups reads picks).
+  mutable absl::Mutex mu_;
+  mutable absl::Mutex chunk_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const std::vector<BlendPick>>> chunks_
+      ABSL_GUARDED_BY(chunk_mu_);
+  mutable std::list<uint64_t> chunk_order_ ABSL_GUARDED_BY(chunk_mu_);
+  mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const Group>> groups_ ABSL_GUARDED_BY(mu_);
+  mutable std::list<uint64_t> group_order_ ABSL_GUARDED_BY(mu_);
+  // Per known group g: the stream tokens and (best_fit) rows before it; one more entry than
+  // groups known.
+  mutable std::vector<uint64_t> group_tokens_ ABSL_GUARDED_BY(mu_) = {0};
+  mutable std::vector<uint64_t> group_rows_ ABSL_GUARDED_BY(mu_) = {0};
+  mutable Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gpufeed::server

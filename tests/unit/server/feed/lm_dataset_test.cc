@@ -1,0 +1,364 @@
+// LmDataset: a blend of token sources and document packing read as one dataset. The order
+// arithmetic (Blend, PackBestFit) has its own tests; these check what is read by it: the
+// union ids and window bytes of a blend, every document token once in packed rows, the
+// per-row tensors, a resume that changes the weights, and the refusals.
+#include "server/feed/lm_dataset.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/feed/feed.h"
+#include "tests/testing/temp_dir.h"
+
+namespace gpufeed::server {
+namespace {
+
+using ::gpufeed::testing::TempDir;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kEos = 0xffffffffu;
+
+std::string U32(const std::vector<uint32_t>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+// Source k's token at place p of its stream: (k + 1) << 24 | p (never kEos).
+uint32_t TokenOf(int k, uint64_t p) { return (uint32_t(k + 1) << 24) | uint32_t(p); }
+
+// A raw uint32 file of `n` tokens of source k.
+std::string WindowFile(int k, uint64_t n) {
+  std::vector<uint32_t> v(n);
+  for (uint64_t p = 0; p < n; ++p) v[p] = TokenOf(k, p);
+  return U32(v);
+}
+
+// Documents of the given lengths (each ending in kEos), tokens (k + 1) << 24 | doc << 12 | i.
+std::string DocumentFile(int k, const std::vector<uint32_t>& lengths) {
+  std::vector<uint32_t> v;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    for (uint32_t i = 0; i + 1 < lengths[d]; ++i) {
+      v.push_back((uint32_t(k + 1) << 28) | (uint32_t(d) << 12) | i);
+    }
+    v.push_back(kEos);
+  }
+  return U32(v);
+}
+
+DatasetSpec Tokens(const std::string& dir, int64_t seq_len) {
+  DatasetSpec spec;
+  spec.kind = DatasetKind::kTokens;
+  spec.path = dir;
+  spec.token_dtype = DType::kUInt32;
+  spec.seq_len = seq_len;
+  return spec;
+}
+
+struct Row {
+  uint64_t id = 0;
+  std::vector<uint32_t> tokens;
+  std::vector<int32_t> position_ids;
+  std::vector<uint8_t> loss_mask;
+  std::vector<int32_t> cu_seqlens;
+};
+
+Row ReadRow(const LmDataset& d, uint64_t id, int64_t epoch = 0) {
+  const uint64_t width = d.tensors().front().shape.front();
+  Row r;
+  r.tokens.resize(width);
+  std::vector<std::span<std::byte>> rows;
+  rows.emplace_back(reinterpret_cast<std::byte*>(r.tokens.data()), width * 4);
+  if (d.tensors().size() == 4) {
+    r.position_ids.resize(width);
+    r.loss_mask.resize(width);
+    r.cu_seqlens.resize(width);
+    rows.emplace_back(reinterpret_cast<std::byte*>(r.position_ids.data()), width * 4);
+    rows.emplace_back(reinterpret_cast<std::byte*>(r.loss_mask.data()), width);
+    rows.emplace_back(reinterpret_cast<std::byte*>(r.cu_seqlens.data()), width * 4);
+  }
+  absl::StatusOr<uint64_t> got = d.ReadSampleAt(id, SampleContext{0, epoch}, rows);
+  EXPECT_TRUE(got.ok()) << got.status();
+  r.id = got.ok() ? *got : ~uint64_t{0};
+  return r;
+}
+
+// A blend of three sources of windows: union ids in Blend's order, each row the source's
+// window, the realised shares within 1 % of the weights at every 1,000-row prefix.
+TEST(LmDatasetTest, ABlendReadsEachSourcesWindowInBlendOrder) {
+  TempDir dir;
+  const int64_t seq_len = 8;
+  const uint64_t tokens[] = {40001, 24001, 16001};  // 5000, 3000, 2000 windows
+  LmSpec lm;
+  const double weights[] = {0.5, 0.3, 0.2};
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = absl::StrCat("s", k, ".bin");
+    dir.WriteFile(name, WindowFile(k, tokens[k]));
+    lm.sources.push_back({{dir.Join(name)}, weights[k], name});
+  }
+  absl::StatusOr<std::unique_ptr<LmDataset>> d =
+      LmDataset::Open(Tokens(dir.path(), seq_len), lm, 7, true, PosixFileSystem());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->num_samples(), 10000u);
+  ASSERT_EQ((*d)->segments().size(), 1u);
+
+  BlendSpec reference{{5000, 3000, 2000}, 7, true, {{0, {0.5, 0.3, 0.2}, {0, 0, 0}}}};
+  std::unique_ptr<Blend> blend = *Blend::Create(reference);
+  uint64_t counts[3] = {0, 0, 0};
+  for (uint64_t t = 0; t < 12000; ++t) {  // into the second nominal epoch
+    const Row r = ReadRow(**d, t % 10000, static_cast<int64_t>(t / 10000));
+    const BlendPick pick = blend->At(t);
+    ASSERT_EQ(r.id, pick.id) << "row " << t;
+    for (int64_t i = 0; i <= seq_len; ++i) {
+      ASSERT_EQ(r.tokens[i], TokenOf(pick.source, pick.sample * seq_len + i)) << "row " << t;
+    }
+    ++counts[pick.source];
+    if ((t + 1) % 1000 == 0) {
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_NEAR(double(counts[k]) / double(t + 1), weights[k], 0.01) << "prefix " << t + 1;
+      }
+    }
+  }
+}
+
+// Best-fit packing of documents split at eos_id: over the rows that cover the source's first
+// epoch (the lookahead divides the documents), every document token comes exactly once;
+// position_ids restart at each piece, loss_mask marks the tokens, cu_seqlens the pieces.
+TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
+  TempDir dir;
+  std::mt19937_64 rng(3);
+  std::lognormal_distribution<double> length(3.5, 1.0);
+  std::vector<uint32_t> lengths(256);
+  uint64_t total = 0;
+  for (uint32_t& n : lengths) {
+    n = static_cast<uint32_t>(std::clamp(length(rng), 1.0, 400.0));
+    total += n;
+  }
+  dir.WriteFile("docs.bin", DocumentFile(0, lengths));
+  for (const PackMode mode : {PackMode::kBestFit, PackMode::kConcat}) {
+    SCOPED_TRACE(PackModeName(mode));
+    LmSpec lm;
+    lm.pack = mode;
+    lm.eos_id = kEos;
+    if (mode == PackMode::kBestFit) lm.lookahead = 64;  // 4 groups make the epoch
+    const int64_t seq_len = 63;
+    absl::StatusOr<std::unique_ptr<LmDataset>> d = LmDataset::Open(
+        Tokens(dir.Join("docs.bin"), seq_len), lm, 11, true, PosixFileSystem());
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_EQ((*d)->tensors().size(), 4u);
+    // Each (document, place) delivered, counted; eos tokens by their document.
+    std::map<std::pair<uint32_t, uint32_t>, int> seen;
+    uint64_t delivered = 0, eos = 0, overshoot = 0;
+    for (uint64_t id = 0; delivered < total; ++id) {
+      ASSERT_LT(id, 10 * (*d)->num_samples());
+      const Row r = ReadRow(**d, id % (*d)->num_samples(), static_cast<int64_t>(id / (*d)->num_samples()));
+      EXPECT_EQ(r.id, id);
+      // concat rows share their first token with the row before: count it there only.
+      const size_t from = (mode == PackMode::kConcat && id > 0) ? 1 : 0;
+      int32_t expect_position = 0;
+      std::vector<int32_t> cu = {0};
+      for (size_t i = 0; i < r.tokens.size(); ++i) {
+        if (r.loss_mask[i] == 0) {
+          ASSERT_EQ(r.tokens[i], 0u) << "padding at " << i << " of row " << id;
+          continue;
+        }
+        if (r.position_ids[i] == 0) {
+          if (i > 0) cu.push_back(static_cast<int32_t>(i));
+          expect_position = 0;
+        }
+        ASSERT_EQ(r.position_ids[i], expect_position++) << "row " << id << " token " << i;
+        if (i < from) continue;
+        if (delivered == total) {
+          ++overshoot;
+          continue;
+        }
+        ++delivered;
+        if (r.tokens[i] == kEos) {
+          ++eos;
+        } else {
+          ++seen[{(r.tokens[i] >> 12) & 0xffff, r.tokens[i] & 0xfff}];
+        }
+      }
+      // cu_seqlens: 0, each piece's end within the first seq_len tokens, then seq_len.
+      std::vector<int32_t> want;
+      for (int32_t c : cu) {
+        if (c < seq_len) want.push_back(c);
+      }
+      for (size_t i = 1; i < r.cu_seqlens.size(); ++i) {
+        ASSERT_GE(r.cu_seqlens[i], r.cu_seqlens[i - 1]) << "row " << id;
+      }
+      EXPECT_EQ(r.cu_seqlens[0], 0);
+      EXPECT_EQ(r.cu_seqlens.back(), seq_len);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(r.cu_seqlens[i], want[i]) << "row " << id;
+    }
+    EXPECT_EQ(delivered, total);
+    EXPECT_EQ(eos, lengths.size());
+    // best_fit's groups end where the epoch does (64 divides 256): its rows too.
+    if (mode == PackMode::kBestFit) {
+      EXPECT_EQ(overshoot, 0u);
+    }
+    // Every non-eos token of every document exactly once.
+    for (uint32_t doc = 0; doc < lengths.size(); ++doc) {
+      for (uint32_t i = 0; i + 1 < lengths[doc]; ++i) {
+        EXPECT_EQ((seen[{doc, i}]), 1) << "document " << doc << " token " << i;
+      }
+    }
+  }
+}
+
+// A Megatron .bin's .idx sequences are the documents when no eos_id is given; a raw file
+// without eos_id is refused, naming the way out.
+TEST(LmDatasetTest, DocumentsComeFromMegatronIdxOrEosAndNothingElse) {
+  TempDir dir;
+  dir.WriteFile("raw.bin", WindowFile(0, 1000));
+  LmSpec lm;
+  lm.pack = PackMode::kBestFit;
+  absl::StatusOr<std::unique_ptr<LmDataset>> raw =
+      LmDataset::Open(Tokens(dir.Join("raw.bin"), 15), lm, 1, true, PosixFileSystem());
+  ASSERT_FALSE(raw.ok());
+  EXPECT_EQ(raw.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(raw.status().message(), HasSubstr("set eos_id"));
+  EXPECT_THAT(raw.status().message(), HasSubstr("Megatron .bin/.idx"));
+
+  // Megatron: version 1, dtype 4 (int32), 3 sequences of 5, 0 (left out) and 7 tokens.
+  std::string idx("MMIDIDX\0\0", 9);
+  auto put = [&idx](const void* p, size_t n) { idx.append(static_cast<const char*>(p), n); };
+  const uint64_t version = 1, sequences = 3, documents = 4;
+  put(&version, 8);
+  idx.push_back(4);
+  put(&sequences, 8);
+  put(&documents, 8);
+  for (int32_t s : {5, 0, 7}) put(&s, 4);
+  for (int64_t o : {0, 20, 20}) put(&o, 8);
+  for (int64_t doc : {0, 1, 2, 3}) put(&doc, 8);
+  dir.WriteFile("m.idx", idx);
+  dir.WriteFile("m.bin", WindowFile(1, 12));
+  DatasetSpec spec = Tokens(dir.path(), 15);
+  spec.paths = {dir.Join("m.bin")};
+  lm.lookahead = 2;  // one group: the two documents
+  spec.token_dtype = DType::kUnspecified;
+  absl::StatusOr<std::unique_ptr<LmDataset>> m =
+      LmDataset::Open(spec, lm, 1, false, PosixFileSystem());
+  ASSERT_TRUE(m.ok()) << m.status();
+  // One row of 16: the 7 and the 5 (longest first), then 4 padding.
+  const Row r = ReadRow(**m, 0);
+  // The padding counts as a sequence of its own (PositionIds).
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 0, 1, 2, 3};
+  EXPECT_EQ(r.position_ids, positions);
+  EXPECT_EQ(r.tokens[0], TokenOf(1, 5));
+  EXPECT_EQ(r.tokens[7], TokenOf(1, 0));
+  EXPECT_EQ(r.tokens[12], 0u);
+  EXPECT_EQ(std::count(r.loss_mask.begin(), r.loss_mask.end(), 1), 12);
+  const std::vector<int32_t> cu = {0, 7, 12, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+  EXPECT_EQ(r.cu_seqlens, cu);
+}
+
+// Weights changed at a resume: the rows before it are the old run's, the new weights start at
+// the first pick those rows left untouched, each source carrying on from its ledger.
+TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {
+  TempDir dir;
+  std::mt19937_64 rng(5);
+  LmSpec lm;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<uint32_t> lengths(300);
+    for (uint32_t& n : lengths) n = 1 + static_cast<uint32_t>(rng() % 90);
+    const std::string name = absl::StrCat("d", k, ".bin");
+    dir.WriteFile(name, DocumentFile(k, lengths));
+    lm.sources.push_back({{dir.Join(name)}, k == 0 ? 0.7 : 0.3, name});
+  }
+  lm.eos_id = kEos;
+  for (const PackMode mode : {PackMode::kNone, PackMode::kBestFit, PackMode::kConcat}) {
+    SCOPED_TRACE(PackModeName(mode));
+    lm.pack = mode;
+    lm.eos_id = mode == PackMode::kNone ? std::nullopt : std::optional<int64_t>(kEos);
+    lm.lookahead = mode == PackMode::kBestFit ? 32 : 0;
+    lm.history.clear();
+    std::unique_ptr<LmDataset> old =
+        *LmDataset::Open(Tokens(dir.path(), 31), lm, 9, true, PosixFileSystem());
+    LmSpec resumed = lm;
+    resumed.history = old->segments();
+    resumed.sources[0].weight = 0.2;
+    resumed.sources[1].weight = 0.8;
+    ASSERT_TRUE(resumed.changes_weights());
+    for (const uint64_t at : {uint64_t{0}, uint64_t{37}, uint64_t{150}}) {
+      resumed.change_epoch = 0;
+      resumed.change_samples = at;
+      absl::StatusOr<std::unique_ptr<LmDataset>> now =
+          LmDataset::Open(Tokens(dir.path(), 31), resumed, 9, true, PosixFileSystem());
+      ASSERT_TRUE(now.ok()) << now.status();
+      const std::vector<BlendSegment>& segments = (*now)->segments();
+      ASSERT_EQ(segments.size(), at == 0 ? 1u : 2u) << "resume at " << at;
+      EXPECT_EQ(segments.back().weights, (std::vector<double>{0.2, 0.8}));
+      if (mode == PackMode::kNone) {
+        EXPECT_EQ(segments.back().start, at);
+      }
+      if (mode == PackMode::kBestFit) {
+        EXPECT_EQ(segments.back().start % 32, 0u);
+      }
+      for (uint64_t row = 0; row < at; ++row) {
+        const Row a = ReadRow(*old, row), b = ReadRow(**now, row);
+        ASSERT_EQ(a.tokens, b.tokens) << "row " << row << " of a resume at " << at;
+        ASSERT_EQ(a.id, b.id);
+      }
+    }
+  }
+  // A resume that lost its history shows in the fingerprint's first weights.
+  LmSpec forgot = lm;
+  forgot.sources[0].weight = 0.2;
+  forgot.sources[1].weight = 0.8;
+  const std::string before =
+      (*LmDataset::Open(Tokens(dir.path(), 31), lm, 9, true, PosixFileSystem()))->Identity();
+  const std::string after =
+      (*LmDataset::Open(Tokens(dir.path(), 31), forgot, 9, true, PosixFileSystem()))->Identity();
+  EXPECT_NE(before, after);
+}
+
+TEST(LmDatasetTest, RefusesWhatCannotBeServedNamingTheField) {
+  TempDir dir;
+  dir.WriteFile("a.bin", WindowFile(0, 100));
+  LmSpec lm;
+  lm.sources.push_back({{dir.Join("a.bin")}, 0.5, "a"});
+  lm.sources.push_back({{}, 0.5, "/data/none/*.bin"});
+  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+              HasSubstr("dataset.sources[1].paths: empty (/data/none/*.bin names no file)"));
+  lm.sources[1] = {{dir.Join("a.bin")}, -1, "b"};
+  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+              HasSubstr("dataset.sources[1].weight: must be finite and > 0, got -1 (b)"));
+  lm.sources[1].weight = 1;
+  EXPECT_THAT(lm.Validate(DatasetKind::kImageFolder).message(),
+              HasSubstr("for kind tokens only"));
+  lm.eos_id = 3;
+  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+              HasSubstr("dataset.eos_id: documents are for packing"));
+  lm.pack = PackMode::kConcat;
+  lm.lookahead = 8;
+  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+              HasSubstr("dataset.pack_lookahead: only for pack best_fit"));
+  lm.lookahead = 0;
+  lm.history.push_back({0, {1.0}, {0}});
+  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+              HasSubstr("dataset.blend_history[0]: 1 weights and 1 ledger counts for 2 sources"));
+
+  // An eos_id no uint16 token can be.
+  TempDir two;
+  std::vector<uint16_t> small(100, 7);
+  two.WriteFile("b.bin", std::string(reinterpret_cast<const char*>(small.data()), 200));
+  DatasetSpec spec = Tokens(two.Join("b.bin"), 7);
+  spec.token_dtype = DType::kUInt16;
+  LmSpec packed;
+  packed.pack = PackMode::kBestFit;
+  packed.eos_id = 70000;
+  absl::StatusOr<std::unique_ptr<LmDataset>> wide =
+      LmDataset::Open(spec, packed, 1, true, PosixFileSystem());
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(wide.status().message(), HasSubstr("dataset.eos_id: 70000 is no uint16 token"));
+}
+
+}  // namespace
+}  // namespace gpufeed::server

@@ -1,6 +1,7 @@
 // The C ABI over the C++ client: every failure becomes a code plus a thread-local message.
 #include "gpufeed/gpufeed.h"
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -14,6 +15,9 @@ struct gpufeed_options {
 struct gpufeed_session {
   std::unique_ptr<gpufeed::client::Session> session;
   std::string fingerprint;  // the feed's, from Attach
+  // gpufeed_session_blend_segments_json's last answer (the segments may change at a
+  // re-attach, which Next does).
+  std::string blend_segments_json;
 };
 
 struct gpufeed_batch {
@@ -96,6 +100,17 @@ gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* 
     o.augment = value;
   } else if (k == "start_fingerprint") {
     o.start.fingerprint = value;
+  } else if (k == "pack") {
+    // Checked here, where the key is set, as well as at gpufeed_attach.
+    const std::string v = value;
+    if (v != "none" && v != "concat" && v != "best_fit") {
+      return Invalid(absl::StrCat("pack: want none, concat or best_fit, got '", v, "'"));
+    }
+    o.pack = v;
+  } else if (k == "blend_history_json") {
+    auto segments = gpufeed::client::ParseBlendSegmentsJson(value);
+    if (!segments.ok()) return Fail(segments.status());
+    o.blend_history = std::move(*segments);
   } else if (k == "elastic") {
     // Checked here, where the key is set, as well as at gpufeed_attach.
     if (std::string(value) != "global_batch" && std::string(value) != "rank_batch") {
@@ -120,6 +135,19 @@ gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* n
 gpufeed_status gpufeed_options_add_dataset_path(gpufeed_options* options, const char* path) {
   if (options == nullptr || path == nullptr) return Invalid("options and path must not be NULL");
   options->attach.dataset_paths.emplace_back(path);
+  return Ok();
+}
+
+gpufeed_status gpufeed_options_add_blend_source(gpufeed_options* options, const char* name,
+                                                double weight) {
+  if (options == nullptr || name == nullptr) return Invalid("options and name must not be NULL");
+  auto& blend = options->attach.blend;
+  // Checked here as well as at gpufeed_attach, in the same words.
+  if (!(std::isfinite(weight) && weight > 0)) {
+    return Invalid(absl::StrCat("blend[", blend.size(), "] '", name,
+                                "': weight must be > 0 and finite, got ", weight));
+  }
+  blend.push_back({name, weight});
   return Ok();
 }
 
@@ -156,6 +184,10 @@ gpufeed_status gpufeed_options_set_int(gpufeed_options* options, const char* key
     o.start.samples = value;
   } else if (k == "stop_epoch") {
     o.stop_epoch = value;
+  } else if (k == "eos_id") {
+    o.eos_id = value;
+  } else if (k == "pack_lookahead") {
+    o.pack_lookahead = value;
   } else if (k == "rpc_timeout_ms") {
     o.rpc_timeout = absl::Milliseconds(value);
   } else if (k == "reconnect_timeout_ms") {
@@ -180,7 +212,7 @@ gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** 
   auto session = gpufeed::client::Session::Attach(options->attach);
   if (!session.ok()) return Fail(session.status());
   std::string fingerprint = (*session)->position().fingerprint;
-  *out_session = new gpufeed_session{std::move(*session), std::move(fingerprint)};
+  *out_session = new gpufeed_session{std::move(*session), std::move(fingerprint), ""};
   return Ok();
 }
 
@@ -240,6 +272,17 @@ gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** 
     return Invalid("session and out_fingerprint must not be NULL");
   }
   *out_fingerprint = session->fingerprint.c_str();
+  return Ok();
+}
+
+gpufeed_status gpufeed_session_blend_segments_json(gpufeed_session* session,
+                                                   const char** out_json) {
+  if (session == nullptr || out_json == nullptr) {
+    return Invalid("session and out_json must not be NULL");
+  }
+  session->blend_segments_json =
+      gpufeed::client::BlendSegmentsJson(session->session->blend_segments());
+  *out_json = session->blend_segments_json.c_str();
   return Ok();
 }
 

@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Attach(const AttachOptions& gi
 
 absl::StatusOr<Batch> Session::Next(absl::Duration timeout) { return core_->Next(timeout); }
 Position Session::position() const { return core_->position(); }
+std::vector<BlendSegment> Session::blend_segments() const { return core_->blend_segments(); }
 absl::StatusOr<Position> Session::DaemonPosition() { return core_->DaemonPosition(); }
 int64_t Session::rejected_releases() const { return core_->rejected(); }
 bool Session::reconnecting() const { return core_->reconnecting(); }

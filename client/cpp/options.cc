@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/blend.h"
 #include "client/cpp/pipeline_json.h"
 #include "common/shard_list.h"
 #include "common/status.h"
@@ -111,6 +112,8 @@ absl::StatusOr<AttachPlan> AttachPlanFromOptions(const AttachOptions& o) {
   if (!o.arrays.empty() && o.kind != "records") {
     return absl::InvalidArgumentError(absl::StrCat("arrays: only for kind records, not ", o.kind));
   }
+  // Before the dataset's own checks: a blend given with a dataset names both.
+  GPUFEED_RETURN_IF_ERROR(BlendInto(o, d));
   if (!o.dataset_paths.empty()) {
     if (o.kind != "tokens" && o.kind != "webdataset") {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/cpp/blend.h"
 #include "client/cpp/options.h"
 #include "client/cpp/rpc.h"
 #include "common/os/file.h"
@@ -53,32 +54,45 @@ std::string CommonDir(const std::string& a, const std::string& b) {
   return end == 0 ? "/" : a.substr(0, end);
 }
 
-// An explicit list (DatasetSpec.paths): each file opened with this process's rights and
-// checked a regular file (one it cannot read is refused, named), its path made real (links
-// resolved: gpufeedd follows none beneath the directory passed), and their deepest common
-// directory returned, which this process then passes.
+// An explicit list (DatasetSpec.paths), or a blend's files (every source's paths): each
+// file opened with this process's rights and checked a regular file (one it cannot read is
+// refused, named), its path made real (links resolved: gpufeedd follows none beneath the
+// directory passed), and their deepest common directory returned, which this process then
+// passes.
 absl::StatusOr<std::string> RealListedFiles(v1::DatasetSpec* dataset) {
   std::string common;
-  for (int i = 0; i < dataset->paths_size(); ++i) {
-    const std::string p = dataset->paths(i);
-    const std::string field = absl::StrCat("dataset.paths[", i, "]");
-    UniqueFd fd(::open(p.c_str(), kDatasetOpenFlags));
+  bool first = true;
+  // `field` names the entry in errors: "dataset.paths[3]", "blend[1] '/data/code/*.bin'".
+  auto real = [&](std::string* p, const std::string& field) -> absl::Status {
+    UniqueFd fd(::open(p->c_str(), kDatasetOpenFlags));
     if (!fd.valid()) {
       const int error = errno;
       return ErrnoToStatus(error,
                            absl::StrCat("attach: ", field, ": this process (uid ", ::geteuid(),
-                                        ") cannot open ", p, " (errno ", error, ")"));
+                                        ") cannot open ", *p, " (errno ", error, ")"));
     }
-    absl::Status kind = CheckFileKind(fd.get(), FileKind::kRegular, p, field).status();
+    absl::Status kind = CheckFileKind(fd.get(), FileKind::kRegular, *p, field).status();
     if (!kind.ok()) return Annotate(kind, "attach");
-    char real[PATH_MAX];
-    if (::realpath(p.c_str(), real) == nullptr) {
-      return ErrnoToStatus(errno, absl::StrCat("attach: ", field, ": resolving ", p));
+    char resolved[PATH_MAX];
+    if (::realpath(p->c_str(), resolved) == nullptr) {
+      return ErrnoToStatus(errno, absl::StrCat("attach: ", field, ": resolving ", *p));
     }
-    const std::string path = real;
-    const std::string dir = path.rfind('/') == 0 ? "/" : DirOf(path);
-    common = i == 0 ? dir : CommonDir(common, dir);
-    dataset->set_paths(i, path);
+    *p = resolved;
+    const std::string dir = p->rfind('/') == 0 ? "/" : DirOf(*p);
+    common = first ? dir : CommonDir(common, dir);
+    first = false;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < dataset->paths_size(); ++i) {
+    GPUFEED_RETURN_IF_ERROR(
+        real(dataset->mutable_paths(i), absl::StrCat("dataset.paths[", i, "]")));
+  }
+  for (int k = 0; k < dataset->sources_size(); ++k) {
+    v1::BlendSource* source = dataset->mutable_sources(k);
+    const std::string field = absl::StrCat("blend[", k, "] '", source->name(), "'");
+    for (int i = 0; i < source->paths_size(); ++i) {
+      GPUFEED_RETURN_IF_ERROR(real(source->mutable_paths(i), field));
+    }
   }
   return common;
 }
@@ -187,6 +201,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
       return absl::FailedPreconditionError(
           "re-attach: gpufeedd came back with another feed or slot layout than the session's");
     }
+    GPUFEED_RETURN_IF_ERROR(KeepBlendSegments(request, response));
     session_id_ = response.session_id();
     token_ = response.token();
     steps_per_epoch_ = response.steps_per_epoch();
@@ -206,6 +221,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
     mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(response.mem_socket()));
     return SessionInfo{};
   }
+  GPUFEED_RETURN_IF_ERROR(KeepBlendSegments(request, response));
   session_id_ = response.session_id();
   token_ = response.token();
   steps_per_epoch_ = response.steps_per_epoch();
@@ -243,6 +259,7 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   layout_ = info.layout;
   info.decode = response.decode();
   info.augment = response.augment();
+  info.blend_segments = blend_segments();
   // Bounded as everything taken from the socket: a few notices of one line each.
   for (const v1::DatasetNotice& n : response.notices()) {
     if (info.notices.size() == kMaxNotices) break;
@@ -271,10 +288,30 @@ absl::StatusOr<SessionInfo> SessionCore::AttachWith(v1::AttachRequest request, b
   return info;
 }
 
+absl::Status SessionCore::KeepBlendSegments(const v1::AttachRequest& request,
+                                            const v1::AttachResponse& response) {
+  GPUFEED_ASSIGN_OR_RETURN(
+      std::vector<BlendSegment> segments,
+      BlendSegmentsFromReply(response.blend_segments(), request.dataset().sources_size(),
+                             request.dataset().blend_history_size()));
+  // A re-attach (the daemon restarted) resumes the blend as the daemon last reported it: with
+  // the weights unchanged, no new segment.
+  BlendHistoryInto(segments, request_.mutable_dataset());
+  absl::MutexLock lock(&mu_);
+  blend_segments_ = std::move(segments);
+  return absl::OkStatus();
+}
+
+std::vector<BlendSegment> SessionCore::blend_segments() const {
+  absl::MutexLock lock(&mu_);
+  return blend_segments_;
+}
+
 absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   v1::DatasetSpec* dataset = request->mutable_dataset();
   const std::string given = dataset->path();
-  const bool listed = dataset->paths_size() > 0;  // an explicit list: `path` is set below
+  // An explicit list or a blend's files: `path` is set below.
+  const bool listed = dataset->paths_size() > 0 || dataset->sources_size() > 0;
   // A relative path is the daemon's to refuse (dataset.path must be absolute).
   if (!listed && (given.empty() || given[0] != '/')) return absl::OkStatus();
 

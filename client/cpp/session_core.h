@@ -99,6 +99,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   static absl::Status WaitReady(const RingMapping* ring, int32_t slot, void* stream);
 
   Position position() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A blend's segments as the daemon last reported them (AttachResponse.blend_segments).
+  std::vector<BlendSegment> blend_segments() const ABSL_LOCKS_EXCLUDED(mu_);
   // A re-attach is under way (Next's thread): Next returned DEADLINE_EXCEEDED while the
   // daemon was away; the next call goes on re-attaching, within reconnect_timeout.
   bool reconnecting() const { return reconnecting_.load(); }
@@ -114,6 +116,10 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // Sends `request` (PassDataset first) and takes the reply: the first time (`again` false)
   // it sets the layout, later it checks the daemon came back with the same one.
   absl::StatusOr<SessionInfo> AttachWith(v1::AttachRequest request, bool again);
+  // Checks the blend segments of `response` (to `request`) and keeps them: blend_segments_,
+  // and request_'s blend_history for a re-attach.
+  absl::Status KeepBlendSegments(const v1::AttachRequest& request,
+                                 const v1::AttachResponse& response) ABSL_LOCKS_EXCLUDED(mu_);
   // rpc_timeout, or while re-attaching what is left of reconnect_timeout if less.
   absl::Duration CallTimeout() const;
   // One attempt: attach at position_, map the new ring, open its stream (ReattachSteps);
@@ -135,7 +141,8 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   const absl::Duration rpc_timeout_;
   const absl::Duration reconnect_timeout_;
   const absl::Duration keepalive_;
-  v1::AttachRequest request_;  // the first Attach's, dataset handle cleared
+  // The first Attach's, dataset handle cleared, blend_history the last attach's segments.
+  v1::AttachRequest request_;
   int64_t stop_epoch_ = 0;
 
   // Set by Attach, MapRing and OpenStream before the reader starts; read-only afterwards,
@@ -188,6 +195,9 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   absl::Status end_ ABSL_GUARDED_BY(mu_);  // not OK once the stream is over
   Position position_ ABSL_GUARDED_BY(mu_);
+  // A blend's segments from the last attach; each attach also puts them in request_'s
+  // blend_history, so that a re-attach resumes the blend the daemon last reported.
+  std::vector<BlendSegment> blend_segments_ ABSL_GUARDED_BY(mu_);
   int64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rejection_ ABSL_GUARDED_BY(mu_);
   bool detached_ ABSL_GUARDED_BY(mu_) = false;

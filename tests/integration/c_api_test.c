@@ -77,6 +77,47 @@ int main(int argc, char** argv) {
   CHECK(gpufeed_options_set_string(options, "no_such_key", "x") == GPUFEED_INVALID_ARGUMENT,
         "unknown key accepted");
   CHECK(strstr(gpufeed_last_error(), "no_such_key") != NULL, "message: %s", gpufeed_last_error());
+
+  /* A blend and a pack mode: keys checked where they are set, then the sources expanded at
+   * attach, before anything is sent (a source of no file is refused naming it). */
+  gpufeed_options* blend = NULL;
+  CHECK(gpufeed_options_create(&blend) == GPUFEED_OK, "options");
+  CHECK(gpufeed_options_set_string(blend, "pack", "fit") == GPUFEED_INVALID_ARGUMENT,
+        "pack fit accepted");
+  CHECK(strcmp(gpufeed_last_error(), "pack: want none, concat or best_fit, got 'fit'") == 0,
+        "message: %s", gpufeed_last_error());
+  CHECK(gpufeed_options_set_string(blend, "pack", "best_fit") == GPUFEED_OK, "pack best_fit");
+  CHECK(gpufeed_options_set_int(blend, "eos_id", 50256) == GPUFEED_OK, "eos_id");
+  CHECK(gpufeed_options_set_int(blend, "pack_lookahead", 64) == GPUFEED_OK, "pack_lookahead");
+  CHECK(gpufeed_options_add_blend_source(blend, "/nonexistent/web/", -1) ==
+            GPUFEED_INVALID_ARGUMENT,
+        "weight -1 accepted");
+  CHECK(strcmp(gpufeed_last_error(),
+               "blend[0] '/nonexistent/web/': weight must be > 0 and finite, got -1") == 0,
+        "message: %s", gpufeed_last_error());
+  CHECK(gpufeed_options_set_string(blend, "blend_history_json",
+                                   "[{\"start\": 0, \"weights\": [1]}]") ==
+            GPUFEED_INVALID_ARGUMENT,
+        "a segment without a ledger accepted");
+  CHECK(strcmp(gpufeed_last_error(), "blend_history[0]: no 'ledger'") == 0, "message: %s",
+        gpufeed_last_error());
+  CHECK(gpufeed_options_set_string(blend, "blend_history_json",
+                                   "[{\"start\": 0, \"weights\": [1], \"ledger\": [0]}]") ==
+            GPUFEED_OK,
+        "blend_history_json: %s", gpufeed_last_error());
+  CHECK(gpufeed_options_add_blend_source(blend, "/nonexistent/web/", 0.7) == GPUFEED_OK,
+        "blend source: %s", gpufeed_last_error());
+  gpufeed_options_set_string(blend, "socket", argv[1]);
+  gpufeed_options_set_int(blend, "seq_len", 16);
+  gpufeed_options_set_int(blend, "batch_size", 4);
+  gpufeed_session* none = NULL;
+  CHECK(gpufeed_attach(blend, &none) == GPUFEED_NOT_FOUND && none == NULL,
+        "a blend of a missing source attached: %s", gpufeed_last_error());
+  CHECK(strcmp(gpufeed_last_error(), "blend[0] '/nonexistent/web/': No such file or directory") ==
+            0,
+        "message: %s", gpufeed_last_error());
+  gpufeed_options_destroy(blend);
+
   gpufeed_options_set_string(options, "socket", argv[1]);
   gpufeed_options_set_string(options, "job", "c-abi");
   gpufeed_options_set_string(options, "kind", "tokens");
@@ -150,6 +191,10 @@ int main(int argc, char** argv) {
         "position (%ld, %ld)", (long)epoch, (long)step);
   CHECK(gpufeed_position_samples(session, &samples) == GPUFEED_OK && samples == 12,
         "position's samples %ld", (long)samples);
+  const char* segments = NULL;  /* no blend: none */
+  CHECK(gpufeed_session_blend_segments_json(session, &segments) == GPUFEED_OK &&
+            strcmp(segments, "[]") == 0,
+        "blend segments %s", segments ? segments : "(null)");
   const char* saved = NULL;
   CHECK(gpufeed_fingerprint(session, &saved) == GPUFEED_OK, "fingerprint");
   char fingerprint[4096];

@@ -8,7 +8,7 @@ gpufeed_dtype (client/c/include/gpufeed/gpufeed.h) and the Python client's DTYPE
 the Python pipeline's cast names must be proto names. The largest pipeline size is the
 daemon's kMaxPipelineSide (server/augment/pipeline.h), which the Python pipeline repeats to
 refuse a request before sending it. The Python client's string choices (typing.Literal
-types: kind, delivery, ipc, decode, augment, bad_sample, elastic, layout) are the names of
+types: kind, delivery, ipc, decode, augment, bad_sample, elastic, pack, layout) are the names of
 the proto's enums (less a common prefix: ELASTIC_KEEP_GLOBAL_BATCH is "global_batch"), and the C++ client (which the C library serves) spells each of them. Each mismatch is
 named with the files on both sides.
 
@@ -26,7 +26,7 @@ CPP_NAMES = "common/dtype.cc"
 C = "client/c/include/gpufeed/gpufeed.h"
 PY = "client/python/src/gpufeed/client.py"
 PY_PIPELINE = "client/python/src/gpufeed/pipeline.py"
-CPP_OPTIONS = ("client/cpp/options.cc", "client/cpp/pipeline_json.cc")
+CPP_OPTIONS = ("client/cpp/options.cc", "client/cpp/pipeline_json.cc", "client/cpp/blend.cc")
 # Python Literal type (file, name) -> (proto enum, the choice its UNSPECIFIED value stands
 # for, or None when it is no choice[, the values' prefix when it is not the enum's name]).
 CHOICES = {
@@ -37,6 +37,7 @@ CHOICES = {
     (PY, "Augment"): ("ImageAugment", None),
     (PY, "BadSample"): ("BadSamplePolicy", None),
     (PY, "Elastic"): ("Elastic", None, "ELASTIC_KEEP_"),
+    (PY, "Pack"): ("PackMode", None),
     (PY_PIPELINE, "Layout"): ("ImageLayout", None),
 }
 LIMIT = "server/augment/pipeline.h"

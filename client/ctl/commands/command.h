@@ -53,6 +53,8 @@ class ValueFlag {
 
   // The value as a base-10 integer; `*out` is left as it is when the flag was not given.
   absl::Status ReadInt(int64_t* out) const;
+  // Whether the flag was given (a value whose absence means something: --eos-id).
+  bool given() const { return text_.has_value(); }
   // "60s", "500ms", "2m" (absl durations) or plain seconds, not negative; `fallback` when the
   // flag was not given.
   absl::StatusOr<absl::Duration> ReadDuration(absl::Duration fallback) const;

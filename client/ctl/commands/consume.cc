@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -41,12 +43,16 @@ struct ConsumeFlags {
   std::string augment = "auto";
   std::string dump;
   std::string share_group;
+  std::vector<std::string> blend;  // NAME=WEIGHT each
+  std::string blend_history;       // JSON, as a run printed it
+  std::string pack = "none";
   bool no_shuffle = false;
   bool no_drop_last = false;
   bool even = false;
   bool checksum = false;
   ValueFlag rank, world_size, seq_len, vocab_size, batch_size, seed, epochs, max_batches,
-      start_epoch, start_step, start_samples, ring_slots, step_ms, timeout_ms, reconnect_timeout, keepalive;
+      start_epoch, start_step, start_samples, ring_slots, step_ms, timeout_ms, reconnect_timeout,
+      keepalive, eos_id, pack_lookahead;
 };
 
 // What the integer flags come to, with their defaults.
@@ -91,6 +97,7 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
            {&flags.start_step, &o->start.step},
            {&flags.start_samples, &o->start.samples},
            {&flags.ring_slots, &ring},
+           {&flags.pack_lookahead, &o->pack_lookahead},
            {&flags.step_ms, &limits->step_ms},
            {&flags.timeout_ms, &limits->timeout_ms}}) {
     if (absl::Status s = flag->ReadInt(target); !s.ok()) return s;
@@ -111,8 +118,38 @@ absl::Status ReadFlags(const ConsumeFlags& flags, const GlobalFlags& global,
     }
     o->arrays.emplace_back(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
   }
-  if (o->dataset.empty() && o->dataset_paths.empty() && o->arrays.empty()) {
-    return absl::InvalidArgumentError("--dataset: required (or --arrays for records)");
+  if (flags.eos_id.given()) {
+    int64_t eos = 0;
+    if (absl::Status s = flags.eos_id.ReadInt(&eos); !s.ok()) return s;
+    o->eos_id = eos;
+  }
+  o->pack = flags.pack;
+  // NAME=WEIGHT: split at the last '=', so a name may hold one (a weight never does).
+  for (const std::string& entry : flags.blend) {
+    const size_t eq = entry.rfind('=');
+    double weight = 0;
+    if (eq == std::string::npos || eq == 0 ||
+        !absl::SimpleAtod(absl::string_view(entry).substr(eq + 1), &weight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--blend: '", entry, "' is not NAME=WEIGHT (/data/web/=0.7)"));
+    }
+    o->blend.push_back({entry.substr(0, eq), weight});
+  }
+  if (!flags.blend_history.empty()) {
+    absl::StatusOr<std::vector<client::BlendSegment>> history =
+        client::ParseBlendSegmentsJson(flags.blend_history);
+    if (!history.ok()) {
+      // "blend_history[1].ledger: ..." as the flag: "--blend-history[1].ledger: ...".
+      constexpr absl::string_view kField = "blend_history";
+      absl::string_view message = history.status().message();
+      if (absl::StartsWith(message, kField)) message.remove_prefix(kField.size());
+      return absl::Status(history.status().code(), absl::StrCat("--blend-history", message));
+    }
+    o->blend_history = std::move(*history);
+  }
+  if (o->dataset.empty() && o->dataset_paths.empty() && o->arrays.empty() && o->blend.empty()) {
+    return absl::InvalidArgumentError(
+        "--dataset: required (or --arrays for records, --blend for a blend of token sources)");
   }
   if (limits->epochs < 0) return absl::InvalidArgumentError("--epochs: must be >= 0");
   o->rank = static_cast<int32_t>(rank);
@@ -261,6 +298,8 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
   stream.Synchronize();
   const double secs = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
   const client::Position pos = (*session)->position();
+  // Read with the position, before the detach: the segments that resume it.
+  const std::string blend_json = client::BlendSegmentsJson((*session)->blend_segments());
   if (ids_out.is_open()) ids_out.flush();
   (void)(*session)->Detach();
   if (!end.ok() && !absl::IsOutOfRange(end)) {
@@ -274,11 +313,13 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
         "{\"rank\":%d,\"batches\":%ld,\"samples\":%ld,\"bytes\":%lu,\"seconds\":%.6f,"
         "\"batches_per_s\":%.3f,\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,"
         "\"batch_size\":%ld,\"position\":{\"epoch\":%ld,\"step\":%ld,\"samples\":%ld,"
-        "\"fingerprint\":%s}%s,\"notices\":[%s]}\n",
+        "\"fingerprint\":%s}%s,\"notices\":[%s]%s}\n",
         o.rank, batches, samples, bytes, secs, batches / secs, bytes / secs,
-        absl::ToDoubleMilliseconds(first_batch), (*session)->info().batch_size, pos.epoch,
-        pos.step, pos.samples, JsonString(pos.fingerprint).c_str(), ChecksumsJson(flags.checksum, names, sums).c_str(),
-        NoticesJson((*session)->info().notices).c_str());
+        absl::ToDoubleMilliseconds(first_batch), (*session)->info().batch_size, pos.epoch, pos.step,
+        pos.samples, JsonString(pos.fingerprint).c_str(),
+        ChecksumsJson(flags.checksum, names, sums).c_str(),
+        NoticesJson((*session)->info().notices).c_str(),
+        o.blend.empty() ? "" : absl::StrCat(",\"blend\":", blend_json).c_str());
   } else {
     std::printf(
         "rank %d: %ld batches, %ld samples, %lu bytes in %.3f s: %.1f batches/s, "
@@ -294,6 +335,8 @@ int RunConsume(const ConsumeFlags& flags, const GlobalFlags& global) {
     }
     // To resume: --start-epoch/--start-step/--start-samples from the line above, and this.
     std::printf("fingerprint %s\n", pos.fingerprint.c_str());
+    // And a blend's segments (--blend-history).
+    if (!o.blend.empty()) std::printf("blend %s\n", blend_json.c_str());
   }
   return 0;
 }
@@ -356,6 +399,26 @@ Command AddConsume(CLI::App& app) {
                   "(default: each rank gets the saved global batch / W) or rank_batch\n"
                   "(--batch-size per rank; every sample not yet delivered, each once)")
       ->type_name("MODE");
+  cli->add_option("--blend", f.blend,
+                  "tokens: a weighted blend of sources instead of --dataset, one NAME=WEIGHT\n"
+                  "each (the flag repeated): a token file, a directory or a glob in the last\n"
+                  "component (/data/code/*.bin), weight > 0; rows come from each source in\n"
+                  "proportion (Megatron-Core's blending rule)")
+      ->type_name("NAME=WEIGHT");
+  cli->add_option("--blend-history", f.blend_history,
+                  "resuming a blend: the \"blend\" segments (JSON) the run that reached\n"
+                  "(E0, S0) printed; with other weights, a new segment starts there")
+      ->type_name("JSON");
+  cli->add_option("--pack", f.pack,
+                  "tokens: none (default: a row is one window), concat (documents end to\n"
+                  "end, cut into rows) or best_fit (whole documents packed into rows);\n"
+                  "packed rows come with position_ids, loss_mask and cu_seqlens")
+      ->type_name("MODE");
+  f.eos_id.AddTo(*cli, "--eos-id", "ID",
+                 "with --pack: documents end at this token (default: a Megatron .bin's .idx)");
+  f.pack_lookahead.AddTo(*cli, "--pack-lookahead", "N",
+                         "--pack best_fit: documents packed together, at most (default: the\n"
+                         "daemon's, 1024)");
   f.ring_slots.AddTo(*cli, "--ring-slots", "K", "ring depth (default: the daemon's)");
   f.step_ms.AddTo(*cli, "--step-ms", "MS",
                   "hold each batch MS milliseconds, as a training step would");

@@ -130,13 +130,19 @@ const char* gpufeed_default_socket(void);
  * the jobs of one group read one order and decode each sample once), elastic (what a start
  * saved at another world size keeps: "global_batch", the default, each rank then getting the
  * saved global batch / world_size, or "rank_batch", batch_size per rank; see
- * gpufeed_session_batch_size) (strings);
+ * gpufeed_session_batch_size), pack (kind tokens: "none", the default, "concat" or "best_fit":
+ * documents packed into rows, with position_ids, loss_mask and cu_seqlens beside tokens),
+ * blend_history_json (a resumed blend's segments, as gpufeed_session_blend_segments_json
+ * gave them at the run that saved the position; refused at once when not such JSON) (strings);
  * rank, world_size, seq_len, vocab_size, batch_size, seed, shuffle, drop_last, even, ring_slots,
  * start_epoch, start_step, start_samples (the global cursor of the saved position, from
- * gpufeed_position_samples; 0: start_step x the saved global batch), stop_epoch, rpc_timeout_ms, reconnect_timeout_ms (how long gpufeed_next
- * re-attaches after the daemon went away, default 120000, 0 = never), keepalive_ms (pings that
- * find a daemon that stopped answering, default 10000, 0 = none, else >= 1000) (integers; see
- * the C++ AttachOptions). An unknown key is INVALID_ARGUMENT. */
+ * gpufeed_position_samples; 0: start_step x the saved global batch), stop_epoch, rpc_timeout_ms,
+ * reconnect_timeout_ms (how long gpufeed_next re-attaches after the daemon went away, default
+ * 120000, 0 = never), keepalive_ms (pings that find a daemon that stopped answering, default 10000,
+ * 0 = none, else >= 1000), eos_id (with a pack mode: documents end at this token; unset: a Megatron
+ * .bin's .idx documents), pack_lookahead (pack "best_fit": documents packed together, at most; 0 =
+ * the daemon's default) (integers; see the C++ AttachOptions). An unknown key is INVALID_ARGUMENT.
+ */
 gpufeed_status gpufeed_options_create(gpufeed_options** out_options);
 void gpufeed_options_destroy(gpufeed_options* options);
 gpufeed_status gpufeed_options_set_string(gpufeed_options* options, const char* key,
@@ -151,6 +157,12 @@ gpufeed_status gpufeed_options_add_array(gpufeed_options* options, const char* n
  * list, read in the order added, instead of "dataset"; see the C++
  * AttachOptions::dataset_paths. Checked at gpufeed_attach. */
 gpufeed_status gpufeed_options_add_dataset_path(gpufeed_options* options, const char* path);
+/* kind "tokens": appends a source to a weighted blend, instead of "dataset": `name` is the
+ * absolute path of a token file, a directory of them or a glob in the last component
+ * (/data/code/shard_*.bin), expanded to its files at gpufeed_attach; `weight` > 0 and finite
+ * (INVALID_ARGUMENT naming the source otherwise). See the C++ AttachOptions::blend. */
+gpufeed_status gpufeed_options_add_blend_source(gpufeed_options* options, const char* name,
+                                                double weight);
 
 gpufeed_status gpufeed_attach(const gpufeed_options* options, gpufeed_session** out_session);
 gpufeed_status gpufeed_session_get_info(const gpufeed_session* session,
@@ -173,6 +185,12 @@ gpufeed_status gpufeed_session_batch_size(const gpufeed_session* session,
 /* The feed's fingerprint, to save beside the position: a NUL-terminated string owned by the
  * session, valid until gpufeed_session_destroy. */
 gpufeed_status gpufeed_fingerprint(const gpufeed_session* session, const char** out_fingerprint);
+/* A blend's segments, as JSON: [{"start": 0, "weights": [0.5, 0.3, 0.2], "ledger": [0, 0, 0]},
+ * ...] ("[]": no blend). Save it beside the position; resume with it as the option
+ * blend_history_json. As the daemon last reported them (a re-attach may): ask after the last
+ * batch before the checkpoint. A NUL-terminated string owned by the session, valid until the
+ * next call of this function on it or gpufeed_session_destroy. */
+gpufeed_status gpufeed_session_blend_segments_json(gpufeed_session* session, const char** out_json);
 /* Device delivery: whether the daemon's work on the session's GPU (*out_daemon) and this
  * process's (*out_consumer) go through MPS: 1 or 0, -1 when unknown (host delivery, no CUDA, an
  * old driver or daemon). The daemon's kernels run beside training's only when both are 1. */

@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,39 @@ struct Position {
   int64_t samples = 0;
 };
 
+// One source of a blend of token sources (AttachOptions::blend).
+struct BlendSource {
+  // An absolute path: a token file (a Megatron-LM X.bin is read with the X.idx beside it),
+  // a directory (its regular files whose names do not start with '.', sorted by name), or a
+  // glob in the last component (`/data/code/*.bin`: the names fnmatch matches, sorted). Of a
+  // directory or a glob, an X.idx whose X.bin is among the files is no file of its own.
+  // Session::Attach expands it to that list of files (their real paths), which the daemon
+  // reads; the name itself labels the source in messages and metrics.
+  std::string name;
+  // > 0 and finite; normalised over the sources (w / sum w), as Megatron's normalize().
+  double weight = 0;
+};
+
+// Where a blend's weights are in force (docs/howto/blends-and-packing.md): from blended
+// sample `start` on, with `ledger` the samples each source gave before it. A blend's history
+// is its segments in order: the first from 0, one more at each resume that changed weights.
+struct BlendSegment {
+  uint64_t start = 0;
+  std::vector<double> weights;   // one a source, in AttachOptions::blend's order
+  std::vector<uint64_t> ledger;  // one a source
+  bool operator==(const BlendSegment& other) const {
+    return start == other.start && weights == other.weights && ledger == other.ledger;
+  }
+};
+
+// The segments as JSON, `[{"start": 0, "weights": [0.5, 0.3, 0.2], "ledger": [0, 0, 0]}]`,
+// each weight written so that it reads back as the same double: what a checkpoint keeps.
+std::string BlendSegmentsJson(const std::vector<BlendSegment>& segments);
+// The segments from that JSON. INVALID_ARGUMENT naming the element ("blend_history[1].ledger:
+// ...") when it is not a list of such objects, a start or count not an integer >= 0 (below
+// 2^53), or a weight not finite or < 0.
+absl::StatusOr<std::vector<BlendSegment>> ParseBlendSegmentsJson(std::string_view json);
+
 struct AttachOptions {
   std::string socket;  // path of gpufeedd's Unix socket; "": DefaultSocket() at Attach
   std::string job = "default";
@@ -88,6 +123,29 @@ struct AttachOptions {
   // (docs/SECURITY.md section 2). At most 16384, no file twice. A Megatron-LM X.bin is read
   // with the X.idx beside it.
   std::vector<std::string> dataset_paths;
+  // tokens: a weighted blend of token sources instead of `dataset` (which stays empty,
+  // docs/howto/blends-and-packing.md): 1 to 256 sources, each expanded by Session::Attach
+  // to its files (BlendSource::name; a source of no file is refused naming it). Each row
+  // comes from one source, chosen by Megatron-Core's blending rule; each source keeps its
+  // own shuffled order and cycles its own epochs. The files of every source lie beneath their
+  // deepest common directory, which Attach opens and passes as it does dataset_paths'.
+  std::vector<BlendSource> blend;
+  // A resumed blend's history: SessionInfo::blend_segments (Session::blend_segments()) of
+  // the run it resumes, kept with the position. Empty: a new blend. When the weights differ
+  // from the last segment's, the daemon starts a new segment at the resume's position, so
+  // that no sample of any source is repeated or skipped within that source's epoch.
+  std::vector<BlendSegment> blend_history;
+  // tokens: "none" (a row is one window of seq_len + 1 tokens), "concat" (Megatron's
+  // concatenate-and-cut over the documents) or "best_fit" (whole documents packed into
+  // rows best-fit-decreasing, cutting only documents longer than a row). A packed row comes
+  // with `position_ids`, `loss_mask` and `cu_seqlens` beside `tokens`. With or without a
+  // blend.
+  std::string pack = "none";
+  // Packing: a document ends at each token equal to eos_id (which it includes). Unset: a
+  // Megatron .bin's .idx documents.
+  std::optional<int64_t> eos_id;
+  // pack "best_fit": documents packed together at most; 0: the daemon's default (1024).
+  int64_t pack_lookahead = 0;
   // tokens: uint16 | uint32; empty: a .npy file's header says, a raw file is uint16.
   std::string token_dtype;
   // tokens: when > 0, Attach checks a sample of the file's tokens against it (a wrong
@@ -253,6 +311,9 @@ struct SessionInfo {
   int daemon_mps = -1;
   int consumer_mps = -1;
   std::vector<DatasetNotice> notices;  // none when nothing was left out
+  // A blend: the segments in force (AttachOptions::blend_history, and one more where this
+  // attach changed the weights), what a checkpoint keeps to resume it. Empty: no blend.
+  std::vector<BlendSegment> blend_segments;
 };
 
 class Session {
@@ -282,6 +343,9 @@ class Session {
   // The daemon's view: the position after the last batch it sent on the stream.
   absl::StatusOr<Position> DaemonPosition();
   const SessionInfo& info() const { return info_; }
+  // A blend's segments as the daemon last reported them (at Attach, or at a re-attach after
+  // the daemon came back): AttachOptions::blend_history for a resume. Empty: no blend.
+  std::vector<BlendSegment> blend_segments() const;
   // Releases the daemon refused so far (each is a bug in the caller) and the last message.
   int64_t rejected_releases() const;
   // A re-attach is under way: the daemon went away and Next() returned DEADLINE_EXCEEDED

@@ -104,6 +104,7 @@ _PROTOTYPES = {
     "gpufeed_options_set_int": (_status, [_p, ctypes.c_char_p, ctypes.c_int64]),
     "gpufeed_options_add_array": (_status, [_p, ctypes.c_char_p, ctypes.c_char_p]),
     "gpufeed_options_add_dataset_path": (_status, [_p, ctypes.c_char_p]),
+    "gpufeed_options_add_blend_source": (_status, [_p, ctypes.c_char_p, ctypes.c_double]),
     "gpufeed_attach": (_status, [_p, ctypes.POINTER(_p)]),
     "gpufeed_session_get_info": (_status, [_p, ctypes.POINTER(SessionInfo)]),
     "gpufeed_next": (_status, [_p, ctypes.c_int64, ctypes.POINTER(_p)]),
@@ -114,6 +115,7 @@ _PROTOTYPES = {
     "gpufeed_position_samples": (_status, [_p, ctypes.POINTER(ctypes.c_int64)]),
     "gpufeed_session_batch_size": (_status, [_p, ctypes.POINTER(ctypes.c_int64)]),
     "gpufeed_fingerprint": (_status, [_p, ctypes.POINTER(ctypes.c_char_p)]),
+    "gpufeed_session_blend_segments_json": (_status, [_p, ctypes.POINTER(ctypes.c_char_p)]),
     "gpufeed_session_mps": (
         _status,
         [_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],

@@ -21,7 +21,9 @@ holding every slot of its ring gets no further batch until it lets one go.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
+import numbers
 import operator
 import os
 import stat
@@ -63,6 +65,21 @@ Elastic = Literal["global_batch", "rank_batch"]
 global batch / world_size; the global batches are the uninterrupted run's) or the per-rank
 batch (the global batch changes; the rest of the epoch is every sample not yet delivered,
 each once)."""
+Pack = Literal["none", "concat", "best_fit"]
+"""How token rows are made: one window each (``none``), Megatron's concatenate-and-cut over the
+documents (``concat``) or whole documents packed best-fit into rows (``best_fit``); packed rows
+come with ``position_ids``, ``loss_mask`` and ``cu_seqlens`` beside ``tokens``."""
+
+BlendSpec = Union[Mapping[Union[str, "os.PathLike[str]"], float],
+                  Sequence[Tuple[Union[str, "os.PathLike[str]"], float]]]
+"""A blend of token sources: source -> weight, ``{"/data/web/": 0.7, "/data/code/*.bin": 0.2,
+"/data/math.npy": 0.1}`` (or a list of such pairs). A source is a token file, a directory of
+them or a glob in the last component; weights are > 0 and normalised over the sources."""
+
+BlendSegments = List[Dict[str, Any]]
+"""A blend's history, what a checkpoint keeps with the position: segments
+``{"start": int, "weights": [float, ...], "ledger": [int, ...]}`` in order (the first from 0,
+one more at each resume that changed the weights)."""
 
 # gpufeed_dtype -> (name, numpy typestr). numpy has no bfloat16: its bits are shown as uint16.
 DTYPES: Dict[int, Tuple[str, str]] = {
@@ -545,6 +562,17 @@ class Session:
         return (text.value or b"").decode("utf-8", "replace")
 
     @property
+    def blend_segments(self) -> BlendSegments:
+        """A blend's segments as the daemon last reported them (at attach, or at a re-attach
+        after it came back): save them with :meth:`position` and pass them back as
+        ``blend_history``. ``[]``: no blend."""
+        handle = self._live()
+        text = ctypes.c_char_p()
+        _check(handle.lib, handle.lib.gpufeed_session_blend_segments_json(handle.ptr,
+                                                                          ctypes.byref(text)))
+        return list(json.loads((text.value or b"[]").decode("utf-8")))
+
+    @property
     def mps(self) -> Tuple[Optional[bool], Optional[bool]]:
         """Device delivery: whether the daemon's work on this session's GPU, and this
         process's, go through MPS (``None``: unknown, e.g. host delivery). The daemon's
@@ -691,6 +719,82 @@ def _shard_list(dataset: Any, kind: str) -> Optional[List[str]]:
     return out
 
 
+def blend_sources(blend: Any, kind: Any) -> List[Tuple[str, float]]:
+    """``blend`` as (absolute source name, weight) pairs in order, checked as far as this
+    process can alone; the C library expands each source to its files and checks again."""
+    if kind != "tokens":
+        raise InvalidArgument(f"blend: a blend of token sources is for kind tokens, not {kind}")
+    if isinstance(blend, Mapping):
+        pairs = list(blend.items())
+    elif isinstance(blend, (list, tuple)) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 for p in blend):
+        pairs = [tuple(p) for p in blend]
+    else:
+        raise InvalidArgument(
+            "blend: want a mapping of sources to weights, {'/data/web/': 0.7, "
+            f"'/data/code/*.bin': 0.3}} (or a list of such pairs), got {type(blend).__name__}")
+    if not pairs:
+        raise InvalidArgument("blend: no sources")
+    out = []
+    for i, (name, weight) in enumerate(pairs):
+        try:
+            path = os.fspath(name)
+        except TypeError:
+            raise InvalidArgument(f"blend[{i}]: a source is a path, got {name!r}") from None
+        if not isinstance(path, str) or not path:
+            raise InvalidArgument(f"blend[{i}]: a source is a path, got {name!r}")
+        if not os.path.isabs(path):
+            # Absolute here, as the daemon must see it; a directory's trailing slash kept (the
+            # name labels the source as the user wrote it).
+            path = os.path.abspath(path) + ("/" if path.endswith("/") else "")
+        if (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+                or not math.isfinite(weight) or weight <= 0):
+            raise InvalidArgument(f"blend[{i}] '{path}': weight must be > 0 and finite, got "
+                                  f"{weight!r}")
+        out.append((path, float(weight)))
+    return out
+
+
+def blend_segments(history: Any, what: str = "blend_history") -> BlendSegments:
+    """``history`` as plain segments (ints and floats, a copy), checked for their shape; the C
+    library checks the values again."""
+    if not isinstance(history, (list, tuple)):
+        raise InvalidArgument(f"{what}: want a list of segments {{'start': 0, 'weights': [...], "
+                              f"'ledger': [...]}}, got {type(history).__name__}")
+    out = []
+    for i, segment in enumerate(history):
+        if not isinstance(segment, Mapping):
+            raise InvalidArgument(f"{what}[{i}]: want {{'start': 0, 'weights': [...], "
+                                  f"'ledger': [...]}}, got {segment!r}")
+        for key in ("start", "weights", "ledger"):
+            if key not in segment:
+                raise InvalidArgument(f"{what}[{i}]: no {key!r}")
+        try:
+            out.append({"start": _int(f"{what}[{i}].start", segment["start"]),
+                        "weights": [float(w) for w in segment["weights"]],
+                        "ledger": [_int(f"{what}[{i}].ledger", c) for c in segment["ledger"]]})
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"{what}[{i}]: {e}") from None
+    return out
+
+
+def check_dataset_or_blend(dataset: Any, blend: Any) -> None:
+    """One of ``dataset`` and ``blend``, never both (InvalidArgument saying so)."""
+    if dataset is not None and blend is not None:
+        raise InvalidArgument("dataset and blend given together: a blend names its sources "
+                              "itself (blend={'/data/web/': 0.7, ...}); give one")
+    if dataset is None and blend is None:
+        raise InvalidArgument("dataset: required (a path, a list of shard files or a mapping of "
+                              ".npy arrays), or blend={path: weight, ...} for a weighted blend "
+                              "of token sources")
+
+
+def check_pack(pack: Any) -> None:
+    """``pack`` is one of :data:`Pack` or None (InvalidArgument otherwise)."""
+    if pack is not None and pack not in ("none", "concat", "best_fit"):
+        raise InvalidArgument(f"pack: want none, concat or best_fit, got {pack!r}")
+
+
 class Client:
     """A handle on one gpufeedd, by its Unix socket.
 
@@ -715,8 +819,8 @@ class Client:
 
     def attach(
         self,
-        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
-                       Sequence[Union[str, "os.PathLike[str]"]]],
+        dataset: Union[None, str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
+                       Sequence[Union[str, "os.PathLike[str]"]]] = None,
         *,
         kind: Kind,
         batch_size: int,
@@ -746,6 +850,11 @@ class Client:
         vocab_size: Optional[int] = None,
         share_group: Optional[str] = None,
         elastic: Optional[Elastic] = None,
+        blend: Optional[BlendSpec] = None,
+        blend_history: Optional[BlendSegments] = None,
+        pack: Optional[Pack] = None,
+        eos_id: Optional[int] = None,
+        pack_lookahead: Optional[int] = None,
     ) -> Session:
         """Attaches as rank ``rank`` of ``world_size`` and returns the :class:`Session`.
 
@@ -793,19 +902,35 @@ class Client:
         one order, fixed by the group's name (``seed`` then keys only this job's
         augmentation), and decode each sample once for all of them; each job's batches are
         the ones it would get alone in the group.
+        ``blend`` (tokens, instead of ``dataset``): a weighted blend of token sources,
+        ``{"/data/web/": 0.7, "/data/code/*.bin": 0.2, "/data/math.npy": 0.1}`` (a token file,
+        a directory of them, or a glob in the last component; each expanded here to its files,
+        opened with this process's rights); each row comes from one source by Megatron-Core's
+        blending rule, each source in its own shuffled order. ``blend_history``: a resumed
+        blend's segments (:attr:`Session.blend_segments` of the run that saved ``start``); with
+        other weights than its last segment's, a new segment starts at ``start`` and no sample
+        of any source is repeated or skipped. ``pack`` (tokens): ``"none"`` (the default: a row
+        is one window), ``"concat"`` or ``"best_fit"``: documents packed into rows, with
+        ``position_ids``, ``loss_mask`` and ``cu_seqlens`` beside ``tokens``; ``eos_id``: a
+        document ends at this token (``None``: a Megatron ``.bin``'s ``.idx`` documents);
+        ``pack_lookahead`` (best_fit): documents packed together, at most (``None``: 1024).
 
         Errors: the daemon's, as :class:`~gpufeed.Error` subclasses (InvalidArgument naming
         the field, NotFound naming the path, Unavailable naming the socket, ...).
         """
         if not isinstance(kind, str):
             raise InvalidArgument(f"kind: want tokens, records, image_folder or webdataset, got {kind!r}")
+        check_dataset_or_blend(dataset, blend)
+        check_pack(pack)
+        sources = None if blend is None else blend_sources(blend, kind)
+        history = None if blend_history is None else blend_segments(blend_history)
         _check_not_forked_from_grpc()
         arrays = _record_arrays(dataset, kind)
         listed = _shard_list(dataset, kind)
         strings: Dict[str, Optional[str]] = {
             "socket": self.socket,
             "kind": kind,
-            "dataset": (None if arrays is not None or listed is not None
+            "dataset": (None if arrays is not None or listed is not None or dataset is None
                         else os.path.abspath(os.fspath(dataset))),
             "job": job,
             "token_dtype": _dtype_name(token_dtype),
@@ -819,6 +944,9 @@ class Client:
             "start_fingerprint": start_fingerprint or None,
             "share_group": share_group or None,
             "elastic": elastic,
+            # Passed only when set, so a library without these options still serves the rest.
+            "pack": None if pack in (None, "none") else pack,
+            "blend_history_json": None if not history else json.dumps(history),
         }
         seed = _int("seed", seed)
         if not 0 <= seed < 1 << 64:
@@ -843,6 +971,8 @@ class Client:
             "reconnect_timeout_ms": (None if reconnect_timeout is None
                                      else int(reconnect_timeout * 1000)),
             "keepalive_ms": None if keepalive is None else int(keepalive * 1000),
+            "eos_id": eos_id,
+            "pack_lookahead": pack_lookahead,
         }
         lib = _capi.lib()
         options = ctypes.c_void_p()
@@ -863,6 +993,9 @@ class Client:
             for name, path in arrays or []:
                 _check(lib, lib.gpufeed_options_add_array(options, name.encode("utf-8"),
                                                           path.encode("utf-8")))
+            for name, weight in sources or []:
+                _check(lib, lib.gpufeed_options_add_blend_source(options, name.encode("utf-8"),
+                                                                 weight))
             session = ctypes.c_void_p()
             _check_socket(self.socket, self._origin)
             try:
@@ -878,6 +1011,7 @@ class Client:
         return f"gpufeed.Client(socket={self.socket!r})"
 
 
-__all__ = ["Augment", "BadSample", "Batch", "Client", "DEFAULT_SOCKET", "DTYPES", "Decode",
-           "Delivery", "Elastic", "Ipc", "Kind", "PipelineSpec", "Position",
+__all__ = ["Augment", "BadSample", "Batch", "BlendSegments", "BlendSpec", "Client",
+           "DEFAULT_SOCKET", "DTYPES", "Decode",
+           "Delivery", "Elastic", "Ipc", "Kind", "Pack", "PipelineSpec", "Position",
            "Session", "SessionInfo", "Tensor", "default_socket", "pipeline_json"]

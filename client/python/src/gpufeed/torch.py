@@ -73,8 +73,9 @@ import numpy as np
 import torch
 
 from gpufeed.client import Batch as _CoreBatch
-from gpufeed.client import Augment, BadSample, Decode, Elastic, Kind
-from gpufeed.client import Client, PipelineSpec, Position, Session, SessionInfo, _Lease
+from gpufeed.client import Augment, BadSample, BlendSegments, BlendSpec, Decode, Elastic, Kind
+from gpufeed.client import Client, Pack, PipelineSpec, Position, Session, SessionInfo, _Lease
+from gpufeed.client import blend_segments, blend_sources, check_dataset_or_blend, check_pack
 from gpufeed.client import Tensor as _CoreTensor
 from gpufeed.errors import AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted
 from gpufeed.errors import NotFound, PermissionDenied
@@ -375,7 +376,25 @@ class Loader:
             mapping of tensor names to ``.npy`` files of one directory and one row count
             (``{"x": "x.npy", "y": "y.npy"}``: ``batch["x"]``, ``batch["y"]``, row i of each
             being sample i), or, for ``"tokens"`` and ``"webdataset"``, a list of shard files
-            read in the list's order (``["/a/0.bin", "/b/1.bin"]``).
+            read in the list's order (``["/a/0.bin", "/b/1.bin"]``). Not with ``blend``.
+        blend: tokens, instead of ``dataset``: a weighted blend of token sources, ``{source:
+            weight}``: ``{"/data/web/": 0.7, "/data/code/*.bin": 0.2, "/data/math.npy": 0.1}``
+            (a token file, a directory of them or a glob in the last component; weights > 0,
+            normalised). Each row comes from one source, chosen by Megatron-Core's blending
+            rule (the source whose share lags its weight most), so the shares hold at every
+            prefix; each source keeps its own shuffled order and cycles its own epochs.
+            :meth:`state_dict` keeps the blend's history (``"blend"``), so a resume, also with
+            changed weights, repeats and skips no sample of any source.
+        pack: tokens: ``None`` / ``"none"`` (a row is one window of ``seq_len + 1`` tokens),
+            ``"concat"`` (Megatron's concatenate-and-cut over the documents) or ``"best_fit"``
+            (whole documents packed into rows, best-fit-decreasing; only documents longer
+            than a row are cut). Packed batches carry ``position_ids`` (restarting at each
+            document), ``loss_mask`` (0 on padding) and ``cu_seqlens`` (FlashAttention's
+            varlen boundaries) beside ``tokens``, each ``[batch_size, seq_len + 1]``.
+        eos_id: with ``pack``: a document ends at this token (included). ``None``: a Megatron
+            ``.bin``'s ``.idx`` documents.
+        pack_lookahead: ``pack="best_fit"``: documents packed together, at most (``None``:
+            the daemon's default, 1024).
         kind: ``"tokens"``, ``"records"``, ``"image_folder"`` or ``"webdataset"`` (tar shards,
             e.g. ``"/data/train-{000000..000146}.tar"``).
         batch_size: rows per batch of this rank.
@@ -465,8 +484,8 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Union[str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
-                       Sequence[Union[str, "os.PathLike[str]"]]],
+        dataset: Union[None, str, "os.PathLike[str]", Mapping[str, Union[str, "os.PathLike[str]"]],
+                       Sequence[Union[str, "os.PathLike[str]"]]] = None,
         *,
         kind: Kind,
         batch_size: int,
@@ -493,7 +512,15 @@ class Loader:
         keepalive: Optional[float] = None,
         share_group: Optional[str] = None,
         elastic: Elastic = "global_batch",
+        blend: Optional[BlendSpec] = None,
+        pack: Optional[Pack] = None,
+        eos_id: Optional[int] = None,
+        pack_lookahead: Optional[int] = None,
     ) -> None:
+        check_dataset_or_blend(dataset, blend)
+        check_pack(pack)
+        # Checked here, alone; made absolute here, so a pickle names the same files.
+        sources = None if blend is None else blend_sources(blend, kind)
         self.device: torch.device = _resolve_device(device)
         """Where batches land: ``cpu`` (host delivery) or ``cuda:N`` (device delivery)."""
         self.rank: int = _env_int("RANK", 0) if rank is None else rank
@@ -516,7 +543,8 @@ class Loader:
             decode=decode, augment=augment, bad_sample=bad_sample, vocab_size=vocab_size,
             reconnect_timeout=reconnect_timeout, keepalive=keepalive, share_group=share_group,
             # Passed only when not the default, so a library without the option still serves.
-            elastic=None if elastic == "global_batch" else elastic)
+            elastic=None if elastic == "global_batch" else elastic,
+            blend=sources, pack=pack, eos_id=eos_id, pack_lookahead=pack_lookahead)
         if self.device.type == "cuda":
             self._options.update(delivery="device", gpu=f"cuda:{self.device.index}")
         self._dataset = dataset
@@ -527,6 +555,9 @@ class Loader:
         self._yielded = False
         self._fingerprint: str = ""  # the feed's, from the daemon at each attach
         self._loaded_fingerprint: Optional[str] = None  # from load_state_dict, checked at attach
+        # A blend's segments as the daemon last reported them (or as a loaded state had them):
+        # every attach sends them back, so a new session continues the same blend.
+        self._blend_segments: Optional[BlendSegments] = None
         self._unattached()
 
     def _unattached(self) -> None:
@@ -540,6 +571,9 @@ class Loader:
         self._widen_warned = False
         self._mps_warned = False
         self._classes: Optional[List[str]] = None
+        # The session whose blend segments are the loader's (None after a load_state_dict,
+        # whose segments hold until the next attach).
+        self._blend_session: Optional[Session] = None
 
     # ---- pickling ----
 
@@ -547,12 +581,13 @@ class Loader:
     # Not ``_yielded``: a pickle resumes at its position, as a loaded state_dict does.
     _PICKLED = ("device", "rank", "world_size", "job", "copy", "drop_last", "timeout",
                 "_client", "_options", "_dataset", "_position", "_loaded", "_fingerprint",
-                "_loaded_fingerprint")
+                "_loaded_fingerprint", "_blend_segments")
 
     def __getstate__(self) -> Dict[str, Any]:
         return {name: getattr(self, name) for name in self._PICKLED}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._blend_segments = None  # a pickle of a loader from before blends
         self.__dict__.update(state)
         self._yielded = False
         self._unattached()
@@ -650,14 +685,32 @@ class Loader:
         if not fingerprint:
             self._attach(self._position)
             fingerprint = self._fingerprint
-        return {"epoch": self._position.epoch, "step": self._position.step,
-                "samples": self._position.samples, "world_size": self.world_size,
-                "batch_size": self.batch_size, "seed": int(self._options["seed"]),
-                "fingerprint": fingerprint}
+        state: Dict[str, Any] = {
+            "epoch": self._position.epoch, "step": self._position.step,
+            "samples": self._position.samples, "world_size": self.world_size,
+            "batch_size": self.batch_size, "seed": int(self._options["seed"]),
+            "fingerprint": fingerprint}
+        if self._options.get("blend") is not None:
+            state["blend"] = blend_segments(self._current_blend_segments() or [])
+        return state
+
+    def _current_blend_segments(self) -> Optional[BlendSegments]:
+        """The blend's segments: the session's (the daemon's latest, also after a re-attach)
+        while attached, else those kept from the last session or a loaded state (which
+        replaces the session's until the next attach)."""
+        session = self._session
+        if (self._options.get("blend") is not None and session is not None
+                and session is self._blend_session and not session.closed
+                and self._pid == os.getpid()):
+            self._blend_segments = session.blend_segments
+        return self._blend_segments
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resumes at the position of :meth:`state_dict`: the next ``iter()`` yields exactly
-        the batches the saved loader would have yielded next. A state saved at another world
+        the batches the saved loader would have yielded next. A blend's ``"blend"`` segments
+        go back to the daemon with the position: with the loader's weights changed since the
+        state was saved, the new weights hold from the position on, and no sample of any
+        source is repeated or skipped. A state saved at another world
         size or batch size (torchrun elastic: ``$WORLD_SIZE`` differs) resumes as ``elastic``
         says (the daemon decides, from the fingerprint's layout: a batch size it cannot serve
         is :class:`~gpufeed.InvalidArgument` naming those that work). A state without a
@@ -683,7 +736,11 @@ class Loader:
                     f"state_dict: {key} {state[key]} differs from this loader's {mine}, and "
                     "the state has no fingerprint (saved by an older gpufeed), which a resume "
                     "at another layout needs; resume with the settings it was saved with")
+        # A state without them (saved by an older gpufeed, or of no blend) starts the blend anew.
+        segments = (None if state.get("blend") is None
+                    else blend_segments(state["blend"], "state_dict: blend"))
         self._generation += 1  # a running iterator ends: it belongs to the old position
+        self._blend_segments, self._blend_session = segments, None
         self._position = Position(int(state["epoch"]), int(state["step"]),
                                   int(state.get("samples", 0)))
         self._loaded = self._position  # kept by a set_epoch of the same epoch
@@ -770,7 +827,9 @@ class Loader:
             self.close()
         start = position
         key = (self._client.socket, self.job, self.rank)
-        options = dict(self._options, start_fingerprint=self._loaded_fingerprint)
+        blend = self._options.get("blend") is not None
+        options = dict(self._options, start_fingerprint=self._loaded_fingerprint,
+                       blend_history=(self._blend_segments or None) if blend else None)
         try:
             self._session = self._client.attach(self._dataset, start=start, **options)
         except AlreadyExists as e:
@@ -789,6 +848,8 @@ class Loader:
         self._pid = os.getpid()
         self._info = self._session.info
         self._fingerprint = self._session.fingerprint
+        self._blend_session = self._session
+        self._current_blend_segments()
         if self._position == position:
             # The daemon's cursor for the start (a state saved before ``samples`` gives 0).
             self._position = self._session.position()

@@ -442,47 +442,53 @@ uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {
          1;
 }
 
-absl::StatusOr<std::vector<PackPiece>> LmDataset::RowPieces(uint64_t row) const {
-  std::vector<PackPiece> pieces;
+void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
+                          std::vector<BlendPick>* picks) const {
+  pieces->clear();
+  picks->clear();
+  // One lock a row (two threads fill rows side by side): the group is found, packed if need
+  // be, and held by its shared_ptr while its pieces are read.
   if (pack_ == PackMode::kBestFit) {
-    const uint64_t g = GroupHolding(true, row);
+    std::shared_ptr<const Group> group;
     uint64_t first_row;
     {
       absl::MutexLock lock(&mu_);
+      while (group_rows_.back() <= row) GroupLocked(group_rows_.size() - 1);
+      const uint64_t g = static_cast<uint64_t>(
+          std::upper_bound(group_rows_.begin(), group_rows_.end(), row) - group_rows_.begin() - 1);
       first_row = group_rows_[g];
+      group = GroupLocked(g);
     }
-    std::shared_ptr<const Group> group = GroupAt(g);
     for (const PackPiece& p : group->packing.Row(row - first_row)) {
-      pieces.push_back({group->first + p.document, p.offset, p.length});
+      pieces->push_back({group->first + p.document, p.offset, p.length});
+      picks->push_back(group->picks[p.document]);
     }
-    return pieces;
+    return;
   }
-  // concat: the stream's tokens [row x seq_len, row x seq_len + seq_len + 1).
-  const uint64_t width = seq_len_ + 1;
+  // concat: the stream's tokens [row x seq_len, row x seq_len + seq_len + 1), from the group
+  // holding the first on, across groups where the row runs past one.
   uint64_t at = row * seq_len_;
-  uint64_t g = GroupHolding(false, at);
-  uint64_t left = width;
+  uint64_t left = seq_len_ + 1;
+  absl::MutexLock lock(&mu_);
+  while (group_tokens_.back() <= at) GroupLocked(group_tokens_.size() - 1);
+  uint64_t g = static_cast<uint64_t>(
+      std::upper_bound(group_tokens_.begin(), group_tokens_.end(), at) - group_tokens_.begin() - 1);
   while (left > 0) {
-    uint64_t base;
-    {
-      absl::MutexLock lock(&mu_);
-      GroupLocked(g);  // known, so that its start is
-      base = group_tokens_[g];
-    }
-    std::shared_ptr<const Group> group = GroupAt(g);
-    const uint64_t local = at - base;
-    size_t j = static_cast<size_t>(
-        std::upper_bound(group->prefix.begin(), group->prefix.end(), local) - group->prefix.begin() - 1);
+    std::shared_ptr<const Group> group = GroupLocked(g);
+    const uint64_t base = group_tokens_[g];
+    size_t j = static_cast<size_t>(std::upper_bound(group->prefix.begin(), group->prefix.end(),
+                                                    at - base) -
+                                   group->prefix.begin() - 1);
     for (; j < group->picks.size() && left > 0; ++j) {
       const uint64_t offset = at - base - group->prefix[j];
       const uint64_t take = std::min(group->prefix[j + 1] - group->prefix[j] - offset, left);
-      pieces.push_back({group->first + j, offset, take});
+      pieces->push_back({group->first + j, offset, take});
+      picks->push_back(group->picks[j]);
       at += take;
       left -= take;
     }
     ++g;
   }
-  return pieces;
 }
 
 uint64_t LmDataset::ChangePoint(uint64_t row) const {
@@ -535,26 +541,37 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
     GPUFEED_RETURN_IF_ERROR(sources_[pick.source]->dataset->ReadSample(pick.sample, rows));
     return pick.id;
   }
-  GPUFEED_ASSIGN_OR_RETURN(const std::vector<PackPiece> pieces, RowPieces(row));
+  // Per thread, reused: a row allocates nothing.
+  thread_local std::vector<PackPiece> pieces;
+  thread_local std::vector<BlendPick> picks;
+  RowPieces(row, &pieces, &picks);
   const uint64_t width = seq_len_ + 1;
   std::byte* tokens = rows[0].data();
   uint64_t filled = 0;
-  for (const PackPiece& p : pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
     GPUFEED_RETURN_IF_ERROR(
-        ReadPiece(PickAt(p.document), p.offset, p.length, tokens + filled * token_bytes_));
-    filled += p.length;
+        ReadPiece(picks[i], pieces[i].offset, pieces[i].length, tokens + filled * token_bytes_));
+    filled += pieces[i].length;
   }
   std::memset(tokens + filled * token_bytes_, 0, (width - filled) * token_bytes_);
-  std::vector<int32_t> ints(width);
-  PositionIds(pieces, ints);
-  std::memcpy(rows[1].data(), ints.data(), width * 4);
+  // The int32 rows are 4-byte aligned (a slot's tensors start 256-aligned, rows are
+  // width x 4 bytes): written in place.
+  std::span<int32_t> positions(reinterpret_cast<int32_t*>(rows[1].data()), width);
+  PositionIds(pieces, positions);
   std::memset(rows[2].data(), 1, filled);
   std::memset(rows[2].data() + filled, 0, width - filled);
-  const std::vector<int32_t> cu = CuSeqlens(pieces, seq_len_);
-  for (uint64_t i = 0; i < width; ++i) {
-    ints[i] = i < cu.size() ? cu[i] : static_cast<int32_t>(seq_len_);
+  // cu_seqlens (CuSeqlens' rule, written in place): 0, each piece's end clipped to seq_len,
+  // then seq_len to the width.
+  int32_t* cu = reinterpret_cast<int32_t*>(rows[3].data());
+  const int32_t last = static_cast<int32_t>(seq_len_);
+  uint64_t n = 0, end = 0;
+  cu[n++] = 0;
+  for (const PackPiece& p : pieces) {
+    if (end >= seq_len_) break;
+    end += p.length;
+    cu[n++] = static_cast<int32_t>(std::min(end, seq_len_));
   }
-  std::memcpy(rows[3].data(), ints.data(), width * 4);
+  std::fill(cu + n, cu + width, last);
   return row;
 }
 
@@ -572,7 +589,9 @@ std::string LmDataset::Identity() const {
   std::vector<std::string> parts;
   for (size_t i = 0; i < sources_.size(); ++i) {
     const Source& s = *sources_[i];
-    parts.push_back(absl::StrCat(names_[i], " ", s.dataset->ContentIdentity(), " ",
+    // The files (names, sizes, times), not the name the user gave the source: "/data/web"
+    // and "/data/web/" are one source.
+    parts.push_back(absl::StrCat(s.dataset->ContentIdentity(), " ",
                                  s.tokens, " tokens ", blend_->spec().sizes[i],
                                  pack_ == PackMode::kNone ? " windows" : " documents"));
   }

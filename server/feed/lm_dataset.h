@@ -120,8 +120,10 @@ class LmDataset final : public Dataset {
   struct Group;
   LmDataset() = default;
 
-  // Stream row `row`'s pieces; each piece's `document` is a pick (blended sample) index.
-  absl::StatusOr<std::vector<PackPiece>> RowPieces(uint64_t row) const;
+  // Stream row `row`'s pieces (each piece's `document` is its pick's index in the stream)
+  // and their picks, into `pieces` and `picks` (cleared first).
+  void RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
+                 std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
   BlendPick PickAt(uint64_t t) const;
   uint64_t DocLength(const BlendPick& pick) const;
   // Groups 0.. known up to the one holding stream token `token` (concat) or row `row`.

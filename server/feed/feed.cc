@@ -89,8 +89,9 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   // error, never the daemon's end.
   // A blend or a packed feed walks its own stream in order (lm_dataset.h): the sampler does
   // not shuffle it again, while `shuffle` keys each source's own permutation; nor does it
-  // drop a nominal epoch's last rows (their documents would never come): that epoch ends in
-  // a short batch (valid_count) instead.
+  // drop a nominal epoch's last rows (their documents would never come) or pad ranks with
+  // rows counted valid (`even`: they would come twice): that epoch ends in a short batch
+  // (valid_count) instead.
   const bool lm = spec.lm.active();
   GPUFEED_ASSIGN_OR_RETURN(
       std::unique_ptr<Dataset> dataset,
@@ -137,7 +138,7 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
   spec.dataset.reader.reset();
   SamplerConfig config{dataset->num_samples(), spec.batch_size, spec.world_size,
                        spec.order_seed(),      spec.shuffle && !lm, spec.drop_last && !lm,
-                       spec.even,              spec.resume_epoch, spec.resume_base};
+                       spec.even && !lm,       spec.resume_epoch, spec.resume_base};
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, Sampler::Create(config));
   // A slot must stay addressable: bound it (and so every product below) well inside 64 bits.
   __uint128_t slot_bytes = 0;

@@ -55,7 +55,8 @@ std::string LmSpec::Canonical() const {
   return out;
 }
 
-absl::Status LmSpec::Validate(DatasetKind kind) const {
+absl::Status LmSpec::Validate(const FileDatasetSpec& dataset) const {
+  const DatasetKind kind = dataset.kind;
   if (!active()) {
     if (eos_id.has_value() || lookahead != 0 || !history.empty()) {
       return absl::InvalidArgumentError(
@@ -71,6 +72,15 @@ absl::Status LmSpec::Validate(DatasetKind kind) const {
   if (sources.size() > kMaxLmSources) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.sources: ", sources.size(),
                                                    " sources, more than ", kMaxLmSources));
+  }
+  if (!sources.empty() && !dataset.paths.empty()) {
+    return absl::InvalidArgumentError(
+        "dataset.paths: must be empty with sources (each source lists its own files)");
+  }
+  if (pack != PackMode::kNone && dataset.seq_len > kMaxPackedSeqLen) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.seq_len: at most 2^30 for a packed feed (position_ids and cu_seqlens are "
+        "int32), got ", dataset.seq_len));
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     const LmSourceSpec& s = sources[i];
@@ -101,6 +111,16 @@ absl::Status LmSpec::Validate(DatasetKind kind) const {
       return absl::InvalidArgumentError(
           absl::StrCat("dataset.eos_id: must be a token id in [0, 2^32), got ", *eos_id));
     }
+  }
+  double sum = 0;
+  for (const LmSourceSpec& s : sources) sum += s.weight;
+  if (!std::isfinite(sum)) {
+    return absl::InvalidArgumentError(
+        "dataset.sources: the weights' sum is not finite; give them on a smaller scale");
+  }
+  if (history.size() > kMaxBlendHistory) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.blend_history: ", history.size(),
+                                                   " segments, more than ", kMaxBlendHistory));
   }
   const size_t k = std::max<size_t>(sources.size(), 1);
   for (size_t i = 0; i < history.size(); ++i) {
@@ -221,8 +241,12 @@ absl::Status OfSource(const absl::Status& s, size_t i, const std::string& name) 
 absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& dataset,
                                                            const LmSpec& lm, uint64_t seed,
                                                            bool shuffle, FileSystem* fs) {
-  GPUFEED_RETURN_IF_ERROR(lm.Validate(dataset.kind));
+  GPUFEED_RETURN_IF_ERROR(lm.Validate(dataset));
   std::unique_ptr<LmDataset> out(new LmDataset());
+  out->limits_ = dataset.walk;
+  out->display_ = dataset.path;
+  GPUFEED_ASSIGN_OR_RETURN(out->charge_, TakeIndexCharge(dataset.walk));
+  uint64_t index_bytes = 0;  // the document tables and sequence sizes kept
   out->pack_ = lm.pack;
   out->seq_len_ = static_cast<uint64_t>(dataset.seq_len);
   const bool packed = lm.pack != PackMode::kNone;
@@ -267,6 +291,12 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
                                                    : absl::StrCat("dataset.sources[", i, "]");
       GPUFEED_RETURN_IF_ERROR(FindDocuments(shards, source->shard_first, lm.eos_id, field, walk,
                                             &source->doc_start, &source->doc_length));
+      for (const TokenShard& s : shards) index_bytes += s.sequences.size() * sizeof(uint32_t);
+      index_bytes += source->doc_start.size() * 2 * sizeof(uint64_t);
+      if (out->charge_ != nullptr) {
+        GPUFEED_RETURN_IF_ERROR(out->charge_->GrowTo(
+            index_bytes, absl::StrCat("the document tables of ", name)));
+      }
     }
     for (DatasetNotice& n : source->dataset->notices()) out->notices_.push_back(std::move(n));
     out->names_.push_back(std::move(name));
@@ -307,6 +337,24 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     out->rows_ = lm.pack == PackMode::kBestFit ? tokens / width
                                                : (tokens > 0 ? (tokens - 1) / out->seq_len_ : 0);
     out->rows_ = std::max<uint64_t>(out->rows_, 1);
+    if (lm.pack == PackMode::kBestFit) {
+      // A group's pieces are bounded: the lookahead times the longest document's rows.
+      uint64_t longest = 0;
+      size_t where = 0;
+      for (size_t i = 0; i < out->sources_.size(); ++i) {
+        for (const uint64_t n : out->sources_[i]->doc_length) {
+          if (n > longest) longest = n, where = i;
+        }
+      }
+      const uint64_t chunks = (longest + width - 1) / width;
+      if (static_cast<__uint128_t>(chunks) * out->group_picks_ > kMaxGroupPieces) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dataset.pack_lookahead: ", out->group_picks_, " documents of up to ", chunks,
+            " rows each (", out->names_[where], " holds a document of ", longest,
+            " tokens) could make more than 2^22 pieces in one group: lower pack_lookahead, "
+            "raise seq_len, or split the longest documents"));
+      }
+    }
     const int64_t w = static_cast<int64_t>(width);
     out->tensors_ = {{"tokens", dtype, {w}, width * out->token_bytes_},
                      {"position_ids", DType::kInt32, {w}, width * 4},
@@ -317,15 +365,23 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     absl::MutexLock lock(&out->mu_);
     out->stats_.source_tokens.assign(k, 0);
   }
+  {
+    absl::MutexLock lock(&out->chunk_mu_);
+    out->window_tokens_.assign(k, 0);
+  }
   if (lm.changes_weights()) {
     // The new weights take over at the first pick the rows before the resume have not
     // touched; the history's blend decides where that is.
-    const __int128 row = static_cast<__int128>(std::max<int64_t>(lm.change_epoch, 0)) * out->rows_ +
-                         lm.change_samples;
-    if (row >= (__int128{1} << 62)) {
-      return absl::InvalidArgumentError("start: the resume's position is past 2^62 rows");
+    if (lm.change_samples > out->rows_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "start.samples: ", lm.change_samples, " is past the ", out->rows_,
+          " rows of this blend's epoch"));
     }
-    const uint64_t at = out->ChangePoint(static_cast<uint64_t>(row));
+    absl::StatusOr<uint64_t> row =
+        out->StreamRow(std::max<int64_t>(lm.change_epoch, 0), lm.change_samples);
+    if (!row.ok()) return absl::InvalidArgumentError(absl::StrCat("start: ", row.status().message()));
+    GPUFEED_RETURN_IF_ERROR(out->Reach(*row));
+    const uint64_t at = out->ChangePoint(*row);
     absl::StatusOr<BlendSpec> changed = out->blend_->WithWeightsAt(at, weights);
     if (!changed.ok()) {
       return absl::InvalidArgumentError(
@@ -351,6 +407,8 @@ void LmDataset::ResetCaches() {
   absl::MutexLock chunks(&chunk_mu_);
   chunks_.clear();
   chunk_order_.clear();
+  counted_chunks_ = 0;
+  window_tokens_.assign(k, 0);
 }
 
 BlendPick LmDataset::PickAt(uint64_t t) const {
@@ -367,6 +425,11 @@ BlendPick LmDataset::PickAt(uint64_t t) const {
     blend_->Fill(c * kPickChunk, *fresh);
     chunk = fresh;
     absl::MutexLock lock(&chunk_mu_);
+    if (pack_ == PackMode::kNone && c == counted_chunks_) {
+      // An unpacked blend's tokens per source, each chunk counted once, in stream order.
+      for (const BlendPick& p : *fresh) window_tokens_[p.source] += seq_len_ + 1;
+      ++counted_chunks_;
+    }
     if (chunks_.emplace(c, chunk).second) {
       chunk_order_.push_back(c);
       if (chunk_order_.size() > kCachedChunks) {
@@ -398,8 +461,10 @@ std::shared_ptr<const LmDataset::Group> LmDataset::GroupLocked(uint64_t g) const
     group->prefix.push_back(group->prefix.back() + lengths.back());
   }
   if (pack_ == PackMode::kBestFit) {
-    // The group is one lookahead window: PackBestFit's own grouping cuts nothing more.
-    group->packing = *PackBestFit(lengths, seq_len_, group_picks_);
+    // The group is one lookahead window: PackBestFit's own grouping cuts nothing more. Its
+    // arguments were checked at Open (seq_len <= 2^30, lookahead >= 1): it cannot refuse.
+    absl::StatusOr<Packing> packing = PackBestFit(lengths, seq_len_, group_picks_);
+    if (packing.ok()) group->packing = *std::move(packing);
   }
   if (group_tokens_.size() - 1 == g) {
     group_tokens_.push_back(group_tokens_.back() + group->prefix.back());
@@ -529,13 +594,46 @@ absl::Status LmDataset::ReadSample(uint64_t id, std::span<const std::span<std::b
   return ReadSampleAt(id, SampleContext{}, rows).status();
 }
 
+absl::StatusOr<uint64_t> LmDataset::StreamRow(int64_t epoch, uint64_t place) const {
+  const __int128 at = static_cast<__int128>(std::max<int64_t>(epoch, 0)) * rows_ + place;
+  // A packed row's first token (row x seq_len) must stay below 2^62 too.
+  const __int128 end = pack_ == PackMode::kNone ? (__int128{1} << 62)
+                                                : (__int128{1} << 62) / (seq_len_ + 1);
+  if (at >= end) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "epoch ", epoch, " place ", place, " is past the end of this blend's stream (",
+        static_cast<uint64_t>(end), " rows)"));
+  }
+  return static_cast<uint64_t>(at);
+}
+
+absl::Status LmDataset::Reach(uint64_t row) const {
+  const WalkBudget budget(limits_, display_, absl::StrCat("reaching row ", row, " of"));
+  if (pack_ == PackMode::kNone) {
+    // The blend's ledger up to the row, one chunk of picks at a time (each memoised).
+    for (uint64_t t = kPickChunk; t <= row; t += kPickChunk) {
+      GPUFEED_RETURN_IF_ERROR(budget.Poll());
+      blend_->LedgerAt(t);
+    }
+    return absl::OkStatus();
+  }
+  // Best-fit: the group holding the row; concat: the groups holding its seq_len + 1 tokens.
+  const bool by_rows = pack_ == PackMode::kBestFit;
+  const uint64_t value = by_rows ? row : row * seq_len_ + seq_len_;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
+      if (starts.back() > value) return absl::OkStatus();
+      GroupLocked(starts.size() - 1);
+    }
+    GPUFEED_RETURN_IF_ERROR(budget.Poll());
+  }
+}
+
 absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContext& context,
                                                  std::span<const std::span<std::byte>> rows) const {
-  const __int128 at = static_cast<__int128>(std::max<int64_t>(context.epoch, 0)) * rows_ + id;
-  if (at >= (__int128{1} << 62)) {
-    return absl::OutOfRangeError("a blended feed's stream ends at 2^62 rows");
-  }
-  const uint64_t row = static_cast<uint64_t>(at);
+  GPUFEED_ASSIGN_OR_RETURN(const uint64_t row, StreamRow(context.epoch, id));
   if (pack_ == PackMode::kNone) {
     const BlendPick pick = PickAt(row);
     GPUFEED_RETURN_IF_ERROR(sources_[pick.source]->dataset->ReadSample(pick.sample, rows));
@@ -581,8 +679,22 @@ absl::Status LmDataset::CheckNotShrunk() const {
 }
 
 absl::Status LmDataset::CheckReadNotShrunk(std::span<const int64_t> ids) const {
-  (void)ids;  // union ids or stream rows: every source's files are checked
-  return CheckNotShrunk();
+  if (pack_ != PackMode::kNone) return CheckNotShrunk();  // stream rows: every source's files
+  // Union ids: each source checks the shards of its own samples the batch read.
+  thread_local std::vector<std::vector<int64_t>> by_source;
+  by_source.resize(sources_.size());
+  for (auto& v : by_source) v.clear();
+  for (const int64_t id : ids) {
+    int32_t k = static_cast<int32_t>(sources_.size()) - 1;
+    while (k > 0 && blend_->offset(k) > static_cast<uint64_t>(id)) --k;
+    by_source[k].push_back(id - static_cast<int64_t>(blend_->offset(k)));
+  }
+  for (size_t k = 0; k < sources_.size(); ++k) {
+    if (!by_source[k].empty()) {
+      GPUFEED_RETURN_IF_ERROR(sources_[k]->dataset->CheckReadNotShrunk(by_source[k]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string LmDataset::Identity() const {
@@ -607,7 +719,12 @@ std::string LmDataset::Identity() const {
 
 LmDataset::Stats LmDataset::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats out = stats_;
+  if (pack_ == PackMode::kNone) {
+    absl::MutexLock chunks(&chunk_mu_);
+    out.source_tokens = window_tokens_;
+  }
+  return out;
 }
 
 }  // namespace gpufeed::server

@@ -34,6 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/byte_budget.h"
 #include "common/os/file.h"
 #include "server/images/dataset.h"
 #include "server/reader/dataset.h"
@@ -47,7 +48,13 @@ const char* PackModeName(PackMode mode);
 
 // Bounds on a request's blend (the socket is a trust boundary).
 inline constexpr size_t kMaxLmSources = 256;
-inline constexpr uint64_t kMaxPackLookahead = 1 << 16;
+inline constexpr uint64_t kMaxPackLookahead = 1 << 14;
+inline constexpr size_t kMaxBlendHistory = 1024;  // segments: weight changes of one run
+// The widest packed row: position_ids and cu_seqlens are int32.
+inline constexpr int64_t kMaxPackedSeqLen = int64_t{1} << 30;
+// The pieces one best_fit group may make (lookahead x the longest document's rows): about
+// 100 MB of pieces, so that a group's packing is bounded whatever the documents.
+inline constexpr uint64_t kMaxGroupPieces = uint64_t{1} << 22;
 
 struct LmSourceSpec {
   // Absolute paths beneath the dataset's directory (as FileDatasetSpec::paths).
@@ -77,9 +84,11 @@ struct LmSpec {
   // A canonical text of every field (part of the feed's key).
   std::string Canonical() const;
   // INVALID_ARGUMENT naming the field: too many sources, a source without paths, a weight
-  // not finite or <= 0, a lookahead past kMaxPackLookahead, eos_id out of [0, 2^32) or
-  // without a pack mode, history of another source count. Before anything is opened.
-  absl::Status Validate(DatasetKind kind) const;
+  // not finite or <= 0 (or weights whose sum is not finite), sources beside the dataset's own
+  // `paths`, a lookahead past kMaxPackLookahead, eos_id out of [0, 2^32) or without a pack
+  // mode, a history of another source count or of more than kMaxBlendHistory segments.
+  // Before anything is opened.
+  absl::Status Validate(const FileDatasetSpec& dataset) const;
 };
 
 class LmDataset final : public Dataset {
@@ -100,6 +109,16 @@ class LmDataset final : public Dataset {
   absl::Status CheckNotShrunk() const override;
   absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override;
   std::vector<DatasetNotice> notices() const override { return notices_; }
+
+  // Stream row of place `place` of nominal epoch `epoch`; OUT_OF_RANGE past the stream's end
+  // (2^62 rows, and a packed row's first token below 2^62).
+  absl::StatusOr<uint64_t> StreamRow(int64_t epoch, uint64_t place) const;
+  // Packs (or, unpacked, replays the blend) up to stream row `row`, a group at a time and
+  // outside the lock between groups, within the attach-time scan's limits (the dataset's
+  // FolderWalkLimits: DEADLINE_EXCEEDED past its timeout, CANCELLED at shutdown): what a
+  // session starting at `row` needs before its first fill, so that fills only ever pack the
+  // next groups.
+  absl::Status Reach(uint64_t row) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The segments in force (AttachResponse.blend_segments).
   const std::vector<BlendSegment>& segments() const { return blend_->spec().segments; }
@@ -150,16 +169,23 @@ class LmDataset final : public Dataset {
   uint64_t rows_ = 0;  // num_samples(): one nominal epoch
   std::vector<SampleTensor> tensors_;
   std::vector<DatasetNotice> notices_;
+  FolderWalkLimits limits_;  // the attach-time scans' bounds (Reach)
+  std::string display_;      // the dataset, as messages name it
+  // The document tables and Megatron sequence sizes, charged to max_index_bytes.
+  std::unique_ptr<ByteBudget::Charge> charge_;
 
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;
-  static constexpr size_t kCachedGroups = 32;
+  static constexpr size_t kCachedGroups = 8;
   // Lock order: mu_ before chunk_mu_ (extending the groups reads picks).
   mutable absl::Mutex mu_;
   mutable absl::Mutex chunk_mu_ ABSL_ACQUIRED_AFTER(mu_);
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const std::vector<BlendPick>>> chunks_
       ABSL_GUARDED_BY(chunk_mu_);
   mutable std::list<uint64_t> chunk_order_ ABSL_GUARDED_BY(chunk_mu_);
+  // Unpacked: the pick chunks counted in stats_.source_tokens so far (each once, in order).
+  mutable uint64_t counted_chunks_ ABSL_GUARDED_BY(chunk_mu_) = 0;
+  mutable std::vector<uint64_t> window_tokens_ ABSL_GUARDED_BY(chunk_mu_);
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const Group>> groups_ ABSL_GUARDED_BY(mu_);
   mutable std::list<uint64_t> group_order_ ABSL_GUARDED_BY(mu_);
   // Per known group g: the stream tokens and (best_fit) rows before it; one more entry than

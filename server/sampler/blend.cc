@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,7 +62,8 @@ absl::Status CheckSegment(const BlendSegment& segment, size_t k, size_t index) {
 // they grow by exactly `samples` in all.
 absl::Status CheckGrowth(std::span<const uint64_t> before, std::span<const uint64_t> ledger,
                          uint64_t samples, const std::string& where) {
-  uint64_t grown = 0;
+  // Summed wide: counts near 2^64 (a hostile history) must not wrap into a sum that adds up.
+  __uint128_t grown = 0;
   for (size_t i = 0; i < ledger.size(); ++i) {
     if (ledger[i] < before[i]) {
       return absl::InvalidArgumentError(absl::StrCat(where, "[", i, "] is ", ledger[i],
@@ -72,7 +74,10 @@ absl::Status CheckGrowth(std::span<const uint64_t> before, std::span<const uint6
   }
   if (grown != samples) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " grows by ", grown, " samples in all; ", samples,
+        absl::StrCat(where, " grows by ",
+                     (grown >> 64) != 0 ? std::string("more than 2^64")
+                                        : absl::StrCat(static_cast<uint64_t>(grown)),
+                     " samples in all; ", samples,
                      " samples lie between it and the ledger before (its counts must add up)"));
   }
   return absl::OkStatus();

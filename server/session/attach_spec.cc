@@ -132,7 +132,7 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: must be an absolute path, got '", dataset.path, "'"));
   }
-  GPUFEED_RETURN_IF_ERROR(spec.feed.lm.Validate(dataset.kind));
+  GPUFEED_RETURN_IF_ERROR(spec.feed.lm.Validate(dataset));
   return CheckShareGroup(spec);
 }
 

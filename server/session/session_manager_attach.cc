@@ -182,11 +182,16 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
   if (spec.feed.lm.changes_weights()) {
     // A blend resumed with other weights: they take over at the resume's global cursor
     // (LmDataset finds the first pick the rows before it left untouched).
+    // The cursor as ResolveElastic left it: a saved one, or the step's global batches plus
+    // the base an elastic resume read its epoch from.
     spec.feed.lm.change_epoch = spec.start.epoch;
     spec.feed.lm.change_samples = static_cast<uint64_t>(
         spec.start_samples > 0
             ? spec.start_samples
-            : spec.start.step * spec.feed.batch_size * spec.feed.world_size);
+            : spec.start.step * spec.feed.batch_size * spec.feed.world_size +
+                  (spec.feed.resume_epoch == spec.start.epoch
+                       ? static_cast<int64_t>(spec.feed.resume_base)
+                       : 0));
   }
   // The consumer's lifeline, taken before the handle is spent opening the dataset.
   std::shared_ptr<const UniqueFd> lifeline = TakeLifeline(spec);
@@ -195,6 +200,14 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
   GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<Feed> feed, feeds_.GetOrCreate(spec.feed, spec.caller));
   GPUFEED_RETURN_IF_ERROR(SettleElasticStart(spec, feed->sampler()));
   GPUFEED_RETURN_IF_ERROR(CheckAgainstFeed(spec, *feed));
+  if (feed->lm() != nullptr) {
+    // A blended or packed stream is packed up to the session's start here, within the
+    // attach-time scan's limits, so that no fill packs from far behind (LmDataset::Reach).
+    GPUFEED_ASSIGN_OR_RETURN(const uint64_t row,
+                             feed->lm()->StreamRow(spec.start.epoch,
+                                                   feed->sampler().Cursor(spec.start)));
+    GPUFEED_RETURN_IF_ERROR(feed->lm()->Reach(row));
+  }
   GPUFEED_ASSIGN_OR_RETURN(const StageMode stage, ResolveStage(spec, *feed, devices_));
   GPUFEED_ASSIGN_OR_RETURN(PlacedRing ring, PlaceRing(spec, *feed, stage));
   SessionParams params = ParamsFor(spec, options_, stage, ring.slots, ring.device != nullptr);

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -89,8 +90,9 @@ Row ReadRow(const LmDataset& d, uint64_t id, int64_t epoch = 0) {
   return r;
 }
 
-// A blend of three sources of windows: union ids in Blend's order, each row the source's
-// window, the realised shares within 1 % of the weights at every 1,000-row prefix.
+// A blend of three sources of windows over 100,000 rows: union ids in Blend's order (whose
+// source sequence is Megatron-Core's build_blending_indices: blend_test.cc), each row the
+// source's window, the realised shares within 1 % of the weights at every 1,000-row prefix.
 TEST(LmDatasetTest, ABlendReadsEachSourcesWindowInBlendOrder) {
   TempDir dir;
   const int64_t seq_len = 8;
@@ -110,10 +112,13 @@ TEST(LmDatasetTest, ABlendReadsEachSourcesWindowInBlendOrder) {
 
   BlendSpec reference{{5000, 3000, 2000}, 7, true, {{0, {0.5, 0.3, 0.2}, {0, 0, 0}}}};
   std::unique_ptr<Blend> blend = *Blend::Create(reference);
+  // 100,000 rows: ten nominal epochs, each source through several of its own.
+  std::vector<BlendPick> picks(100000);
+  blend->Fill(0, picks);
   uint64_t counts[3] = {0, 0, 0};
-  for (uint64_t t = 0; t < 12000; ++t) {  // into the second nominal epoch
+  for (uint64_t t = 0; t < picks.size(); ++t) {
     const Row r = ReadRow(**d, t % 10000, static_cast<int64_t>(t / 10000));
-    const BlendPick pick = blend->At(t);
+    const BlendPick& pick = picks[t];
     ASSERT_EQ(r.id, pick.id) << "row " << t;
     for (int64_t i = 0; i <= seq_len; ++i) {
       ASSERT_EQ(r.tokens[i], TokenOf(pick.source, pick.sample * seq_len + i)) << "row " << t;
@@ -134,7 +139,7 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
   TempDir dir;
   std::mt19937_64 rng(3);
   std::lognormal_distribution<double> length(3.5, 1.0);
-  std::vector<uint32_t> lengths(256);
+  std::vector<uint32_t> lengths(3072);  // three groups of concat's 1,024, 48 of best_fit's 64
   uint64_t total = 0;
   for (uint32_t& n : lengths) {
     n = static_cast<uint32_t>(std::clamp(length(rng), 1.0, 400.0));
@@ -146,7 +151,7 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
     LmSpec lm;
     lm.pack = mode;
     lm.eos_id = kEos;
-    if (mode == PackMode::kBestFit) lm.lookahead = 64;  // 4 groups make the epoch
+    if (mode == PackMode::kBestFit) lm.lookahead = 64;  // 48 groups make the epoch
     const int64_t seq_len = 63;
     absl::StatusOr<std::unique_ptr<LmDataset>> d = LmDataset::Open(
         Tokens(dir.Join("docs.bin"), seq_len), lm, 11, true, PosixFileSystem());
@@ -173,6 +178,11 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
           expect_position = 0;
         }
         ASSERT_EQ(r.position_ids[i], expect_position++) << "row " << id << " token " << i;
+        // best_fit cuts only documents longer than a row, in row-wide chunks: a piece starts
+        // at a document's start or a multiple of the width into it.
+        if (mode == PackMode::kBestFit && r.position_ids[i] == 0 && r.tokens[i] != kEos) {
+          ASSERT_EQ((r.tokens[i] & 0xfff) % (seq_len + 1), 0u) << "row " << id << " token " << i;
+        }
         if (i < from) continue;
         if (delivered == total) {
           ++overshoot;
@@ -208,6 +218,21 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
       for (uint32_t i = 0; i + 1 < lengths[doc]; ++i) {
         EXPECT_EQ((seen[{doc, i}]), 1) << "document " << doc << " token " << i;
       }
+    }
+    // Rows read again after their groups left the cache, and by two threads at once, are the
+    // rows read first.
+    std::vector<Row> first;
+    for (uint64_t id = 0; id < 200; ++id) first.push_back(ReadRow(**d, id));
+    std::vector<Row> a(200), b(200);
+    std::thread other([&] {
+      for (uint64_t id = 200; id-- > 0;) b[id] = ReadRow(**d, id);
+    });
+    for (uint64_t id = 0; id < 200; ++id) a[id] = ReadRow(**d, id);
+    other.join();
+    for (uint64_t id = 0; id < 200; ++id) {
+      ASSERT_EQ(a[id].tokens, first[id].tokens) << "row " << id;
+      ASSERT_EQ(b[id].tokens, first[id].tokens) << "row " << id;
+      ASSERT_EQ(b[id].position_ids, first[id].position_ids) << "row " << id;
     }
   }
 }
@@ -265,9 +290,13 @@ TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {
   TempDir dir;
   std::mt19937_64 rng(5);
   LmSpec lm;
+  uint64_t totals[2] = {0, 0};
   for (int k = 0; k < 2; ++k) {
     std::vector<uint32_t> lengths(300);
-    for (uint32_t& n : lengths) n = 1 + static_cast<uint32_t>(rng() % 90);
+    for (uint32_t& n : lengths) {
+      n = 1 + static_cast<uint32_t>(rng() % 90);
+      totals[k] += n;
+    }
     const std::string name = absl::StrCat("d", k, ".bin");
     dir.WriteFile(name, DocumentFile(k, lengths));
     lm.sources.push_back({{dir.Join(name)}, k == 0 ? 0.7 : 0.3, name});
@@ -306,6 +335,37 @@ TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {
         ASSERT_EQ(a.tokens, b.tokens) << "row " << row << " of a resume at " << at;
         ASSERT_EQ(a.id, b.id);
       }
+      if (mode == PackMode::kNone) {
+        // The old run's rows before the resume, then the new run's: each source's windows
+        // (the union ids say which) once per own epoch, none repeated, none skipped.
+        const uint64_t n = (*now)->num_samples();
+        const uint64_t offset1 = (totals[0] - 1) / 31;
+        std::vector<std::vector<uint64_t>> per(2);
+        for (uint64_t row = 0; row < 3 * n; ++row) {
+          const LmDataset& from = row < at ? *old : **now;
+          const Row r = ReadRow(from, row % n, static_cast<int64_t>(row / n));
+          if (r.id < offset1) {
+            per[0].push_back(r.id);
+          } else {
+            per[1].push_back(r.id - offset1);
+          }
+        }
+        for (int k = 0; k < 2; ++k) {
+          const uint64_t windows = (totals[k] - 1) / 31;
+          for (size_t start = 0; start < per[k].size(); start += windows) {
+            std::vector<uint64_t> epoch(per[k].begin() + start,
+                                        per[k].begin() + std::min(per[k].size(), start + windows));
+            std::sort(epoch.begin(), epoch.end());
+            EXPECT_EQ(std::adjacent_find(epoch.begin(), epoch.end()), epoch.end())
+                << "source " << k << " repeats a window in own epoch " << start / windows
+                << " (a resume at " << at << ")";
+            if (epoch.size() == windows) {
+              EXPECT_EQ(epoch.back(), windows - 1);
+              EXPECT_EQ(epoch.front(), 0u);
+            }
+          }
+        }
+      }
     }
   }
   // A resume that lost its history shows in the fingerprint's first weights.
@@ -325,25 +385,73 @@ TEST(LmDatasetTest, RefusesWhatCannotBeServedNamingTheField) {
   LmSpec lm;
   lm.sources.push_back({{dir.Join("a.bin")}, 0.5, "a"});
   lm.sources.push_back({{}, 0.5, "/data/none/*.bin"});
-  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.sources[1].paths: empty (/data/none/*.bin names no file)"));
   lm.sources[1] = {{dir.Join("a.bin")}, -1, "b"};
-  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.sources[1].weight: must be finite and > 0, got -1 (b)"));
   lm.sources[1].weight = 1;
-  EXPECT_THAT(lm.Validate(DatasetKind::kImageFolder).message(),
+  DatasetSpec images = Tokens(dir.path(), 7);
+  images.kind = DatasetKind::kImageFolder;
+  EXPECT_THAT(lm.Validate(images).message(),
               HasSubstr("for kind tokens only"));
   lm.eos_id = 3;
-  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.eos_id: documents are for packing"));
   lm.pack = PackMode::kConcat;
   lm.lookahead = 8;
-  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.pack_lookahead: only for pack best_fit"));
   lm.lookahead = 0;
   lm.history.push_back({0, {1.0}, {0}});
-  EXPECT_THAT(lm.Validate(DatasetKind::kTokens).message(),
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.blend_history[0]: 1 weights and 1 ledger counts for 2 sources"));
+
+  lm.history.clear();
+  lm.history.assign(kMaxBlendHistory + 1, BlendSegment{0, {1.0, 1.0}, {0, 0}});
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
+              HasSubstr("dataset.blend_history: 1025 segments, more than 1024"));
+  lm.history.clear();
+  DatasetSpec listed = Tokens(dir.path(), 7);
+  listed.paths = {dir.Join("a.bin")};
+  EXPECT_THAT(lm.Validate(listed).message(),
+              HasSubstr("dataset.paths: must be empty with sources"));
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), int64_t{1} << 31)).message(),
+              HasSubstr("dataset.seq_len: at most 2^30 for a packed feed"));
+  lm.sources[0].weight = 1e308;
+  lm.sources[1].weight = 1e308;
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
+              HasSubstr("the weights' sum is not finite"));
+
+  // A document of more rows than a group's pieces allow, at a wide lookahead.
+  TempDir long_docs;
+  long_docs.WriteFile("one.bin", DocumentFile(0, {3000}));
+  LmSpec wide_look;
+  wide_look.pack = PackMode::kBestFit;
+  wide_look.eos_id = kEos;
+  wide_look.lookahead = 1 << 14;
+  absl::StatusOr<std::unique_ptr<LmDataset>> pieces = LmDataset::Open(
+      Tokens(long_docs.Join("one.bin"), 1), wide_look, 1, true, PosixFileSystem());
+  ASSERT_FALSE(pieces.ok());
+  EXPECT_THAT(pieces.status().message(),
+              HasSubstr("dataset.pack_lookahead: 16384 documents of up to 1500 rows each"));
+
+  // A resume far down the stream with other weights packs up to it within the attach-time
+  // scan's limits: past them, DEADLINE_EXCEEDED, not a daemon busy for hours.
+  TempDir far;
+  far.WriteFile("d.bin", DocumentFile(0, std::vector<uint32_t>(2000, 20)));
+  LmSpec resumed;
+  resumed.pack = PackMode::kBestFit;
+  resumed.eos_id = kEos;
+  resumed.history = {{0, {2.0}, {0}}};
+  resumed.change_epoch = int64_t{1} << 30;
+  resumed.change_samples = 0;
+  DatasetSpec slow = Tokens(far.Join("d.bin"), 63);
+  slow.walk.timeout = absl::Milliseconds(50);
+  absl::StatusOr<std::unique_ptr<LmDataset>> stuck =
+      LmDataset::Open(slow, resumed, 1, true, PosixFileSystem());
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
 
   // An eos_id no uint16 token can be.
   TempDir two;

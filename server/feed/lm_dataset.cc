@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "server/reader/le_bytes.h"
 #include "server/reader/shards.h"
 #include "server/reader/token_formats.h"
 
@@ -194,17 +195,7 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
       GPUFEED_RETURN_IF_ERROR(
           s.file->ReadAt(s.data_offset + done * tb, std::span<std::byte>(buffer.data(), n * tb)));
       for (uint64_t i = 0; i < n; ++i) {
-        uint64_t v;
-        if (tb == 2) {
-          uint16_t t;
-          std::memcpy(&t, buffer.data() + i * 2, 2);
-          v = t;
-        } else {
-          uint32_t t;
-          std::memcpy(&t, buffer.data() + i * 4, 4);
-          v = t;
-        }
-        if (v == static_cast<uint64_t>(*eos)) {
+        if (TokenAt(buffer.data(), i, tb) == static_cast<uint64_t>(*eos)) {
           start->push_back(shard_first[k] + doc);
           length->push_back(done + i + 1 - doc);
           doc = done + i + 1;

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/reader/dataset.h"
+#include "server/reader/le_bytes.h"
 #include "server/reader/shards.h"
 #include "server/reader/token_formats.h"
 #include "spdlog/spdlog.h"
@@ -113,16 +114,7 @@ absl::Status CheckVocabulary(const FileDatasetSpec& spec, const RandomAccessFile
     std::span<std::byte> bytes(buffer.data(), span * token_bytes);
     GPUFEED_RETURN_IF_ERROR(file.ReadAt(data_offset + first * token_bytes, bytes));
     for (uint64_t i = 0; i < span; ++i) {
-      uint64_t v = 0;
-      if (dtype == DType::kUInt16) {
-        uint16_t t;
-        std::memcpy(&t, bytes.data() + i * 2, 2);
-        v = t;
-      } else {
-        uint32_t t;
-        std::memcpy(&t, bytes.data() + i * 4, 4);
-        v = t;
-      }
+      const uint64_t v = TokenAt(bytes.data(), i, token_bytes);
       if (v >= spec.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat(
             "dataset.vocab_size: ", spec.path, " holds token ", v, " at index ", first + i,

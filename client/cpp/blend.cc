@@ -193,16 +193,12 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& source,
   ::closedir(d);
   GPUFEED_RETURN_IF_ERROR(status);
   std::sort(names.begin(), names.end());
-  // An X.idx goes with its X.bin (the daemon opens it beside the listed .bin): no file of its
-  // own. One without its .bin stays, for the daemon to refuse as an index.
+  // An X.idx goes with its X.bin, an S.offsets.npy with its shard (the daemon opens them
+  // beside the listed shard): no files of their own. One without its shard stays, for the
+  // daemon to refuse, named.
   std::vector<std::string> kept;
   for (const std::string& name : names) {
-    if (absl::EndsWith(name, ".idx") &&
-        std::binary_search(names.begin(), names.end(),
-                           absl::StrCat(name.substr(0, name.size() - 4), ".bin"))) {
-      continue;
-    }
-    kept.push_back(name);
+    if (!IsCompanionIn(name, names)) kept.push_back(name);
   }
   return kept;
 }

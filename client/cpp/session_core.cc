@@ -19,6 +19,7 @@
 #include "client/cpp/rpc.h"
 #include "common/os/file.h"
 #include "common/os/unix_socket.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 #include "common/version.h"
 
@@ -372,6 +373,14 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
       // A Megatron-LM X.bin with its X.idx beside it: the directory is passed, for the
       // daemon to read both beneath it; the path's last component names the .bin
       // (FindPairedFile). A .bin alone is passed itself, as before.
+      pattern = BaseOf(given);
+      to_open = DirOf(given).empty() ? "/" : DirOf(given);
+      folder = true;
+    } else if (dataset->kind() == v1::DATASET_KIND_TOKENS && S_ISREG(st.st_mode) &&
+               !absl::EndsWith(given, kOffsetsSuffix) &&
+               ::stat(OffsetsFileOf(given).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      // A token file with its document offsets (S.offsets.npy) beside it: the same, for the
+      // daemon to read both beneath the directory.
       pattern = BaseOf(given);
       to_open = DirOf(given).empty() ? "/" : DirOf(given);
       folder = true;

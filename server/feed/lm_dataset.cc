@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/le_bytes.h"
 #include "server/reader/shards.h"
@@ -155,8 +156,9 @@ struct LmDataset::Group {
 
 namespace {
 
-// A source's documents: a Megatron .bin's sequences (its .idx), or the tokens split after
-// each `eos`; never across a shard's end. Empty documents are left out.
+// A source's documents: a shard's sequences (a Megatron .bin's .idx, or its offsets file), or
+// the tokens split after each `eos`; never across a shard's end. Empty documents are left out.
+// With eos_id set, the eos tokens decide, whatever else a shard has.
 absl::Status FindDocuments(const std::vector<TokenShard>& shards,
                            const std::vector<uint64_t>& shard_first,
                            const std::optional<int64_t>& eos, const std::string& field,
@@ -165,11 +167,12 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
   for (size_t k = 0; k < shards.size(); ++k) {
     const TokenShard& s = shards[k];
     if (!eos.has_value()) {
-      if (s.format != std::string("megatron")) {
+      if (s.documents_from.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             field, ": ", s.name, " is ", s.format,
             " tokens, which say nowhere where a document ends: set eos_id (documents end at "
-            "that token), or give Megatron .bin/.idx pairs (their sequences are the documents)"));
+            "that token), give Megatron .bin/.idx pairs (their sequences are the documents), or "
+            "put the document offsets beside it (", OffsetsFileOf(s.name), ")"));
       }
       uint64_t at = 0;
       for (const uint32_t size : s.sequences) {

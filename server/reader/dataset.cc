@@ -1,5 +1,7 @@
 #include "server/reader/dataset.h"
 
+#include "absl/strings/match.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/file_datasets.h"
 #include "server/reader/shards.h"
@@ -24,6 +26,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
     // A Megatron X.bin named alone, read with its X.idx: its directory (the descriptor the
     // client passed is that directory when it saw the .idx).
     GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindPairedFile(spec, ".bin", ".idx"));
+    // The same for a token file with its document offsets (S.offsets.npy) beside it.
+    if (!dir.has_value() && !absl::EndsWith(spec.path, kOffsetsSuffix)) {
+      const absl::string_view base = absl::string_view(spec.path).substr(spec.path.rfind('/') + 1);
+      const size_t dot = base.rfind('.');
+      const absl::string_view ext = dot == absl::string_view::npos || dot == 0 ? "" : base.substr(dot);
+      GPUFEED_ASSIGN_OR_RETURN(dir, FindPairedFile(spec, ext, kOffsetsSuffix));
+    }
     // A directory of shards, or a glob in the last component (its directory's files that
     // match; only where no file of that name exists): the descriptor the client passed is
     // that directory. A passed directory is the pattern's when its own name is not the

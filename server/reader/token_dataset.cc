@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/dataset.h"
 #include "server/reader/le_bytes.h"
@@ -209,10 +210,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
   const auto bin_of = [](const std::string& idx) {  // "X.idx" -> "X.bin"
     return absl::StrCat(idx.substr(0, idx.size() - 4), ".bin");
   };
+  // Every offsets file is listed too: the shard it goes with may be selected (which one is
+  // known only once all the names are).
   GPUFEED_ASSIGN_OR_RETURN(const std::vector<std::string> names,
                            ListShardFiles(dir.fd, dir.dir, [&](const std::string& name) {
                              return selected(name) ||
-                                    (absl::EndsWith(name, ".idx") && selected(bin_of(name)));
+                                    (absl::EndsWith(name, ".idx") && selected(bin_of(name))) ||
+                                    absl::EndsWith(name, kOffsetsSuffix);
                            }));
   std::vector<TokenShard> shards;
   std::vector<std::string> shard_names;
@@ -221,6 +225,10 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
   for (const std::string& name : names) {
     if (absl::EndsWith(name, ".idx") &&
         (pattern.empty() || std::binary_search(names.begin(), names.end(), bin_of(name)))) {
+      continue;
+    }
+    // An offsets file goes with its shard; one the selection did not name is no concern.
+    if (absl::EndsWith(name, kOffsetsSuffix) && (!selected(name) || IsCompanionIn(name, names))) {
       continue;
     }
     const std::string display = absl::StrCat(prefix, name);
@@ -237,8 +245,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
         idx.file = idx_file.get();
       }
     }
-    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard, ProbeTokenShard(spec, std::move(file), display, idx,
-                                                               walk, dir.exact ? "" : dir.dir));
+    std::unique_ptr<RandomAccessFile> offsets_file;
+    DocumentOffsets offsets;
+    if (const std::string o = OffsetsFileOf(name);
+        spec.for_packing && std::binary_search(names.begin(), names.end(), o)) {
+      offsets.name = absl::StrCat(prefix, o);
+      GPUFEED_ASSIGN_OR_RETURN(offsets_file,
+                               fs->OpenForReadBeneath(dir.fd, o, offsets.name, reader));
+      offsets.file = offsets_file.get();
+    }
+    GPUFEED_ASSIGN_OR_RETURN(TokenShard shard,
+                             ProbeTokenShard(spec, std::move(file), display, idx, walk,
+                                             dir.exact ? "" : dir.dir, offsets));
     shards.push_back(std::move(shard));
     shard_names.push_back(name);
   }
@@ -268,6 +286,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& sp
                                                        const PeerCred* reader) {
   GPUFEED_ASSIGN_OR_RETURN(const ShardList list, OpenShardList(spec));
   const absl::flat_hash_set<std::string> listed(list.relative.begin(), list.relative.end());
+  std::vector<std::string> sorted_listed = list.relative;
+  std::sort(sorted_listed.begin(), sorted_listed.end());
   std::vector<TokenShard> shards;
   absl::flat_hash_map<std::pair<uint64_t, uint64_t>, size_t> seen;
   const WalkBudget walk(spec.walk, spec.path, "indexing");
@@ -277,6 +297,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& sp
     const std::string field = absl::StrCat("dataset.paths[", i, "]");
     const std::string stem = name.substr(0, name.size() - 4);
     if (absl::EndsWith(name, ".idx") && listed.contains(absl::StrCat(stem, ".bin"))) continue;
+    if (IsCompanionIn(name, sorted_listed)) continue;  // an offsets file of a listed shard
     absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
         fs->OpenForReadBeneath(list.dir.fd, name, display, reader);
     if (!file.ok()) return OfEntry(file.status(), field);
@@ -302,7 +323,22 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& sp
         return OfEntry(opened.status(), field);
       }
     }
-    absl::StatusOr<TokenShard> shard = ProbeTokenShard(spec, std::move(*file), display, idx, walk);
+    // Its offsets file beside it, listed or not, for a packing feed.
+    std::unique_ptr<RandomAccessFile> offsets_file;
+    DocumentOffsets offsets;
+    if (spec.for_packing) {
+      offsets.name = OffsetsFileOf(display);
+      absl::StatusOr<std::unique_ptr<RandomAccessFile>> opened =
+          fs->OpenForReadBeneath(list.dir.fd, OffsetsFileOf(name), offsets.name, reader);
+      if (opened.ok()) {
+        offsets_file = std::move(*opened);
+        offsets.file = offsets_file.get();
+      } else if (!absl::IsNotFound(opened.status())) {
+        return OfEntry(opened.status(), field);
+      }
+    }
+    absl::StatusOr<TokenShard> shard =
+        ProbeTokenShard(spec, std::move(*file), display, idx, walk, "", offsets);
     if (!shard.ok()) return OfEntry(shard.status(), field);
     shards.push_back(std::move(*shard));
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/le_bytes.h"
 #include "server/reader/npy.h"
@@ -106,6 +107,92 @@ absl::StatusOr<std::pair<DType, uint64_t>> ReadMegatronIndex(const MegatronIdx& 
   return std::make_pair(dtype, tokens);
 }
 
+}  // namespace
+
+absl::Status ReadDocumentOffsets(const DocumentOffsets& offsets, const TokenShard& shard,
+                                 const WalkBudget& walk, std::vector<uint32_t>* sizes) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", offsets.name,
+                                                   " (the document offsets of ", shard.name,
+                                                   "): ", why));
+  };
+  const RandomAccessFile& file = *offsets.file;
+  std::string prefix(std::min<uint64_t>(file.size(), kNpyMaxHeaderBytes), '\0');
+  GPUFEED_RETURN_IF_ERROR(file.ReadAt(
+      0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
+  if (!absl::StartsWith(prefix, kNpyMagic)) return bad("not a .npy file");
+  absl::StatusOr<NpyHeader> header = ParseNpyHeader(prefix);
+  if (!header.ok()) return bad(std::string(header.status().message()));
+  const DType t = header->dtype;
+  if (t != DType::kInt32 && t != DType::kInt64 && t != DType::kUInt32 && t != DType::kUInt64) {
+    return bad(absl::StrCat("an array of ", DTypeName(t), "; offsets are int32, int64, uint32 or ",
+                            "uint64"));
+  }
+  if (header->shape.size() != 1) {
+    return bad(absl::StrCat("an array of ", header->shape.size(),
+                            " dimensions; offsets are one: documents + 1 entries"));
+  }
+  const uint64_t entries = static_cast<uint64_t>(header->shape[0]);
+  const uint64_t eb = DTypeSize(t);
+  if (entries < 1) return bad("no entries; the first must be 0 and the last the token count");
+  if (entries - 1 > shard.tokens) {
+    return bad(absl::StrCat(entries - 1, " documents for ", shard.tokens,
+                            " tokens: more documents than tokens"));
+  }
+  if (header->data_offset + static_cast<__uint128_t>(entries) * eb > file.size()) {
+    return bad(absl::StrCat("truncated: its header promises ", entries, " entries"));
+  }
+  const bool is_signed = t == DType::kInt32 || t == DType::kInt64;
+  std::vector<std::byte> buffer(std::min<uint64_t>(entries, 1 << 16) * eb);
+  uint64_t last = 0;
+  for (uint64_t done = 0; done < entries;) {
+    GPUFEED_RETURN_IF_ERROR(walk.Poll());
+    const uint64_t n = std::min<uint64_t>(entries - done, buffer.size() / eb);
+    GPUFEED_RETURN_IF_ERROR(file.ReadAt(header->data_offset + done * eb,
+                                        std::span<std::byte>(buffer.data(), n * eb)));
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t raw = 0;  // little-endian, 4 or 8 bytes (the .npy header said '<')
+      bool negative;
+      if (eb == 4) {
+        uint32_t v;
+        std::memcpy(&v, buffer.data() + i * 4, 4);
+        raw = v;
+        negative = is_signed && static_cast<int32_t>(v) < 0;
+      } else {
+        std::memcpy(&raw, buffer.data() + i * 8, 8);
+        negative = is_signed && static_cast<int64_t>(raw) < 0;
+      }
+      const uint64_t at = done + i;
+      if (negative || raw > shard.tokens) {
+        return bad(absl::StrCat("entry ", at, " is ",
+                                negative ? std::string("negative") : absl::StrCat(raw),
+                                ", outside the shard's ", shard.tokens, " tokens"));
+      }
+      if (at == 0 && raw != 0) return bad(absl::StrCat("entry 0 is ", raw, ", not 0"));
+      if (raw < last) {
+        return bad(absl::StrCat("entry ", at, " (", raw, ") is less than entry ", at - 1, " (",
+                                last, "): offsets never decrease"));
+      }
+      if (at > 0) {
+        if (raw - last > 0xffffffffu) {
+          return bad(absl::StrCat("document ", at - 1, " holds ", raw - last,
+                                  " tokens; at most 2^32 - 1 a document"));
+        }
+        sizes->push_back(static_cast<uint32_t>(raw - last));
+      }
+      last = raw;
+    }
+    done += n;
+  }
+  if (last != shard.tokens) {
+    return bad(absl::StrCat("the last entry is ", last, ", not the shard's token count ",
+                            shard.tokens, ": offsets end where the tokens do"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // An llm.c shard (the magic read already): version 1 or 2 of kLlmcMagic, 7 of
 // kLlmcLlama3Magic; the header's count must make the file's size exactly.
 absl::Status ReadLlmc(const FileDatasetSpec& spec, absl::string_view prefix, uint64_t size,
@@ -186,13 +273,21 @@ std::string BinOf(const std::string& idx_name) {
 absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
                                            std::unique_ptr<RandomAccessFile> file, std::string name,
                                            const MegatronIdx& idx, const WalkBudget& walk,
-                                           absl::string_view set_dir) {
+                                           absl::string_view set_dir,
+                                           const DocumentOffsets& offsets) {
   if (file->size() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("dataset.path: ", name, " is empty"));
   }
   TokenShard shard;
   shard.name = std::move(name);
   const std::string& n = shard.name;
+  if (absl::EndsWith(n, kOffsetsSuffix)) {
+    // Read as tokens, a uint32 offsets array would pass for a shard: refused by its name.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: ", n, " is a document-offsets file (read with the token shard of its name ",
+        "beside it, S.offsets.npy with S.npy or S.bin), not token ids, and no such shard is ",
+        "read: name the shard, or rename the file"));
+  }
   std::string prefix(std::min<uint64_t>(file->size(), kNpyMaxHeaderBytes), '\0');
   GPUFEED_RETURN_IF_ERROR(file->ReadAt(
       0, std::span<std::byte>(reinterpret_cast<std::byte*>(prefix.data()), prefix.size())));
@@ -244,6 +339,17 @@ absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
                                                      DTypeName(shard.dtype), " tokens"));
     }
     shard.tokens = file->size() / token_bytes;
+  }
+  if (spec.for_packing && idx.file != nullptr) shard.documents_from = idx.name;
+  if (spec.for_packing && offsets.file != nullptr) {
+    if (idx.file != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", n, " has two sets of documents, its Megatron .idx (", idx.name,
+          ") and an offsets file (", offsets.name, "): remove or rename one"));
+    }
+    shard.sequences.clear();
+    GPUFEED_RETURN_IF_ERROR(ReadDocumentOffsets(offsets, shard, walk, &shard.sequences));
+    shard.documents_from = offsets.name;
   }
   shard.file = std::move(file);
   return shard;

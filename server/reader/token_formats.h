@@ -31,9 +31,11 @@ struct TokenShard {
   uint64_t tokens = 0;
   DType dtype = DType::kUInt16;
   const char* format = "raw";
-  // A Megatron .bin's sequence sizes from its .idx, in tokens, in file order; only with
-  // FileDatasetSpec::for_packing (a packing feed's documents), else empty.
+  // The documents' sizes, in tokens, in file order, from a Megatron .bin's .idx or the
+  // shard's offsets file (S.offsets.npy); only with FileDatasetSpec::for_packing (a packing
+  // feed's documents), else empty. `documents_from` names where they came from ("" for none).
   std::vector<uint32_t> sequences;
+  std::string documents_from;
 };
 
 // A tokens dataset's shards as opened (every one of one token type), for a feed that reads
@@ -65,6 +67,13 @@ struct MegatronIdx {
   std::string name;
 };
 
+// A document-offsets file beside the shard being probed (S.offsets.npy beside S.npy, S.bin,
+// ...; common/shard_list.h), and its name for messages.
+struct DocumentOffsets {
+  const RandomAccessFile* file = nullptr;
+  std::string name;
+};
+
 // One file's format, checked (docs/howto/token-files.md):
 // - `idx` set: Megatron-LM's .bin (its .idx says the token type and count; the .bin must hold
 //   exactly that many), the .idx's sizes summed under `walk`;
@@ -73,9 +82,20 @@ struct MegatronIdx {
 //   named), or else raw tokens of token_dtype (uint16 when unset).
 // `set_dir`, when the file is one of a directory or glob's ("" for one file), is named in a
 // refusal's advice (name only the token files). INVALID_ARGUMENT "dataset.path: NAME ...".
+// For a packing feed (spec.for_packing), the documents: the .idx's sequences, or `offsets`
+// (ReadDocumentOffsets); a shard with both is refused (which would be its documents?).
 absl::StatusOr<TokenShard> ProbeTokenShard(const FileDatasetSpec& spec,
                                            std::unique_ptr<RandomAccessFile> file, std::string name,
                                            const MegatronIdx& idx, const WalkBudget& walk,
-                                           absl::string_view set_dir = "");
+                                           absl::string_view set_dir = "",
+                                           const DocumentOffsets& offsets = {});
+
+// A shard's document offsets (docs/howto/token-files.md): a 1-D .npy of int32, int64, uint32
+// or uint64 in CSR form, documents + 1 entries, the first 0, the last the shard's token count,
+// never decreasing; document d is tokens [offsets[d], offsets[d + 1]). Appends the documents'
+// sizes to `sizes` (an empty one kept: FindDocuments leaves it out). At most one document a
+// token (more is a file of empty documents, refused); read under `walk`.
+absl::Status ReadDocumentOffsets(const DocumentOffsets& offsets, const TokenShard& shard,
+                                 const WalkBudget& walk, std::vector<uint32_t>* sizes);
 
 }  // namespace gpufeed::server

@@ -11,7 +11,8 @@ uint16 shards; the plain feed reads the same shards as one dataset of windows. E
 reads its batch on the consumer (a checksum of the first token), as a training step would.
 
 Starts its own gpufeedd (build/server/gpufeedd, or $GPUFEEDD) on a temporary socket with
---threads 2 and loads the C library from build/client/c (or $GPUFEED_LIBRARY).
+--threads 2 (--threads N) and loads the C library from build/client/c (or $GPUFEED_LIBRARY);
+--device cuda:0 takes the batches into the GPU (device delivery).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--ctl-batches", type=int, default=6000)
+    p.add_argument("--threads", type=int, default=2, help="gpufeedd --threads")
+    p.add_argument("--device", default="cpu", help="the Loader's device (cpu: host delivery)")
     args = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpufeed-blend-bench-"))
@@ -90,10 +93,10 @@ def main() -> None:
         os.link(work / name / f"{name}.bin", plain_dir / f"{name}.bin")
     sock = work / "gf.sock"
     daemon = subprocess.Popen([os.environ.get("GPUFEEDD", str(REPO / "build/server/gpufeedd")),
-                               f"--listen=unix://{sock}", "--threads=2"],
+                               f"--listen=unix://{sock}", f"--threads={args.threads}"],
                               stderr=subprocess.DEVNULL)
     common = dict(kind="tokens", token_dtype="uint16", seq_len=args.seq_len,
-                  batch_size=args.batch, seed=1, device="cpu", socket=str(sock))
+                  batch_size=args.batch, seed=1, device=args.device, socket=str(sock))
     blend = {str(work / name) + "/": w for name, w in weights.items()}
     cases = [
         ("plain token feed (windows)", dict(dataset=str(plain_dir))),
@@ -149,7 +152,8 @@ def main() -> None:
     plain, ctl_plain = results[0]["rows_per_s"], results[0]["ctl_rows_per_s"]
     print(f"\n{args.tokens / 2**20:.0f} Mi tokens in 3 sources (documents: "
           f"{', '.join(f'{k} {v:,}' for k, v in documents.items())}), B={args.batch}, "
-          f"seq_len={args.seq_len}, uint16, host delivery, --threads 2, {os.cpu_count()} cores")
+          f"seq_len={args.seq_len}, uint16, Loader device {args.device}, --threads {args.threads}, "
+          f"{os.cpu_count()} cores")
     print(f"best of {args.rounds} rounds; Python: gpufeed.torch.Loader, {args.seconds:.0f} s a case; "
           f"gpufeedctl: consume, {args.ctl_batches} batches")
     print("| feed | Python rows/s | tokens/s | vs plain | gpufeedctl rows/s | vs plain "

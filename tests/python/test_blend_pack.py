@@ -557,3 +557,33 @@ def test_gpufeedctl_consume_packs(daemon, job, documents, tmp_path):
         pytest.skip("gpufeedd served no position_ids: it does not pack yet")
     positions = np.load(tmp_path / "first.position_ids.npy")
     assert positions.shape == (4, PACK_SEQ + 1) and np.all(positions[:, 0] == 0)
+
+
+def test_an_offsets_file_gives_the_documents_an_eos_scan_would(daemon, job, documents, tmp_path):
+    # The same documents as a .npy with its offsets file beside it (S.offsets.npy, CSR form)
+    # and no eos_id: every row equal to the eos-split feed's, through a blend of one source.
+    lengths = [len(d) for d in documents.docs]
+    np.save(tmp_path / "docs.npy", np.concatenate(documents.docs))
+    np.save(tmp_path / "docs.offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    by_offsets = Documents(str(tmp_path / "docs.npy"), documents.docs)
+    rows = {}
+    for pack in ("best_fit", "concat"):
+        extra = {"pack_lookahead": 100} if pack == "best_fit" else {}
+        with attach_packed(daemon.socket, documents, pack, job=f"{job}-{pack}-eos",
+                           stop_epoch=1, drop_last=False, **extra) as s:
+            want = read_packed(s)
+        with attach_packed(daemon.socket, by_offsets, pack, job=f"{job}-{pack}-offsets",
+                           eos_id=None, stop_epoch=1, drop_last=False, **extra) as s:
+            got = read_packed(s)
+        rows[pack] = got
+        assert len(got) == len(want) > 0
+        for g, w in zip(got, want):
+            assert g.id == w.id
+            for name in ("tokens", "position_ids", "loss_mask", "cu_seqlens"):
+                assert np.array_equal(getattr(g, name), getattr(w, name)), (pack, g.id, name)
+    # A directory of the two files reads the same: the offsets file is no shard of its own.
+    with attach_packed(daemon.socket, by_offsets._replace(path=str(tmp_path)), "best_fit",
+                       job=f"{job}-dir", eos_id=None, stop_epoch=1, drop_last=False,
+                       pack_lookahead=100) as s:
+        assert [r.tokens.tolist() for r in read_packed(s)] == \
+            [r.tokens.tolist() for r in rows["best_fit"]]

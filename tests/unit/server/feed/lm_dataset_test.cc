@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/feed/feed.h"
+#include "tests/testing/npy_builder.h"
 #include "tests/testing/temp_dir.h"
 
 namespace gpufeed::server {
@@ -282,6 +283,93 @@ TEST(LmDatasetTest, DocumentsComeFromMegatronIdxOrEosAndNothingElse) {
   EXPECT_EQ(std::count(r.loss_mask.begin(), r.loss_mask.end(), 1), 12);
   const std::vector<int32_t> cu = {0, 7, 12, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
   EXPECT_EQ(r.cu_seqlens, cu);
+}
+
+std::string I64(const std::vector<int64_t>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 8);
+}
+
+// A shard's offsets file (S.offsets.npy) gives its documents as a Megatron .idx does: found
+// beside the shard however the shard is named (its directory, a glob, a list, the file
+// alone), never read as a shard itself, and refused, naming the entry, where it is not a
+// CSR offsets array of the shard's tokens.
+TEST(LmDatasetTest, DocumentsComeFromAShardsOffsetsFile) {
+  TempDir dir;
+  // 12 uint32 tokens; documents of 5, 0 (left out) and 7 tokens: the Megatron test's.
+  dir.WriteFile("o.npy", gpufeed::testing::NpyFile("<u4", "(12,)", WindowFile(1, 12)));
+  dir.WriteFile("o.offsets.npy", gpufeed::testing::NpyFile("<i8", "(4,)", I64({0, 5, 5, 12})));
+  LmSpec lm;
+  lm.pack = PackMode::kBestFit;
+  lm.lookahead = 2;
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 0, 1, 2, 3};
+  const auto expect_row = [&](const DatasetSpec& spec, const std::string& how) {
+    SCOPED_TRACE(how);
+    absl::StatusOr<std::unique_ptr<LmDataset>> d =
+        LmDataset::Open(spec, lm, 1, false, PosixFileSystem());
+    ASSERT_TRUE(d.ok()) << d.status();
+    const Row r = ReadRow(**d, 0);
+    EXPECT_EQ(r.position_ids, positions);
+    EXPECT_EQ(r.tokens[0], TokenOf(1, 5));
+    EXPECT_EQ(r.tokens[7], TokenOf(1, 0));
+    EXPECT_EQ(std::count(r.loss_mask.begin(), r.loss_mask.end(), 1), 12);
+  };
+  DatasetSpec spec = Tokens(dir.path(), 15);
+  spec.token_dtype = DType::kUnspecified;
+  expect_row(spec, "the directory");
+  spec.path = dir.Join("*.npy");
+  expect_row(spec, "a glob that selects both files");
+  spec.path = dir.Join("o.npy");
+  expect_row(spec, "the shard named alone");
+  spec.path = dir.path();
+  spec.paths = {dir.Join("o.npy")};
+  expect_row(spec, "a list of the shard");
+  spec.paths = {dir.Join("o.offsets.npy"), dir.Join("o.npy")};
+  expect_row(spec, "a list of both");
+
+  // Not packed: the offsets file is no shard (12 tokens: one window of 12).
+  DatasetSpec plain = Tokens(dir.path(), 11);
+  plain.token_dtype = DType::kUnspecified;
+  absl::StatusOr<std::unique_ptr<Dataset>> windows = OpenDataset(plain, PosixFileSystem());
+  ASSERT_TRUE(windows.ok()) << windows.status();
+  EXPECT_EQ((*windows)->num_samples(), 1u);
+
+  // An offsets file alone is refused by its name, not read as uint32 tokens.
+  TempDir lone;
+  lone.WriteFile("x.offsets.npy", gpufeed::testing::NpyFile("<u4", "(2,)", U32({0, 12})));
+  DatasetSpec alone = Tokens(lone.path(), 15);
+  alone.token_dtype = DType::kUnspecified;
+  absl::StatusOr<std::unique_ptr<LmDataset>> refused =
+      LmDataset::Open(alone, lm, 1, false, PosixFileSystem());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("x.offsets.npy is a document-offsets file"));
+
+  // Each malformed offsets file, refused naming the file and what is wrong.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {gpufeed::testing::NpyFile("<i8", "(3,)", I64({1, 5, 12})), "entry 0 is 1, not 0"},
+      {gpufeed::testing::NpyFile("<i8", "(4,)", I64({0, 6, 5, 12})),
+       "entry 2 (5) is less than entry 1 (6)"},
+      {gpufeed::testing::NpyFile("<i8", "(3,)", I64({0, 5, 11})),
+       "the last entry is 11, not the shard's token count 12"},
+      {gpufeed::testing::NpyFile("<i8", "(3,)", I64({0, 5, 13})), "entry 2 is 13, outside"},
+      {gpufeed::testing::NpyFile("<i8", "(3,)", I64({0, -5, 12})), "entry 1 is negative"},
+      {gpufeed::testing::NpyFile("<f4", "(2,)", std::string(8, '\0')), "an array of float32"},
+      {gpufeed::testing::NpyFile("<i8", "(1, 2)", I64({0, 12})), "an array of 2 dimensions"},
+      {gpufeed::testing::NpyFile("<i8", "(0,)", ""), "no entries"},
+      {gpufeed::testing::NpyFile("<i8", "(14,)", I64(std::vector<int64_t>(14, 0))),
+       "13 documents for 12 tokens"},
+      {"not a npy", "not a .npy file"},
+  };
+  for (const auto& [bytes, want] : bad) {
+    SCOPED_TRACE(want);
+    dir.WriteFile("o.offsets.npy", bytes);
+    spec.paths.clear();
+    absl::StatusOr<std::unique_ptr<LmDataset>> d =
+        LmDataset::Open(spec, lm, 1, false, PosixFileSystem());
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(d.status().message(), HasSubstr("o.offsets.npy (the document offsets of "));
+    EXPECT_THAT(d.status().message(), HasSubstr(want));
+  }
 }
 
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at

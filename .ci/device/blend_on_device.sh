@@ -1,0 +1,39 @@
+#!/bin/bash
+# Blends and packing (issue 35) on the GPU machine, in one call (carry [".devbundle"]):
+#   bash .ci/device/blend_on_device.sh
+# 1. the blend and packing Python tests (host delivery) on this machine's Python and torch;
+# 2. device delivery: blend_device_check.py (every tensor of every batch in cuda:0 equal to
+#    host delivery's, and across a state_dict resume); 3. tests/bench/blend_bench.py on this
+#    machine's cores, host delivery and cuda:0. SKIP="pytest device bench" leaves steps out.
+set -u
+out=${OUT:-/tmp/gpufeed-out}
+final=${OUT:-}
+mkdir -p "$out"
+source "$(dirname "$0")/device_env.sh"
+python_env
+rc=0
+if want pytest; then
+  log "1. pytest test_blend_pack.py test_blend_options.py"
+  timeout 300 python3 -m pytest "$root/tests/python/test_blend_pack.py" \
+      "$root/tests/python/test_blend_options.py" -q -rs -p no:cacheprovider \
+      >"$out/pytest.log" 2>&1 || rc=1
+  tail -4 "$out/pytest.log" | tee -a "$out/summary.log"
+fi
+if want device; then
+  sock=/tmp/gpufeed-blend.sock
+  start_daemon "$sock" "$out/gpufeedd.log" --staging_bytes=$((2 << 30)) || exit 1
+  log "2. device delivery of blends and packed rows"
+  timeout 300 python3 "$root/.ci/device/blend_device_check.py" "$sock" >"$out/device.log" 2>&1 || rc=1
+  tail -3 "$out/device.log" | tee -a "$out/summary.log"
+  stop_daemon
+fi
+if want bench; then
+  for dev in cpu cuda:0; do
+    log "3. blend_bench --threads 4 --device $dev"
+    GPUFEEDD=$GPUFEEDD GPUFEEDCTL=$ctl timeout 250 python3 "$root/tests/bench/blend_bench.py" \
+        --threads 4 --device "$dev" --seconds 5 >"$out/bench_${dev%%:*}.log" 2>&1 || rc=1
+    tail -8 "$out/bench_${dev%%:*}.log" | tee -a "$out/summary.log"
+  done
+fi
+[ -n "$final" ] && cp "$out"/*.log "$final/" 2>/dev/null
+exit $rc

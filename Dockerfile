@@ -31,7 +31,8 @@ FROM nvidia/cuda:13.0.0-runtime-ubuntu24.04
 # The shared libraries the binaries load, as packages: for Ubuntu 24.04 these are grpc++ and
 # grpc (libgrpc++1.51t64, libgrpc29t64), protobuf (libprotobuf32t64), abseil
 # (libabsl20220623t64), spdlog and fmt, libjpeg-turbo (libturbojpeg), libpng16-16t64,
-# Highway (libhwy1t64; Debian 12: libhwy1), prometheus-cpp (libprometheus-cpp-core1.0, -pull1.0, civetweb) and libsystemd0. The list
+# Highway (libhwy1t64; Debian 12: libhwy1), prometheus-cpp (libprometheus-cpp-core1.0, -pull1.0, civetweb), libsystemd0 and,
+# once the daemon reads S3 (server/objstore), libcurl (libcurl4t64; Debian 12: libcurl4). The list
 # is computed from the binaries in the build stage (deploy/runtime-packages.sh), so no name
 # here can go stale. python3 and numpy: the gpufeed package.
 COPY --from=build /build/runtime-packages /tmp/runtime-packages

@@ -26,6 +26,16 @@ cmake -S "$root" -B "$build" -G Ninja -DGPUFEED_SANITIZE="$sanitize" "${extra[@]
 ninja -C "$build"
 # GPUFEED_BUILD_ONLY=1: stop after the build (.ci/run starts the thread-safety pass then).
 [ "${GPUFEED_BUILD_ONLY:-}" != 1 ] || exit 0
+# The S3 tests' server (tests/unit/server/objstore): moto from PyPI, which Debian does not
+# package, in a venv of Debian's python3 under the build directory; Debian's own packages
+# (boto3's dependencies among them) stay visible to it. Made once, then only checked. Where
+# PyPI cannot be reached those tests skip, saying so; the rest of the suite runs.
+s3_venv="$build/s3-venv"
+if ! "$s3_venv/bin/python3" -c "import moto.server" 2>/dev/null; then
+  /usr/bin/python3 -m venv --system-site-packages "$s3_venv" &&
+    "$s3_venv/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5,<6' ||
+    echo "gpufeed: no moto in $s3_venv (PyPI unreachable?): the S3 tests will skip" >&2
+fi
 cd "$build"
 if [ "$sanitize" = "thread" ]; then
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"

@@ -55,8 +55,8 @@ class Plants(unittest.TestCase):
     def test_an_include_up_fails_and_names_the_missing_link(self):
         line = self.append("server/feed/feed.h", '#include "server/session/session.h"')
         self.assertEqual(layering.check(self.root), [
-            f"server/feed/feed.h:{line}: server/feed (layer 6) includes server/session/session.h "
-            f"of server/session, a higher layer (7): an include may only run down (move what "
+            f"server/feed/feed.h:{line}: server/feed (layer 7) includes server/session/session.h "
+            f"of server/session, a higher layer (8): an include may only run down (move what "
             f"both need below them)",
             f"{BUILD}: gpufeed_feed does not link gpufeed_session, yet server/feed includes "
             f"server/session",
@@ -65,8 +65,8 @@ class Plants(unittest.TestCase):
     def test_an_include_across_one_layer_fails(self):
         line = self.append("server/reader/npy.h", '#include "server/sampler/sampler.h"')
         self.assertEqual(layering.check(self.root), [
-            f"server/reader/npy.h:{line}: server/reader (layer 3) includes "
-            f"server/sampler/sampler.h of server/sampler, the same layer (3): an include may "
+            f"server/reader/npy.h:{line}: server/reader (layer 4) includes "
+            f"server/sampler/sampler.h of server/sampler, the same layer (4): an include may "
             f"only run down (move what both need below them)",
             f"{BUILD}: gpufeed_reader does not link gpufeed_sampler, yet server/reader includes "
             f"server/sampler",
@@ -77,8 +77,8 @@ class Plants(unittest.TestCase):
                          "PUBLIC gpufeed_common gpufeed_auth gpufeed_reader gpufeed_sampler "
                          "gpufeed_session")
         self.assertEqual(layering.check(self.root), [
-            f"{BUILD}:{line}: gpufeed_feed (server/feed, layer 6) links gpufeed_session of "
-            f"server/session, a higher layer (7): a link may only run down",
+            f"{BUILD}:{line}: gpufeed_feed (server/feed, layer 7) links gpufeed_session of "
+            f"server/session, a higher layer (8): a link may only run down",
             f"{BUILD}: gpufeed_feed links gpufeed_session, yet server/feed includes nothing of it",
         ])
 

@@ -29,6 +29,8 @@ LAYERS = [
     ["client/include"],
     ["common"],
     ["common/os", "common/cuda"],
+    # Object stores (S3): what the reader will read remote shards through.
+    ["server/objstore"],
     ["server/auth", "server/reader", "server/staging", "server/sampler", "server/decode",
      "client/cpp"],
     ["server/augment", "server/share", "client/c", "client/ctl"],

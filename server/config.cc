@@ -139,6 +139,11 @@ absl::Status ApplyFile(const std::string& path, DaemonConfig* c, Sources* source
   GPUFEED_FROM_FILE(region_decode, region_decode, file.region_decode());
   GPUFEED_FROM_FILE(cheapest_cpu_rows, cheapest_cpu_rows, file.cheapest_cpu_rows());
   GPUFEED_FROM_FILE(share_cache_bytes, share_cache_bytes, file.share_cache_bytes());
+  GPUFEED_FROM_FILE(s3_endpoint, s3_endpoint, file.s3_endpoint());
+  GPUFEED_FROM_FILE(s3_region, s3_region, file.s3_region());
+  GPUFEED_FROM_FILE(s3_max_connections, s3_max_connections, file.s3_max_connections());
+  GPUFEED_FROM_FILE(cache_dir, cache_dir, file.cache_dir());
+  GPUFEED_FROM_FILE(cache_bytes, cache_bytes, file.cache_bytes());
   GPUFEED_FROM_FILE(metrics_listen, metrics_listen, file.metrics_listen());
   GPUFEED_FROM_FILE(metrics_job_labels, metrics_job_labels, file.metrics_job_labels());
   GPUFEED_FROM_FILE(root_is_admin, root_is_admin, file.root_is_admin());
@@ -292,6 +297,16 @@ absl::Status Validate(DaemonConfig& c, const Sources& sources) {
                      absl::StrCat("a group name is 1 to 128 bytes of [A-Za-z0-9._:@+=/-], got '",
                                   group, "'"));
     }
+  }
+  if (c.s3_max_connections < 1 || c.s3_max_connections > 1024) {
+    return Invalid(sources, "s3_max_connections", "must be 1 to 1024");
+  }
+  if (!c.cache_dir.empty() && c.cache_dir[0] != '/') {
+    return Invalid(sources, "cache_dir", absl::StrCat("must be absolute, got '", c.cache_dir, "'"));
+  }
+  if (c.s3_endpoint.empty() && (c.cache_bytes != 0 || !c.cache_dir.empty())) {
+    return Invalid(sources, "cache_bytes",
+                   "the object cache is for s3:// datasets: set s3_endpoint too");
   }
   if (c.mem_request_timeout <= absl::ZeroDuration()) {
     return Invalid(sources, "mem_request_timeout", "must be > 0");

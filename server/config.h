@@ -66,6 +66,13 @@ struct DaemonConfig {
   uint64_t share_cache_bytes = uint64_t{1} << 30;
   // Sharing group names whose members may be of several uids (session/session_manager.h).
   std::vector<std::string> share_groups_across_uids;
+  // s3:// datasets (objstore/object_store.h): the store ("aws", a URL, or "" for none), the
+  // default signing region, connections, and the node's cache of object bytes.
+  std::string s3_endpoint;
+  std::string s3_region = "us-east-1";
+  int s3_max_connections = 32;
+  std::string cache_dir;
+  uint64_t cache_bytes = 0;
   // Liveness from progress (common/progress.h): stalled once a pipeline thread has been in one
   // work item this long without finishing a sample; zero: off.
   absl::Duration stall_timeout = absl::Seconds(60);

@@ -131,6 +131,18 @@ ABSL_FLAG(std::vector<std::string>, share_groups_across_uids, {},
           "sharing group names whose members may be of several uids (comma-separated): one "
           "group of every uid's jobs of that name reading the same files, a decode made for "
           "one uid given to another only where that uid may read the file; others: per uid");
+ABSL_FLAG(std::string, s3_endpoint, DaemonConfig().s3_endpoint,
+          "serve s3:// datasets from this object store: aws (AWS S3) or the base URL of an "
+          "S3-compatible one (http://minio:9000); a caller's AWS_ENDPOINT_URL_S3 must name it. "
+          "Empty: s3:// datasets are refused");
+ABSL_FLAG(std::string, s3_region, DaemonConfig().s3_region,
+          "the signing region when the caller names none (GCS: auto)");
+ABSL_FLAG(int32_t, s3_max_connections, DaemonConfig().s3_max_connections,
+          "requests to the object store in flight at once, each on a kept-alive connection");
+ABSL_FLAG(std::string, cache_dir, DaemonConfig().cache_dir,
+          "the node-local cache of object bytes: a directory (created 0700) or empty for memory");
+ABSL_FLAG(uint64_t, cache_bytes, DaemonConfig().cache_bytes,
+          "the object cache's size in bytes, every job and rank together; 0: no cache");
 ABSL_FLAG(uint64_t, max_samples_per_feed, DaemonConfig().max_samples_per_feed,
           "the most samples one feed's dataset may make; a larger one's Attach is refused "
           "(RESOURCE_EXHAUSTED)");
@@ -213,6 +225,11 @@ absl::Status ApplyFlags(const absl::flat_hash_set<std::string>& named, DaemonCon
   apply(FLAGS_cheapest_cpu_rows, &c->cheapest_cpu_rows);
   apply(FLAGS_share_cache_bytes, &c->share_cache_bytes);
   apply(FLAGS_share_groups_across_uids, &c->share_groups_across_uids);
+  apply(FLAGS_s3_endpoint, &c->s3_endpoint);
+  apply(FLAGS_s3_region, &c->s3_region);
+  apply(FLAGS_s3_max_connections, &c->s3_max_connections);
+  apply(FLAGS_cache_dir, &c->cache_dir);
+  apply(FLAGS_cache_bytes, &c->cache_bytes);
   apply(FLAGS_max_samples_per_feed, &c->max_samples_per_feed);
   apply(FLAGS_max_image_bytes, &c->max_image_bytes);
   apply(FLAGS_max_ids_bytes, &c->max_ids_bytes);

@@ -118,7 +118,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     }
   }
 #endif
+  if (!c.s3_endpoint.empty()) {
+    objstore::ObjectStoreOptions store;
+    store.s3.endpoint = c.s3_endpoint == "aws" ? "" : c.s3_endpoint;
+    store.s3.region = c.s3_region;
+    store.s3.path_style = !store.s3.endpoint.empty();
+    store.s3.max_connections = c.s3_max_connections;
+    store.cache_dir = c.cache_dir;
+    store.cache_bytes = c.cache_bytes;
+    absl::StatusOr<std::unique_ptr<objstore::ObjectStore>> created =
+        objstore::ObjectStore::Create(std::move(store));
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("s3_endpoint: ", created.status().message()));
+    }
+    d->object_store_ = *std::move(created);
+    spdlog::info("serving s3:// datasets from {}{}", c.s3_endpoint,
+                 c.cache_bytes == 0 ? std::string(" (no cache)")
+                                    : absl::StrCat(" through a cache of ", c.cache_bytes,
+                                                   " bytes in ",
+                                                   c.cache_dir.empty() ? "memory" : c.cache_dir));
+  }
   SessionManagerOptions options;
+  options.access.object_store = d->object_store_.get();
   options.threads = c.threads;
   options.max_sessions = c.max_sessions;
   options.default_ring_slots = c.ring_slots;

@@ -17,6 +17,7 @@
 #include "common/version.h"
 #include "server/config.h"
 #include "server/device/device_backend.h"
+#include "server/objstore/object_store.h"
 
 namespace grpc {
 class Server;
@@ -107,6 +108,8 @@ class Daemon {
   bool pinned_ = false;
   // This daemon's measurements, recorded by its feeds and sessions and exported by metrics_.
   std::shared_ptr<metrics::Counters> counters_;
+  // s3:// datasets' store and cache (--s3_endpoint); before sessions_: feeds hold its sources.
+  std::unique_ptr<objstore::ObjectStore> object_store_;
   std::unique_ptr<SessionManager> sessions_;
   // The gRPC socket's listener (thread `accept`, peer credentials) and the services' view
   // of them.

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cpp/blend.h"
+#include "client/cpp/object_store_access.h"
 #include "client/cpp/options.h"
 #include "client/cpp/rpc.h"
 #include "common/os/file.h"
@@ -313,8 +314,10 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   const std::string given = dataset->path();
   // An explicit list or a blend's files: `path` is set below.
   const bool listed = dataset->paths_size() > 0 || dataset->sources_size() > 0;
+  // s3://bucket/...: no file here to open; the caller's access goes instead (below).
+  const bool object_store = !listed && absl::StartsWith(given, "s3://");
   // A relative path is the daemon's to refuse (dataset.path must be absolute).
-  if (!listed && (given.empty() || given[0] != '/')) return absl::OkStatus();
+  if (!listed && !object_store && (given.empty() || given[0] != '/')) return absl::OkStatus();
 
   // The memory socket's name, from the daemon (asked first: a daemon that is not there is
   // the error to report); it lies beside the gRPC socket as this process sees it (a
@@ -344,6 +347,31 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
         " or newer: upgrade gpufeedd, or use a client of its version"));
   }
   mem_socket_ = absl::StrCat(DirOf(socket_), "/", BaseOf(status.mem_socket()));
+  if (object_store) {
+    // The caller's own access, resolved here with its environment and files (the daemon reads
+    // neither), for this session's reads only (MemRequest.object_store).
+    absl::StatusOr<ObjectStoreAccess> access = ResolveObjectStoreAccess();
+    if (!access.ok()) {
+      return absl::Status(access.status().code(),
+                          absl::StrCat("attach: dataset.path ", given, ": ",
+                                       access.status().message()));
+    }
+    v1::MemRequest mem;
+    mem.set_open_dataset(true);
+    mem.set_lifeline(true);
+    v1::ObjectStoreAccess* a = mem.mutable_object_store();
+    a->set_access_key_id(access->access_key_id);
+    a->set_secret_access_key(access->secret_access_key);
+    a->set_session_token(access->session_token);
+    a->set_web_identity_token(access->web_identity_token);
+    a->set_role_arn(access->role_arn);
+    a->set_role_session_name(access->role_session_name);
+    a->set_region(access->region);
+    a->set_endpoint_url(access->endpoint_url);
+    a->set_anonymous(access->anonymous);
+    return HandOver(mem, -1, absl::StrCat(given, " (credentials from ", access->source, ")"),
+                    dataset);
+  }
 
   // An image folder, records of several arrays (their directory), or token or WebDataset
   // shards: a directory, or a glob (or, for WebDataset, a brace pattern) in the last
@@ -405,18 +433,24 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
                           : absl::StrCat(std::string_view(real) == "/" ? "" : real, "/", pattern));
   }
 
-  GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
-  // The descriptor goes only to a server this client trusts to be gpufeedd (a socket planted
-  // at the path by another user would get a dataset this process can read).
-  if (absl::Status s = CheckDaemonPeer(conn.get(), mem_socket_); !s.ok()) {
-    return Annotate(s, "attach");
-  }
-  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
   v1::MemRequest mem;
   mem.set_open_dataset(true);
   // This connection stays open as the session's lifeline (MemRequest.lifeline).
   mem.set_lifeline(true);
-  GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), mem.SerializeAsString(), fd.get()));
+  return HandOver(mem, fd.get(), listed ? to_open : given, dataset);
+}
+
+absl::Status SessionCore::HandOver(const v1::MemRequest& mem, int fd, const std::string& what,
+                                   v1::DatasetSpec* dataset) {
+  GPUFEED_ASSIGN_OR_RETURN(UniqueFd conn, ConnectUnix(mem_socket_));
+  // The descriptor or the credentials go only to a server this client trusts to be gpufeedd
+  // (a socket planted at the path by another user would get a dataset this process can read,
+  // or its keys).
+  if (absl::Status s = CheckDaemonPeer(conn.get(), mem_socket_); !s.ok()) {
+    return Annotate(s, "attach");
+  }
+  GPUFEED_RETURN_IF_ERROR(SetSocketTimeout(conn.get(), CallTimeout()));
+  GPUFEED_RETURN_IF_ERROR(SendFrame(conn.get(), mem.SerializeAsString(), fd));
   GPUFEED_ASSIGN_OR_RETURN(Frame frame, RecvFrame(conn.get(), 1 << 16));
   v1::MemResponse reply;
   if (!reply.ParseFromString(frame.bytes)) {
@@ -424,8 +458,7 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
   }
   if (reply.code() != 0) {
     return absl::Status(static_cast<absl::StatusCode>(reply.code()),
-                        absl::StrCat("attach: passing ", listed ? to_open : given,
-                                     " to gpufeedd: ", reply.message()));
+                        absl::StrCat("attach: passing ", what, " to gpufeedd: ", reply.message()));
   }
   if (reply.dataset_handle().size() != 32) {
     return absl::InternalError("memory socket: no dataset handle in the reply");

@@ -74,6 +74,11 @@ class SessionCore : public std::enable_shared_from_this<SessionCore> {
   // to the daemon on its memory socket (docs/SECURITY.md section 2); sets dataset.handle.
   // An error opening it names the path and the errno, in the client's words.
   absl::Status PassDataset(v1::AttachRequest* request);
+  // Sends `mem` (with the descriptor `fd`, or none when -1) on the memory socket, names the
+  // handle it gives in `dataset`, and keeps the connection as the lifeline. `what` names the
+  // dataset in errors.
+  absl::Status HandOver(const v1::MemRequest& mem, int fd, const std::string& what,
+                        v1::DatasetSpec* dataset);
   // Maps the ring: host memory or a VMM fd from the memory socket, or a legacy IPC handle.
   absl::Status MapRing();
   // Opens the stream and starts the reader thread.

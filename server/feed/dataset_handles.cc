@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace gpufeed::server {
 namespace {
@@ -47,9 +48,27 @@ void DatasetHandles::DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)
 }
 
 absl::StatusOr<std::string> DatasetHandles::Add(UniqueFd fd, uint32_t uid, UniqueFd lifeline) {
+  Entry e;
+  e.fd = std::move(fd);
+  e.uid = uid;
+  e.lifeline = std::move(lifeline);
+  return AddEntry(std::move(e));
+}
+
+absl::StatusOr<std::string> DatasetHandles::Add(
+    std::shared_ptr<const objstore::ObjectStoreAccess> access, uint32_t uid, UniqueFd lifeline) {
+  Entry e;
+  e.access = std::move(access);
+  e.uid = uid;
+  e.lifeline = std::move(lifeline);
+  return AddEntry(std::move(e));
+}
+
+absl::StatusOr<std::string> DatasetHandles::AddEntry(Entry entry) {
   std::vector<UniqueFd> dropped;  // closed after the lock is released
   const absl::Time now = clock_();
   std::string handle = NewHandle();
+  const uint32_t uid = entry.uid;
   absl::MutexLock lock(&mu_);
   DropExpired(now, &dropped);
   if (entries_.size() >= options_.max_handles) {
@@ -63,7 +82,8 @@ absl::StatusOr<std::string> DatasetHandles::Add(UniqueFd fd, uint32_t uid, Uniqu
         absl::FormatDuration(options_.lifetime), " for them to expire"));
   }
   ++per_uid_[uid];
-  entries_[handle] = Entry{std::move(fd), uid, now + options_.lifetime, std::move(lifeline)};
+  entry.expiry = now + options_.lifetime;
+  entries_[handle] = std::move(entry);
   return handle;
 }
 
@@ -76,7 +96,8 @@ UniqueFd DatasetHandles::TakeLifeline(const std::string& handle, uint32_t uid) {
   return std::move(it->second.lifeline);
 }
 
-absl::StatusOr<UniqueFd> DatasetHandles::Take(const std::string& handle, uint32_t uid) {
+absl::StatusOr<DatasetHandles::Entry> DatasetHandles::TakeEntry(const std::string& handle,
+                                                                uint32_t uid) {
   if (!WellFormed(handle)) {
     return absl::InvalidArgumentError(
         "dataset.handle: must be the 32 hex digits the memory socket gave (open_dataset)");
@@ -92,10 +113,29 @@ absl::StatusOr<UniqueFd> DatasetHandles::Take(const std::string& handle, uint32_
         "the dataset and expire after ", absl::FormatDuration(options_.lifetime),
         "): open the dataset again"));
   }
-  UniqueFd fd = std::move(it->second.fd);
+  Entry e = std::move(it->second);
   if (--per_uid_[uid] == 0) per_uid_.erase(uid);
   entries_.erase(it);
-  return fd;
+  return e;
+}
+
+absl::StatusOr<UniqueFd> DatasetHandles::Take(const std::string& handle, uint32_t uid) {
+  GPUFEED_ASSIGN_OR_RETURN(Entry e, TakeEntry(handle, uid));
+  if (e.access != nullptr) {
+    return absl::InvalidArgumentError(
+        "dataset.handle: names object store access, which is for an s3:// dataset.path");
+  }
+  return std::move(e.fd);
+}
+
+absl::StatusOr<std::shared_ptr<const objstore::ObjectStoreAccess>> DatasetHandles::TakeAccess(
+    const std::string& handle, uint32_t uid) {
+  GPUFEED_ASSIGN_OR_RETURN(Entry e, TakeEntry(handle, uid));
+  if (e.access == nullptr) {
+    return absl::InvalidArgumentError(
+        "dataset.handle: names an opened file, but dataset.path is an s3:// path");
+  }
+  return std::move(e.access);
 }
 
 size_t DatasetHandles::size() const {

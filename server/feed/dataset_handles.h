@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/os/fd.h"
+#include "server/objstore/object_store.h"
 
 namespace gpufeed::server {
 
@@ -45,6 +46,16 @@ class DatasetHandles {
   // is unknown, taken already, expired, or another uid's (which it leaves in place).
   absl::StatusOr<UniqueFd> Take(const std::string& handle, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The same for an s3:// dataset: the caller's access to the object store instead of a
+  // descriptor (MemRequest.object_store), kept only until its Attach takes it.
+  absl::StatusOr<std::string> Add(std::shared_ptr<const objstore::ObjectStoreAccess> access,
+                                  uint32_t uid, UniqueFd lifeline = UniqueFd())
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Take for a handle of access; INVALID_ARGUMENT where it names a descriptor (and Take, the
+  // other way round), the handle spent either way.
+  absl::StatusOr<std::shared_ptr<const objstore::ObjectStoreAccess>> TakeAccess(
+      const std::string& handle, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
+
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -53,7 +64,11 @@ class DatasetHandles {
     uint32_t uid = 0;
     absl::Time expiry;
     UniqueFd lifeline;
+    std::shared_ptr<const objstore::ObjectStoreAccess> access;  // instead of fd
   };
+  absl::StatusOr<std::string> AddEntry(Entry entry) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Entry> TakeEntry(const std::string& handle, uint32_t uid)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the expired entries out (closed by the caller, outside the lock).
   void DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

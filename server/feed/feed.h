@@ -23,6 +23,7 @@
 #include "server/feed/dataset_handles.h"
 #include "server/feed/fingerprint.h"
 #include "server/feed/lm_dataset.h"
+#include "server/objstore/object_store.h"
 #include "server/images/dataset.h"
 #include "server/sampler/sampler.h"
 #include "server/share/share_cache.h"
@@ -229,6 +230,8 @@ struct FeedAccessOptions {
   std::vector<std::string> dataset_roots;
   DatasetHandleOptions handles;  // handles.lifetime: the daemon's attach_timeout
   FolderWalkLimits walk;         // walk.cancel is the registry's own (CancelOpens)
+  // The node's object store (the daemon's --s3_endpoint); null: s3:// datasets refused.
+  objstore::ObjectStore* object_store = nullptr;
 };
 
 // Feeds by key. Holds them weakly: a feed lives while a session uses it.
@@ -253,6 +256,10 @@ class FeedRegistry {
   // keeps it for `from`'s uid, with the client's `lifeline` if any; returns the handle.
   absl::StatusOr<std::string> AddDatasetHandle(UniqueFd fd, const PeerCred& from,
                                                UniqueFd lifeline = UniqueFd());
+  // The same for an s3:// dataset: the caller's access to the object store.
+  absl::StatusOr<std::string> AddObjectStoreHandle(objstore::ObjectStoreAccess access,
+                                                   const PeerCred& from,
+                                                   UniqueFd lifeline = UniqueFd());
   // The lifeline that came with `uid`'s handle (DatasetHandles::TakeLifeline).
   UniqueFd TakeLifeline(const std::string& handle, uint32_t uid) {
     return handles_.TakeLifeline(handle, uid);

@@ -40,6 +40,18 @@ bool Beneath(const std::string& path, const std::vector<std::string>& roots) {
 
 }  // namespace
 
+absl::StatusOr<std::string> FeedRegistry::AddObjectStoreHandle(objstore::ObjectStoreAccess access,
+                                                               const PeerCred& from,
+                                                               UniqueFd lifeline) {
+  if (access_.object_store == nullptr) {
+    return absl::FailedPreconditionError(
+        "open_dataset: this gpufeedd serves no s3:// datasets (its admin starts it with "
+        "--s3_endpoint)");
+  }
+  return handles_.Add(std::make_shared<const objstore::ObjectStoreAccess>(std::move(access)),
+                      from.uid, std::move(lifeline));
+}
+
 absl::StatusOr<std::string> FeedRegistry::AddDatasetHandle(UniqueFd fd, const PeerCred& from,
                                                            UniqueFd lifeline) {
   // Only a descriptor the sender could read through: not O_PATH (which needs no read
@@ -70,6 +82,36 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
   std::vector<std::string> relative;
   for (const std::string& p : d.paths) {
     relative.push_back(p.substr(std::min(p.size(), d.path == "/" ? 1 : d.path.size() + 1)));
+  }
+  if (absl::StartsWith(d.path, "s3://")) {
+    // An object store's dataset (docs/howto/object-storage.md): read with the caller's own
+    // access, which came with the handle; shared only by callers of one uid (each feed's
+    // objects are HEADed with its first caller's access).
+    if (access_.object_store == nullptr) {
+      return absl::FailedPreconditionError(
+          "dataset.path: this gpufeedd serves no s3:// datasets (its admin starts it with "
+          "--s3_endpoint)");
+    }
+    if (d.kind != DatasetKind::kTokens && d.kind != DatasetKind::kWebDataset &&
+        d.kind != DatasetKind::kRecords) {
+      return absl::InvalidArgumentError(
+          "dataset.path: an s3:// dataset is of kind tokens, webdataset or records");
+    }
+    if (d.handle.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset.handle: an s3:// dataset is read with the caller's own access, which the "
+          "client library passes on the memory socket: attach through it");
+    }
+    GPUFEED_ASSIGN_OR_RETURN(std::shared_ptr<const objstore::ObjectStoreAccess> access,
+                             handles_.TakeAccess(d.handle, caller.uid()));
+    GPUFEED_ASSIGN_OR_RETURN(d.objects, access_.object_store->Bind(*access));
+    d.walk = access_.walk;
+    d.walk.cancel = &cancel_;
+    if (!caller.admin) d.walk.charge_uid = caller.uid();
+    std::string identity = absl::StrCat(";", d.objects->Identity(), ";uid=", caller.uid());
+    *key = FeedKeyOf(absl::StrCat(spec->Canonical(), identity));
+    d.resolved = std::move(identity);
+    return absl::OkStatus();
   }
   if (!d.handle.empty()) {
     GPUFEED_ASSIGN_OR_RETURN(*fd, handles_.Take(d.handle, caller.uid()));

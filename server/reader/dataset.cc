@@ -4,6 +4,7 @@
 #include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/file_datasets.h"
+#include "server/reader/object_shards.h"
 #include "server/reader/shards.h"
 
 namespace gpufeed::server {
@@ -12,6 +13,10 @@ namespace gpufeed::server {
 // or of one file, records of one file: the kind and the spec's form pick the opener.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& spec,
                                                          FileSystem* fs, const PeerCred* reader) {
+  if (spec.objects != nullptr && !spec.arrays.empty()) {
+    return absl::InvalidArgumentError(
+        "dataset.arrays: not for an s3:// dataset (records from an object store are one .npy)");
+  }
   if (!spec.arrays.empty()) {
     if (spec.kind != DatasetKind::kRecords) {
       return absl::InvalidArgumentError(
@@ -20,6 +25,25 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFileDataset(const FileDatasetSpec& 
     return OpenRecordArrays(spec, fs, reader);
   }
   GPUFEED_RETURN_IF_ERROR(ValidateShardPaths(spec));
+  if (spec.objects != nullptr) {  // s3:// (docs/howto/object-storage.md)
+    if (!spec.paths.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset.paths: not for an s3:// dataset (name a directory, a glob or one object)");
+    }
+    if (spec.kind == DatasetKind::kTokens) {
+      GPUFEED_RETURN_IF_ERROR(CheckTokenSpec(spec));
+      return OpenTokenObjects(spec);
+    }
+    GPUFEED_ASSIGN_OR_RETURN(const ObjectSelection one,
+                             SelectObjects(spec, *spec.objects, nullptr, /*braces=*/false));
+    if (!one.one_object) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dataset.path: ", spec.path, ": records from an object store are one .npy object"));
+    }
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                             OpenSelected(one, *spec.objects, one.names.front()));
+    return OpenRecords(spec, std::move(file));
+  }
   if (spec.kind == DatasetKind::kTokens) {
     GPUFEED_RETURN_IF_ERROR(CheckTokenSpec(spec));
     if (!spec.paths.empty()) return OpenTokenList(spec, fs, reader);

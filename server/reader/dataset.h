@@ -15,6 +15,10 @@
 #include "common/os/peer_cred.h"
 #include "server/reader/image_folder.h"
 
+namespace gpufeed::objstore {
+class ObjectSource;  // server/objstore/object_store.h
+}  // namespace gpufeed::objstore
+
 namespace gpufeed::server {
 
 enum class DatasetKind {
@@ -78,6 +82,10 @@ struct FileDatasetSpec {
   // Megatron .idx's sequence sizes (TokenShard::sequences), the documents it packs, and
   // take shards of fewer than seq_len + 1 tokens (a row packs documents of several).
   bool for_packing = false;
+  // Set by the feed registry from the handle, never from a request: for an s3:// path, the
+  // objects as the caller's own access reads them (docs/howto/object-storage.md); null for
+  // files.
+  std::shared_ptr<const objstore::ObjectSource> objects;
   // Set by the feed registry, never from a request: the bounds of every attach-time scan
   // (an image folder's walk, a tar's index, a Megatron .idx's sizes) and of the index kept.
   FolderWalkLimits walk;

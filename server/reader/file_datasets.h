@@ -23,6 +23,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenShards(const FileDatasetSpec& 
 // The shards of an explicit list (spec.paths).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& spec, FileSystem* fs,
                                                        const PeerCred* reader);
+// The token shards an s3:// path names (spec.objects; reader/object_shards.h), with the
+// companions listed beside them (a Megatron X.idx; an S.offsets.npy for a packed feed).
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec& spec);
 absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenFile(const FileDatasetSpec& spec,
                                                        std::unique_ptr<RandomAccessFile> file);
 

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "server/reader/dataset.h"
 #include "server/reader/le_bytes.h"
+#include "server/reader/object_shards.h"
 #include "server/reader/shards.h"
 #include "server/reader/token_formats.h"
 #include "spdlog/spdlog.h"
@@ -347,6 +348,52 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenList(const FileDatasetSpec& sp
         "dataset.paths: no token files (every entry is the .idx of another)");
   }
   return MakeTokens(spec, std::move(shards), /*sharded=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec& spec) {
+  const objstore::ObjectSource& source = *spec.objects;
+  GPUFEED_ASSIGN_OR_RETURN(
+      const ObjectSelection selection,
+      SelectObjects(spec, source, [](const std::string&) { return true; }, /*braces=*/false));
+  const std::vector<std::string>& listed = selection.listed;
+  const auto beside = [&](const std::string& name) {
+    return std::binary_search(listed.begin(), listed.end(), name);
+  };
+  std::vector<TokenShard> shards;
+  const WalkBudget walk(spec.walk, spec.path, "indexing");
+  for (const std::string& name : selection.names) {
+    // A companion goes with its shard (listed: a directory or a glob that selected both).
+    if (!listed.empty() && IsCompanionIn(name, listed) && !selection.one_object) continue;
+    GPUFEED_RETURN_IF_ERROR(walk.Poll());
+    GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                             OpenSelected(selection, source, name));
+    std::unique_ptr<RandomAccessFile> idx_file, offsets_file;
+    MegatronIdx idx;
+    DocumentOffsets offsets;
+    if (absl::EndsWith(name, ".bin")) {
+      const std::string idx_name = absl::StrCat(name.substr(0, name.size() - 4), ".idx");
+      if (beside(idx_name)) {
+        idx.name = selection.display(idx_name);
+        GPUFEED_ASSIGN_OR_RETURN(idx_file, OpenSelected(selection, source, idx_name));
+        idx.file = idx_file.get();
+      }
+    }
+    if (const std::string o = OffsetsFileOf(name); spec.for_packing && beside(o)) {
+      offsets.name = selection.display(o);
+      GPUFEED_ASSIGN_OR_RETURN(offsets_file, OpenSelected(selection, source, o));
+      offsets.file = offsets_file.get();
+    }
+    GPUFEED_ASSIGN_OR_RETURN(
+        TokenShard shard,
+        ProbeTokenShard(spec, std::move(file), selection.display(name), idx, walk,
+                        selection.one_object ? "" : selection.display(""), offsets));
+    shards.push_back(std::move(shard));
+  }
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset.path: ", spec.path, ": no token objects (only companions)"));
+  }
+  return MakeTokens(spec, std::move(shards), /*sharded=*/!selection.one_object);
 }
 
 // One file of tokens, not a shard of several: its only shard.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "server/reader/object_shards.h"
 #include "server/reader/shards.h"
 #include "server/reader/tar_index.h"
 
@@ -71,6 +72,20 @@ absl::StatusOr<std::vector<WebDatasetShard>> OpenListedShards(const FileDatasetS
 
 absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& spec, FileSystem* fs,
                                                         const PeerCred* reader) {
+  if (spec.objects != nullptr) {  // s3:// (docs/howto/object-storage.md)
+    GPUFEED_ASSIGN_OR_RETURN(const ObjectSelection selection,
+                             SelectObjects(
+                                 spec, *spec.objects,
+                                 [](const std::string& n) { return absl::EndsWith(n, ".tar"); },
+                                 /*braces=*/true));
+    std::vector<WebDatasetShard> out;
+    for (const std::string& name : selection.names) {
+      GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                               OpenSelected(selection, *spec.objects, name));
+      out.push_back({std::move(file), selection.display(name)});
+    }
+    return out;
+  }
   if (!spec.paths.empty()) return OpenListedShards(spec, fs, reader);
   GPUFEED_ASSIGN_OR_RETURN(std::optional<ShardDir> dir, FindShardDir(spec, IsPattern));
   std::vector<WebDatasetShard> out;

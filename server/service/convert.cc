@@ -322,4 +322,18 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+objstore::ObjectStoreAccess ToObjectStoreAccess(const v1::ObjectStoreAccess& access) {
+  objstore::ObjectStoreAccess out;
+  out.credentials.access_key_id = access.access_key_id();
+  out.credentials.secret_access_key = access.secret_access_key();
+  out.credentials.session_token = access.session_token();
+  out.web_identity_token = access.web_identity_token();
+  out.role_arn = access.role_arn();
+  out.role_session_name = access.role_session_name();
+  out.region = access.region();
+  out.endpoint = access.endpoint_url();
+  out.anonymous = access.anonymous();
+  return out;
+}
+
 }  // namespace gpufeed::server

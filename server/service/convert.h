@@ -25,4 +25,7 @@ void ToProto(const Position& position, uint64_t samples, v1::Position* out);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// The memory socket's object_store (a caller's access, never logged).
+objstore::ObjectStoreAccess ToObjectStoreAccess(const v1::ObjectStoreAccess& access);
+
 }  // namespace gpufeed::server

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "gpufeed/v1/feed.pb.h"
 #include "server/auth/caller.h"
+#include "server/service/convert.h"
 #include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
@@ -195,11 +196,22 @@ void MemServer::Serve(int connection) {
     // the session attached with it, once this thread is done with the connection.
     UniqueFd lifeline;
     if (request.lifeline()) lifeline.Reset(::fcntl(connection, F_DUPFD_CLOEXEC, 0));
-    absl::StatusOr<std::string> handle =
-        frame->fd.valid()
-            ? sessions_->AddDatasetHandle(std::move(frame->fd), *cred, std::move(lifeline))
-            : absl::InvalidArgumentError(
-                  "open_dataset: no descriptor came with the request (SCM_RIGHTS)");
+    absl::StatusOr<std::string> handle;
+    if (request.has_object_store()) {
+      // An s3:// dataset: the caller's access instead of a descriptor (never logged).
+      if (frame->fd.valid()) {
+        handle = absl::InvalidArgumentError(
+            "open_dataset: object_store and a descriptor together; send one");
+      } else {
+        handle = sessions_->AddObjectStoreHandle(ToObjectStoreAccess(request.object_store()),
+                                                 *cred, std::move(lifeline));
+      }
+    } else {
+      handle = frame->fd.valid()
+                   ? sessions_->AddDatasetHandle(std::move(frame->fd), *cred, std::move(lifeline))
+                   : absl::InvalidArgumentError(
+                         "open_dataset: no descriptor came with the request (SCM_RIGHTS)");
+    }
     if (handle.ok()) {
       response.set_dataset_handle(*handle);
     } else {

@@ -154,6 +154,12 @@ class SessionManager final : public FillScheduler {
                                                UniqueFd lifeline = UniqueFd()) {
     return feeds_.AddDatasetHandle(std::move(fd), from, std::move(lifeline));
   }
+  // The same for an s3:// dataset (FeedRegistry::AddObjectStoreHandle).
+  absl::StatusOr<std::string> AddObjectStoreHandle(objstore::ObjectStoreAccess access,
+                                                   const PeerCred& from,
+                                                   UniqueFd lifeline = UniqueFd()) {
+    return feeds_.AddObjectStoreHandle(std::move(access), from, std::move(lifeline));
+  }
   // Attaches that resumed a client's stream (AttachSpec::resume_gap > 0), and sessions
   // ended because their consumer's lifeline closed before the stream opened.
   uint64_t resumed_sessions() const { return resumed_.load(std::memory_order_relaxed); }

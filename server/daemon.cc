@@ -134,10 +134,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     }
     d->object_store_ = *std::move(created);
     spdlog::info("serving s3:// datasets from {}{}", c.s3_endpoint,
-                 c.cache_bytes == 0 ? std::string(" (no cache)")
-                                    : absl::StrCat(" through a cache of ", c.cache_bytes,
-                                                   " bytes in ",
-                                                   c.cache_dir.empty() ? "memory" : c.cache_dir));
+                 c.cache_bytes == 0
+                     ? std::string(" (no cache)")
+                     : absl::StrCat(" through a cache of ", c.cache_bytes, " bytes in ",
+                                    c.cache_dir.empty() ? "memory" : c.cache_dir));
   }
   SessionManagerOptions options;
   options.access.object_store = d->object_store_.get();
@@ -278,6 +278,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(
     MetricsSources sources{kVersion, d->devices_ != nullptr, d->sessions_.get(), d->pool_.get(),
                            d->devices_.get(), c.metrics_job_labels};
     sources.counters = d->counters_.get();
+    sources.object_store = d->object_store_.get();
     GPUFEED_ASSIGN_OR_RETURN(d->metrics_, MetricsServer::Start(c.metrics_listen, sources));
   }
   // Liveness ("") and readiness ("gpufeed.v1.Feed") go SERVING once both sockets are bound and

@@ -129,8 +129,7 @@ absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess(const EnvLookup& env)
     auto it = config.find(key);
     return it == config.end() ? "" : it->second;
   };
-  out.region = EnvOr(env, "AWS_REGION",
-                     EnvOr(env, "AWS_DEFAULT_REGION", config_value("region")));
+  out.region = EnvOr(env, "AWS_REGION", EnvOr(env, "AWS_DEFAULT_REGION", config_value("region")));
   if (out.region.empty()) out.region = "us-east-1";
   out.endpoint_url = EnvOr(env, "AWS_ENDPOINT_URL_S3",
                            EnvOr(env, "AWS_ENDPOINT_URL", config_value("endpoint_url")));
@@ -172,8 +171,9 @@ absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess(const EnvLookup& env)
     return out;
   }
   // 3. The shared credentials file, then 4. the config file's profile.
-  std::vector<std::string> looked = {"the environment (AWS_ACCESS_KEY_ID, "
-                                     "AWS_WEB_IDENTITY_TOKEN_FILE)"};
+  std::vector<std::string> looked = {
+      "the environment (AWS_ACCESS_KEY_ID, "
+      "AWS_WEB_IDENTITY_TOKEN_FILE)"};
   absl::flat_hash_map<std::string, std::string> creds;
   if (absl::StatusOr<Sections> c = ReadSections(creds_path); c.ok()) {
     if (auto it = c->find(profile); it != c->end()) creds = it->second;
@@ -211,8 +211,8 @@ absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess(const EnvLookup& env)
       auto token = ReadToken(token_file, where);
       if (!token.ok()) return token.status();
       out.web_identity_token = *std::move(token);
-      out.role_session_name = get("role_session_name").empty() ? "gpufeed"
-                                                               : get("role_session_name");
+      out.role_session_name =
+          get("role_session_name").empty() ? "gpufeed" : get("role_session_name");
       out.source = where;
       return out;
     }
@@ -227,10 +227,10 @@ absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess(const EnvLookup& env)
     }
   }
   looked.push_back(absl::StrCat(config_path, " [", config_section, "]"));
-  return absl::NotFoundError(absl::StrCat(
-      "no object store credentials: looked in ", absl::StrJoin(looked, ", "),
-      "; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE), or "
-      "AWS_NO_SIGN_REQUEST=true for a public bucket"));
+  return absl::NotFoundError(
+      absl::StrCat("no object store credentials: looked in ", absl::StrJoin(looked, ", "),
+                   "; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE), or "
+                   "AWS_NO_SIGN_REQUEST=true for a public bucket"));
 }
 
 absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess() {

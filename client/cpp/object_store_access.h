@@ -30,8 +30,8 @@ namespace gpufeed::client::internal {
 
 struct ObjectStoreAccess {
   std::string access_key_id;
-  std::string secret_access_key;  // never logged, never in a message
-  std::string session_token;      // never logged, never in a message
+  std::string secret_access_key;   // never logged, never in a message
+  std::string session_token;       // never logged, never in a message
   std::string web_identity_token;  // the token file's contents; never logged
   std::string role_arn;
   std::string role_session_name;

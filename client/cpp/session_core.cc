@@ -352,9 +352,8 @@ absl::Status SessionCore::PassDataset(v1::AttachRequest* request) {
     // neither), for this session's reads only (MemRequest.object_store).
     absl::StatusOr<ObjectStoreAccess> access = ResolveObjectStoreAccess();
     if (!access.ok()) {
-      return absl::Status(access.status().code(),
-                          absl::StrCat("attach: dataset.path ", given, ": ",
-                                       access.status().message()));
+      return absl::Status(access.status().code(), absl::StrCat("attach: dataset.path ", given, ": ",
+                                                               access.status().message()));
     }
     v1::MemRequest mem;
     mem.set_open_dataset(true);

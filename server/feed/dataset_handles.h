@@ -67,8 +67,7 @@ class DatasetHandles {
     std::shared_ptr<const objstore::ObjectStoreAccess> access;  // instead of fd
   };
   absl::StatusOr<std::string> AddEntry(Entry entry) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<Entry> TakeEntry(const std::string& handle, uint32_t uid)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Entry> TakeEntry(const std::string& handle, uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the expired entries out (closed by the caller, outside the lock).
   void DropExpired(absl::Time now, std::vector<UniqueFd>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -23,8 +23,8 @@
 #include "server/feed/dataset_handles.h"
 #include "server/feed/fingerprint.h"
 #include "server/feed/lm_dataset.h"
-#include "server/objstore/object_store.h"
 #include "server/images/dataset.h"
+#include "server/objstore/object_store.h"
 #include "server/sampler/sampler.h"
 #include "server/share/share_cache.h"
 

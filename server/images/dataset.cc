@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DatasetSpec& spec, Fi
         absl::StrCat("dataset.kind: unknown kind ", static_cast<int>(spec.kind),
                      " (want tokens, records, image_folder or webdataset)"));
   }
-  if (spec.path.empty() || spec.path[0] != '/') {
+  if (spec.objects == nullptr && (spec.path.empty() || spec.path[0] != '/')) {
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: must be an absolute path, got '", spec.path, "'"));
   }

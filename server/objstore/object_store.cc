@@ -47,9 +47,9 @@ absl::StatusOr<S3Path> ParseS3Path(absl::string_view path, absl::string_view fie
   out.bucket = std::string(rest.substr(0, slash));
   out.key = slash == absl::string_view::npos ? "" : std::string(rest.substr(slash + 1));
   if (!ValidBucket(out.bucket)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", path, ": '", out.bucket,
-        "' is no bucket name (3 to 63 lower-case letters, digits, '.', '-' or '_')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path, ": '", out.bucket,
+                     "' is no bucket name (3 to 63 lower-case letters, digits, '.', '-' or '_')"));
   }
   if (out.key.size() > 1024) {
     return absl::InvalidArgumentError(
@@ -61,8 +61,8 @@ absl::StatusOr<S3Path> ParseS3Path(absl::string_view path, absl::string_view fie
 // One object of one caller: its version (size, ETag) as the caller's HEAD saw it.
 class ObjectStore::File : public RandomAccessFile {
  public:
-  File(std::shared_ptr<const Source> source, S3Client* client, std::string bucket,
-       std::string key, S3ObjectInfo info)
+  File(std::shared_ptr<const Source> source, S3Client* client, std::string bucket, std::string key,
+       S3ObjectInfo info)
       : source_(std::move(source)),
         client_(client),
         bucket_(std::move(bucket)),
@@ -74,8 +74,7 @@ class ObjectStore::File : public RandomAccessFile {
   absl::Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override;
   const std::string& path() const override { return path_; }
   int64_t modified_ns() const override {
-    return info_.last_modified == absl::InfinitePast() ? 0
-                                                       : absl::ToUnixNanos(info_.last_modified);
+    return info_.last_modified == absl::InfinitePast() ? 0 : absl::ToUnixNanos(info_.last_modified);
   }
 
  private:
@@ -95,8 +94,11 @@ class ObjectStore::Source : public ObjectSource,
 
   absl::StatusOr<std::vector<ObjectEntry>> List(absl::string_view bucket,
                                                 absl::string_view prefix) const override {
+    S3ListOptions options;
+    options.delimiter = "/";
+    options.max_keys = kMaxListedObjects;
     GPUFEED_ASSIGN_OR_RETURN(std::vector<S3ListEntry> listed,
-                             client_->List(credentials_, bucket, prefix));
+                             client_->List(credentials_, bucket, prefix, options));
     std::vector<ObjectEntry> out;
     out.reserve(listed.size());
     for (S3ListEntry& e : listed) out.push_back({std::move(e.key), e.size});
@@ -126,26 +128,54 @@ class ObjectStore::Source : public ObjectSource,
 
 absl::Status ObjectStore::File::ReadAt(uint64_t offset, std::span<std::byte> dst) const {
   if (offset > info_.size || dst.size() > info_.size - offset) {
-    return absl::DataLossError(absl::StrCat(path_, ": a read of ", dst.size(), " bytes at ",
-                                            offset, " runs past its ", info_.size, " bytes"));
+    return absl::DataLossError(absl::StrCat(path_, ": a read of ", dst.size(), " bytes at ", offset,
+                                            " runs past its ", info_.size, " bytes"));
   }
-  return client_->GetRange(source_->credentials(), bucket_, key_, offset, dst, info_.etag);
+  ObjectCache* cache = source_->store()->cache_.get();
+  if (cache == nullptr) {
+    return client_->GetRange(source_->credentials(), bucket_, key_, offset, dst, info_.etag);
+  }
+  // The cache's key is this version (its ETag, as this caller's own HEAD saw it): a block
+  // another caller fetched is served only to a caller whose HEAD found the same version.
+  // The fetch may run after this read returns (read-ahead): it holds the source (the caller's
+  // access) by a shared pointer.
+  ObjectId id{client_->config().endpoint, bucket_, key_, info_.etag};
+  return cache->Read(id, info_.size, offset, dst,
+                     [source = source_, client = client_, bucket = bucket_, key = key_,
+                      etag = info_.etag](uint64_t at, std::span<std::byte> out) {
+                       return client->GetRange(source->credentials(), bucket, key, at, out, etag);
+                     });
 }
 
 absl::StatusOr<std::unique_ptr<ObjectStore>> ObjectStore::Create(ObjectStoreOptions options) {
   GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, S3Client::Create(options.s3));
+  std::unique_ptr<ObjectCache> cache;
   if (options.cache_bytes != 0) {
-    return absl::UnimplementedError("cache_bytes: the object cache is not built in yet");
+    ObjectCacheOptions o;
+    o.dir = options.cache_dir;
+    o.capacity_bytes = options.cache_bytes;
+    o.block_bytes = options.cache_block_bytes;
+    GPUFEED_ASSIGN_OR_RETURN(cache, ObjectCache::Create(std::move(o)));
   }
-  return std::unique_ptr<ObjectStore>(new ObjectStore(std::move(options), std::move(client)));
+  return std::unique_ptr<ObjectStore>(
+      new ObjectStore(std::move(options), std::move(client), std::move(cache)));
 }
 
-ObjectStore::ObjectStore(ObjectStoreOptions options, std::unique_ptr<S3Client> client)
-    : options_(std::move(options)), client_(std::move(client)) {}
+ObjectStore::ObjectStore(ObjectStoreOptions options, std::unique_ptr<S3Client> client,
+                         std::unique_ptr<ObjectCache> cache)
+    : options_(std::move(options)), client_(std::move(client)), cache_(std::move(cache)) {}
 
 ObjectStore::~ObjectStore() = default;
 
 const S3Counters& ObjectStore::counters() const { return client_->counters(); }
+
+std::vector<std::pair<std::string, const S3Counters*>> ObjectStore::CountersByRegion() const {
+  std::vector<std::pair<std::string, const S3Counters*>> out = {
+      {client_->config().region, &client_->counters()}};
+  absl::MutexLock lock(&mu_);
+  for (const auto& c : regional_) out.emplace_back(c->config().region, &c->counters());
+  return out;
+}
 
 absl::StatusOr<S3Client*> ObjectStore::ClientFor(const std::string& region) {
   if (region.empty() || region == options_.s3.region) return client_.get();
@@ -154,8 +184,8 @@ absl::StatusOr<S3Client*> ObjectStore::ClientFor(const std::string& region) {
     if (c->config().region == region) return c.get();
   }
   if (regional_.size() >= kMaxRegions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "object_store.region: gpufeedd already talks to ", kMaxRegions, " regions"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("object_store.region: gpufeedd already talks to ", kMaxRegions, " regions"));
   }
   S3Config config = options_.s3;
   config.region = region;
@@ -178,7 +208,7 @@ absl::StatusOr<std::shared_ptr<const ObjectSource>> ObjectStore::Bind(
     return absl::InvalidArgumentError(
         "object_store.region: lower-case letters, digits and '-', at most 32");
   }
-  GPUFEED_ASSIGN_OR_RETURN(S3Client* client, ClientFor(access.region));
+  GPUFEED_ASSIGN_OR_RETURN(S3Client * client, ClientFor(access.region));
   S3Credentials credentials = access.credentials;
   if (access.anonymous) {
     credentials = S3Credentials();
@@ -190,13 +220,12 @@ absl::StatusOr<std::shared_ptr<const ObjectSource>> ObjectStore::Bind(
     }
     absl::StatusOr<StsCredentials> temporary = client->AssumeRoleWithWebIdentity(
         sts, access.role_arn, access.web_identity_token,
-        access.role_session_name.empty() ? "gpufeed" : access.role_session_name,
-        absl::Hours(1));
+        access.role_session_name.empty() ? "gpufeed" : access.role_session_name, absl::Hours(1));
     if (!temporary.ok()) {
-      return absl::Status(temporary.status().code(),
-                          absl::StrCat("object_store: assuming role ", access.role_arn,
-                                       " with the caller's web identity: ",
-                                       temporary.status().message()));
+      return absl::Status(
+          temporary.status().code(),
+          absl::StrCat("object_store: assuming role ", access.role_arn,
+                       " with the caller's web identity: ", temporary.status().message()));
     }
     credentials.access_key_id = temporary->access_key_id;
     credentials.secret_access_key = temporary->secret_access_key;

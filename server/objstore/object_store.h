@@ -21,7 +21,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/os/file.h"
+#include "server/objstore/object_cache.h"
 #include "server/objstore/s3_client.h"
 #include "server/objstore/s3_config.h"
 
@@ -38,6 +40,9 @@ struct ObjectStoreAccess {
   bool anonymous = false;
 };
 
+// The most objects one listing of a dataset's prefix may return.
+inline constexpr size_t kMaxListedObjects = size_t{1} << 21;
+
 // One object of a listing.
 struct ObjectEntry {
   std::string key;
@@ -49,7 +54,8 @@ struct ObjectEntry {
 class ObjectSource {
  public:
   virtual ~ObjectSource() = default;
-  // The objects whose keys start with `prefix`, in key order.
+  // The objects whose keys start with `prefix` and hold no '/' after it (a directory's
+  // entries), in key order; RESOURCE_EXHAUSTED past kMaxListedObjects.
   virtual absl::StatusOr<std::vector<ObjectEntry>> List(absl::string_view bucket,
                                                         absl::string_view prefix) const = 0;
   // The object, HEADed now with the caller's access (NOT_FOUND, PERMISSION_DENIED naming
@@ -83,20 +89,27 @@ class ObjectStore {
   absl::StatusOr<std::shared_ptr<const ObjectSource>> Bind(const ObjectStoreAccess& access);
 
   const S3Counters& counters() const;
+  // Each client's counters by its region (the daemon's first), for the metrics endpoint.
+  std::vector<std::pair<std::string, const S3Counters*>> CountersByRegion() const;
+  // Null without a cache (cache_bytes 0).
+  const ObjectCache* cache() const { return cache_.get(); }
   const ObjectStoreOptions& options() const { return options_; }
 
  private:
   class Source;
   class File;
-  ObjectStore(ObjectStoreOptions options, std::unique_ptr<S3Client> client);
+  ObjectStore(ObjectStoreOptions options, std::unique_ptr<S3Client> client,
+              std::unique_ptr<ObjectCache> cache);
   // The client for a caller's region (the daemon's own for ""): one a region, made on demand
   // (their connections are per region: AWS's hosts are).
   absl::StatusOr<S3Client*> ClientFor(const std::string& region);
 
   const ObjectStoreOptions options_;
   std::unique_ptr<S3Client> client_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<S3Client>> regional_ ABSL_GUARDED_BY(mu_);
+  // Last: destroyed first, its running read-ahead fetches finishing while the clients live.
+  std::unique_ptr<ObjectCache> cache_;
 };
 
 // "s3://bucket/rest" -> {bucket, rest}; INVALID_ARGUMENT naming `field` for anything else

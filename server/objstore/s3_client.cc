@@ -577,6 +577,7 @@ absl::StatusOr<std::vector<S3ListEntry>> S3Client::List(const S3Credentials& cre
         // Keys in the page URL-encoded: XML 1.0 cannot carry every byte a key may hold.
         {"encoding-type", "url"}};
     if (!token.empty()) query.emplace_back("continuation-token", token);
+    if (!options.delimiter.empty()) query.emplace_back("delimiter", options.delimiter);
     Request request;
     request.url = absl::StrCat(bucket_url, "/?", CanonicalQuery(std::move(query)));
     request.credentials = &credentials;
@@ -588,6 +589,10 @@ absl::StatusOr<std::vector<S3ListEntry>> S3Client::List(const S3Credentials& cre
           return PerformAndParse(*pool_, config_, request, counters_, &ParseListObjectsV2, &page);
         }));
     for (S3ListEntry& entry : page.entries) entries.push_back(std::move(entry));
+    if (options.max_keys != 0 && entries.size() > options.max_keys) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, ": more than ", options.max_keys, " objects"));
+    }
     if (!page.truncated) return entries;
     // A store that hands back the token it was given would page forever.
     if (page.next_continuation_token == token) {

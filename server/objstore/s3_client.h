@@ -69,6 +69,12 @@ struct S3ObjectInfo {
 struct S3ListOptions {
   // Keys per ListObjectsV2 page, 1 to 1000 (S3's most). Smaller pages only in tests.
   int page_size = 1000;
+  // "/": only the keys directly under the prefix (S3 rolls deeper ones into common prefixes,
+  // which are not returned); "": every key under it.
+  std::string delimiter;
+  // More keys than this is RESOURCE_EXHAUSTED naming the prefix (a caller cannot make the
+  // daemon page through a bucket of billions); 0: no bound.
+  size_t max_keys = 0;
 };
 
 class S3Client {

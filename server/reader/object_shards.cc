@@ -17,8 +17,7 @@ bool HasBrace(absl::string_view name) { return name.find('{') != absl::string_vi
 // The names directly in `dir` (no further '/'), sorted, from a listing of `prefix` (which
 // starts with `dir`).
 absl::StatusOr<std::vector<std::string>> NamesIn(const objstore::ObjectSource& source,
-                                                 const std::string& bucket,
-                                                 const std::string& dir,
+                                                 const std::string& bucket, const std::string& dir,
                                                  const std::string& prefix) {
   GPUFEED_ASSIGN_OR_RETURN(std::vector<objstore::ObjectEntry> listed, source.List(bucket, prefix));
   std::vector<std::string> names;
@@ -37,9 +36,10 @@ std::string ObjectSelection::display(const std::string& name) const {
   return absl::StrCat("s3://", bucket, "/", dir, name);
 }
 
-absl::StatusOr<ObjectSelection> SelectObjects(
-    const FileDatasetSpec& spec, const objstore::ObjectSource& source,
-    const std::function<bool(const std::string&)>& in_dir, bool braces) {
+absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
+                                              const objstore::ObjectSource& source,
+                                              const std::function<bool(const std::string&)>& in_dir,
+                                              bool braces) {
   GPUFEED_ASSIGN_OR_RETURN(const objstore::S3Path path,
                            objstore::ParseS3Path(spec.path, "dataset.path"));
   ObjectSelection out;
@@ -74,9 +74,8 @@ absl::StatusOr<ObjectSelection> SelectObjects(
     } else {
       // List only what the patterns' common literal start allows.
       size_t literal = last.find_first_of(braces ? "*?[{" : "*?[");
-      GPUFEED_ASSIGN_OR_RETURN(
-          out.listed,
-          NamesIn(source, out.bucket, out.dir, absl::StrCat(out.dir, last.substr(0, literal))));
+      GPUFEED_ASSIGN_OR_RETURN(out.listed, NamesIn(source, out.bucket, out.dir,
+                                                   absl::StrCat(out.dir, last.substr(0, literal))));
       for (const std::string& n : out.listed) {
         if (std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
               return ::fnmatch(p.c_str(), n.c_str(), FNM_PERIOD) == 0;
@@ -92,8 +91,8 @@ absl::StatusOr<ObjectSelection> SelectObjects(
   }
   if (out.names.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dataset.path: ", spec.path, last.empty() ? ": no objects in that directory"
-                                                  : ": no object matches the pattern"));
+        "dataset.path: ", spec.path,
+        last.empty() ? ": no objects in that directory" : ": no object matches the pattern"));
   }
   if (out.names.size() > kMaxShards) {
     return absl::InvalidArgumentError(
@@ -102,9 +101,9 @@ absl::StatusOr<ObjectSelection> SelectObjects(
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(
-    const ObjectSelection& selection, const objstore::ObjectSource& source,
-    const std::string& name) {
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(const ObjectSelection& selection,
+                                                               const objstore::ObjectSource& source,
+                                                               const std::string& name) {
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> file =
       source.Open(selection.bucket, absl::StrCat(selection.dir, name));
   if (!file.ok() && absl::IsNotFound(file.status()) && selection.one_object) {
@@ -113,9 +112,8 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(
         source.List(selection.bucket, as_dir);
     if (inside.ok() && !inside->empty()) {
       return absl::NotFoundError(absl::StrCat(
-          "dataset.path: ", selection.display(name), " is no object, but ",
-          selection.display(name), "/ holds ", inside->size(),
-          " objects: end the path with '/' to read them"));
+          "dataset.path: ", selection.display(name), " is no object, but ", selection.display(name),
+          "/ holds ", inside->size(), " objects: end the path with '/' to read them"));
     }
   }
   if (!file.ok()) {

@@ -25,7 +25,7 @@ struct ObjectSelection {
   // companions (a Megatron X.idx, an S.offsets.npy) are looked for; empty for braces or one
   // object, whose companions are looked for by HEAD.
   std::vector<std::string> listed;
-  bool one_object = false;  // the path named one object
+  bool one_object = false;                             // the path named one object
   std::string display(const std::string& name) const;  // "s3://bucket/dir/name"
 };
 
@@ -33,14 +33,15 @@ struct ObjectSelection {
 // selects (WebDataset: *.tar). `braces`: the last component may hold braces (WebDataset's
 // form). INVALID_ARGUMENT naming dataset.path for a malformed path or when nothing matches
 // (a path without '/' at the end that names no object but is a directory says so).
-absl::StatusOr<ObjectSelection> SelectObjects(
-    const FileDatasetSpec& spec, const objstore::ObjectSource& source,
-    const std::function<bool(const std::string&)>& in_dir, bool braces);
+absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
+                                              const objstore::ObjectSource& source,
+                                              const std::function<bool(const std::string&)>& in_dir,
+                                              bool braces);
 
 // Opens `name` of `selection` (its HEAD with the caller's access). A one-object path that is
 // no object but a directory is refused saying to end it with '/'.
-absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(
-    const ObjectSelection& selection, const objstore::ObjectSource& source,
-    const std::string& name);
+absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(const ObjectSelection& selection,
+                                                               const objstore::ObjectSource& source,
+                                                               const std::string& name);
 
 }  // namespace gpufeed::server

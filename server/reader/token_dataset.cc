@@ -1,5 +1,3 @@
-#include "server/reader/file_datasets.h"
-
 #include <fnmatch.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include "common/shard_list.h"
 #include "common/status.h"
 #include "server/reader/dataset.h"
+#include "server/reader/file_datasets.h"
 #include "server/reader/le_bytes.h"
 #include "server/reader/object_shards.h"
 #include "server/reader/shards.h"
@@ -354,7 +353,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec&
   const objstore::ObjectSource& source = *spec.objects;
   GPUFEED_ASSIGN_OR_RETURN(
       const ObjectSelection selection,
-      SelectObjects(spec, source, [](const std::string&) { return true; }, /*braces=*/false));
+      SelectObjects(
+          spec, source, [](const std::string&) { return true; }, /*braces=*/false));
   const std::vector<std::string>& listed = selection.listed;
   const auto beside = [&](const std::string& name) {
     return std::binary_search(listed.begin(), listed.end(), name);

@@ -73,11 +73,11 @@ absl::StatusOr<std::vector<WebDatasetShard>> OpenListedShards(const FileDatasetS
 absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& spec, FileSystem* fs,
                                                         const PeerCred* reader) {
   if (spec.objects != nullptr) {  // s3:// (docs/howto/object-storage.md)
-    GPUFEED_ASSIGN_OR_RETURN(const ObjectSelection selection,
-                             SelectObjects(
-                                 spec, *spec.objects,
-                                 [](const std::string& n) { return absl::EndsWith(n, ".tar"); },
-                                 /*braces=*/true));
+    GPUFEED_ASSIGN_OR_RETURN(
+        const ObjectSelection selection,
+        SelectObjects(
+            spec, *spec.objects, [](const std::string& n) { return absl::EndsWith(n, ".tar"); },
+            /*braces=*/true));
     std::vector<WebDatasetShard> out;
     for (const std::string& name : selection.names) {
       GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,

@@ -203,8 +203,8 @@ void MemServer::Serve(int connection) {
         handle = absl::InvalidArgumentError(
             "open_dataset: object_store and a descriptor together; send one");
       } else {
-        handle = sessions_->AddObjectStoreHandle(ToObjectStoreAccess(request.object_store()),
-                                                 *cred, std::move(lifeline));
+        handle = sessions_->AddObjectStoreHandle(ToObjectStoreAccess(request.object_store()), *cred,
+                                                 std::move(lifeline));
       }
     } else {
       handle = frame->fd.valid()

@@ -24,6 +24,7 @@
 #include "prometheus/metric_family.h"
 #include "server/device/device_backend.h"
 #include "server/feed/feed.h"
+#include "server/objstore/object_store.h"
 #include "server/session/session_manager.h"
 #include "server/share/share_cache.h"
 #include "server/staging/staging_pool.h"
@@ -93,6 +94,93 @@ class OpaqueJobIds {
   absl::Mutex mu_;
   std::map<std::pair<uint32_t, std::string>, std::string> ids_ ABSL_GUARDED_BY(mu_);
 };
+
+// A StageHistogram as one Prometheus histogram series with these labels.
+ClientMetric HistogramMetric(const metrics::StageHistogram& h,
+                             std::vector<ClientMetric::Label> labels) {
+  const auto counts = h.Counts();
+  ClientMetric m;
+  m.label = std::move(labels);
+  uint64_t cumulative = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    cumulative += counts[k];
+    m.histogram.bucket.push_back({cumulative, k < metrics::StageHistogram::kBounds.size()
+                                                  ? metrics::StageHistogram::kBounds[k]
+                                                  : std::numeric_limits<double>::infinity()});
+  }
+  m.histogram.sample_count = cumulative;
+  m.histogram.sample_sum = h.sum_seconds();
+  return m;
+}
+
+// s3:// datasets (docs/howto/object-storage.md): per region, the requests, retries, bytes
+// from the store, failures and GET latency; the node's cache's lookups, bytes, fetches,
+// evictions and read-ahead. The families are there without an object store, with no series.
+void AddObjectStore(const objstore::ObjectStore* store, Builder& b) {
+  auto& requests =
+      b.Family("gpufeed_s3_requests_total",
+               "HTTP requests to the object store (every attempt), by region", MetricType::Counter);
+  auto& retries =
+      b.Family("gpufeed_s3_retries_total",
+               "Requests that retried a failed attempt (backoff with jitter)", MetricType::Counter);
+  auto& received = b.Family("gpufeed_s3_received_bytes_total",
+                            "Body bytes received from the object store: what crossed the network",
+                            MetricType::Counter);
+  auto& errors = b.Family("gpufeed_s3_errors_total",
+                          "Failed attempts by kind (connect, timeout, truncated, throttled, "
+                          "server, client, other), retried or not",
+                          MetricType::Counter);
+  auto& failed = b.Family("gpufeed_s3_failed_calls_total",
+                          "Calls that failed after all their attempts (the reader got the error)",
+                          MetricType::Counter);
+  auto& latency = b.Family("gpufeed_s3_get_duration_seconds",
+                           "Time per successful ranged GET attempt, to its body's last byte",
+                           MetricType::Histogram);
+  auto& lookups = b.Family("gpufeed_object_cache_lookups_total",
+                           "Block reads of the node's object cache, by result: hit (resident) or "
+                           "miss (fetched, waited for a fetch, or read through)",
+                           MetricType::Counter);
+  auto& cache_bytes = b.Family("gpufeed_object_cache_bytes",
+                               "The object cache: bytes of resident blocks, and its budget "
+                               "(--cache_bytes)",
+                               MetricType::Gauge);
+  auto& fetched = b.Family("gpufeed_object_cache_fetched_bytes_total",
+                           "Bytes the object cache fetched from the store (read-ahead included)",
+                           MetricType::Counter);
+  auto& evictions = b.Family("gpufeed_object_cache_evictions_total",
+                             "Blocks the object cache dropped for others (farthest next use, "
+                             "then least recently used)",
+                             MetricType::Counter);
+  auto& prefetches = b.Family("gpufeed_object_cache_prefetches_total",
+                              "Read-ahead fetches started, and first reads of a block read-ahead "
+                              "brought (hit)",
+                              MetricType::Counter);
+  if (store == nullptr) return;
+  for (const auto& [region, c] : store->CountersByRegion()) {
+    const std::vector<ClientMetric::Label> labels = {{"region", region}};
+    Builder::Add(requests, labels, static_cast<double>(c->requests.load()));
+    Builder::Add(retries, labels, static_cast<double>(c->retries.load()));
+    Builder::Add(received, labels, static_cast<double>(c->bytes_received.load()));
+    Builder::Add(failed, labels, static_cast<double>(c->failed_calls.load()));
+    for (int k = 0; k < objstore::kNumS3ErrorKinds; ++k) {
+      Builder::Add(errors, {{"region", region}, {"kind", objstore::kS3ErrorKindNames[k]}},
+                   static_cast<double>(c->errors(static_cast<objstore::S3ErrorKind>(k))));
+    }
+    latency.metric.push_back(HistogramMetric(c->get_latency, labels));
+  }
+  if (const objstore::ObjectCache* cache = store->cache(); cache != nullptr) {
+    const objstore::ObjectCacheStats s = cache->stats();
+    Builder::Add(lookups, {{"result", "hit"}}, static_cast<double>(s.hits));
+    Builder::Add(lookups, {{"result", "miss"}}, static_cast<double>(s.misses));
+    Builder::Add(cache_bytes, {{"state", "used"}}, static_cast<double>(s.resident_bytes));
+    Builder::Add(cache_bytes, {{"state", "budget"}},
+                 static_cast<double>(store->options().cache_bytes));
+    Builder::Add(fetched, {}, static_cast<double>(s.fetched_bytes));
+    Builder::Add(evictions, {}, static_cast<double>(s.evictions));
+    Builder::Add(prefetches, {{"result", "started"}}, static_cast<double>(s.prefetches));
+    Builder::Add(prefetches, {{"result", "hit"}}, static_cast<double>(s.prefetch_hits));
+  }
+}
 
 std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaque) {
   Builder b;
@@ -327,21 +415,11 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                           "per batch submitted on a GPU's copy thread",
                           MetricType::Histogram);
   for (int i = 0; i < metrics::kNumStages; ++i) {
-    const metrics::StageHistogram& h = src.counters->histogram(static_cast<metrics::Stage>(i));
-    const auto counts = h.Counts();
-    ClientMetric m;
-    m.label = {{"stage", metrics::kStageNames[i]}};
-    uint64_t cumulative = 0;
-    for (size_t k = 0; k < counts.size(); ++k) {
-      cumulative += counts[k];
-      m.histogram.bucket.push_back({cumulative, k < metrics::StageHistogram::kBounds.size()
-                                                    ? metrics::StageHistogram::kBounds[k]
-                                                    : std::numeric_limits<double>::infinity()});
-    }
-    m.histogram.sample_count = cumulative;
-    m.histogram.sample_sum = h.sum_seconds();
-    stages.metric.push_back(std::move(m));
+    stages.metric.push_back(
+        HistogramMetric(src.counters->histogram(static_cast<metrics::Stage>(i)),
+                        {{"stage", metrics::kStageNames[i]}}));
   }
+  AddObjectStore(src.object_store, b);
   return {std::make_move_iterator(b.families.begin()), std::make_move_iterator(b.families.end())};
 }
 

@@ -15,6 +15,9 @@ class Exposer;
 namespace gpufeed::metrics {
 class Counters;
 }
+namespace gpufeed::objstore {
+class ObjectStore;
+}
 
 namespace gpufeed::server {
 
@@ -33,6 +36,8 @@ struct MetricsSources {
   bool job_labels = false;
   // The daemon's decodes, delivered bytes and stage histograms (FeedLimits::counters).
   const metrics::Counters* counters = nullptr;
+  // s3:// datasets' store and cache (--s3_endpoint); null: their families have no series.
+  const objstore::ObjectStore* object_store = nullptr;
 };
 
 // The metrics HTTP server's bounds (docs/SECURITY.md section 4): civetweb worker threads,

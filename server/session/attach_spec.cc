@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <variant>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "server/augment/pipeline.h"
+#include "server/objstore/object_store.h"
 #include "server/reader/shards.h"
 
 namespace gpufeed::server {
@@ -128,9 +130,19 @@ absl::Status ValidateAttachSpec(const AttachSpec& spec, int32_t max_ring_slots) 
         "are served "
         "as stored");
   }
-  if (dataset.path.empty() || dataset.path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset.path: must be an absolute path, got '", dataset.path, "'"));
+  const bool object_store = absl::StartsWith(dataset.path, "s3://");
+  if (!object_store && (dataset.path.empty() || dataset.path[0] != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset.path: must be an absolute path or an s3:// URL, got '", dataset.path, "'"));
+  }
+  if (object_store) {
+    // The forms an object store's dataset takes (docs/howto/object-storage.md): checked here,
+    // before any request leaves the node.
+    GPUFEED_RETURN_IF_ERROR(objstore::ParseS3Path(dataset.path, "dataset.path").status());
+    if (!dataset.paths.empty() || !dataset.arrays.empty()) {
+      return absl::InvalidArgumentError(
+          "dataset.paths: not for an s3:// dataset (name a directory, a glob or one object)");
+    }
   }
   GPUFEED_RETURN_IF_ERROR(spec.feed.lm.Validate(dataset));
   return CheckShareGroup(spec);

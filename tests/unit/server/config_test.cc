@@ -505,6 +505,39 @@ TEST_F(ConfigTest, GroupsAcrossUidsFromTheFileAndTheFlag) {
                                        "of [A-Za-z0-9._:@+=/-], got 'no way'"));
 }
 
+// The object store (fields 55-59): off by default, from the file and the flags, a cache
+// without a store, a relative cache_dir and a connection count out of range refused naming
+// the field.
+TEST_F(ConfigTest, ObjectStoreFromTheFileAndTheFlags) {
+  const auto* d = v1::DaemonConfig().GetDescriptor();
+  EXPECT_EQ(d->FindFieldByName("s3_endpoint")->number(), 55);
+  EXPECT_EQ(d->FindFieldByName("cache_bytes")->number(), 59);
+  absl::StatusOr<DaemonConfig> defaults = Load({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->s3_endpoint, "");
+  EXPECT_EQ(defaults->s3_region, "us-east-1");
+  EXPECT_EQ(defaults->s3_max_connections, 32);
+  EXPECT_EQ(defaults->cache_bytes, 0u);
+  const std::string file = File("s3.textproto",
+                                "s3_endpoint: \"http://minio:9000\"\ns3_region: \"auto\"\n"
+                                "s3_max_connections: 8\ncache_dir: \"/var/cache/g\"\n"
+                                "cache_bytes: 1000000\n");
+  absl::StatusOr<DaemonConfig> c = Load({"--config=" + file, "--cache_bytes=2000000"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->s3_endpoint, "http://minio:9000");
+  EXPECT_EQ(c->s3_region, "auto");
+  EXPECT_EQ(c->s3_max_connections, 8);
+  EXPECT_EQ(c->cache_dir, "/var/cache/g");
+  EXPECT_EQ(c->cache_bytes, 2000000u);
+  EXPECT_EQ(Load({"--cache_bytes=1"}).status(),
+            absl::InvalidArgumentError(
+                "cache_bytes: the object cache is for s3:// datasets: set s3_endpoint too"));
+  EXPECT_EQ(Load({"--s3_endpoint=aws", "--cache_dir=rel"}).status(),
+            absl::InvalidArgumentError("cache_dir: must be absolute, got 'rel'"));
+  EXPECT_EQ(Load({"--s3_endpoint=aws", "--s3_max_connections=0"}).status(),
+            absl::InvalidArgumentError("s3_max_connections: must be 1 to 1024"));
+}
+
 // docs/SECURITY.md's connection caps (37-40), with their defaults, from the file and flags.
 TEST_F(ConfigTest, ConnectionCapsFromTheFileAndFlags) {
   v1::DaemonConfig numbered;

@@ -700,6 +700,15 @@ def _record_arrays(dataset: Any, kind: str) -> Optional[List[Tuple[str, str]]]:
     return out
 
 
+def _dataset_path(dataset) -> str:
+    """A local path made absolute; an ``s3://`` URL as it is (docs/howto/object-storage.md:
+    the client library passes the caller's own AWS credentials for it)."""
+    path = os.fspath(dataset)
+    if isinstance(path, str) and path.startswith("s3://"):
+        return path
+    return os.path.abspath(path)
+
+
 def _shard_list(dataset: Any, kind: str) -> Optional[List[str]]:
     """An explicit list of shard files as absolute paths in order, or None for a dataset
     named by one path. The client library and the daemon check the entries again."""
@@ -931,7 +940,7 @@ class Client:
             "socket": self.socket,
             "kind": kind,
             "dataset": (None if arrays is not None or listed is not None or dataset is None
-                        else os.path.abspath(os.fspath(dataset))),
+                        else _dataset_path(dataset)),
             "job": job,
             "token_dtype": _dtype_name(token_dtype),
             "delivery": delivery,

@@ -43,10 +43,13 @@ class Env {
 TEST(ObjectStoreAccessTest, TheEnvironmentComesFirst) {
   TempDir home;
   Env env(home);
-  home.WriteFile(".aws/credentials", "[default]\naws_access_key_id = FILEKEY\n"
-                                     "aws_secret_access_key = filesecret\n");
-  env.Set("AWS_ACCESS_KEY_ID", "ENVKEY").Set("AWS_SECRET_ACCESS_KEY", "envsecret")
-      .Set("AWS_SESSION_TOKEN", "envtoken").Set("AWS_DEFAULT_REGION", "eu-west-1");
+  home.WriteFile(".aws/credentials",
+                 "[default]\naws_access_key_id = FILEKEY\n"
+                 "aws_secret_access_key = filesecret\n");
+  env.Set("AWS_ACCESS_KEY_ID", "ENVKEY")
+      .Set("AWS_SECRET_ACCESS_KEY", "envsecret")
+      .Set("AWS_SESSION_TOKEN", "envtoken")
+      .Set("AWS_DEFAULT_REGION", "eu-west-1");
   absl::StatusOr<ObjectStoreAccess> a = ResolveObjectStoreAccess(env.lookup());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->access_key_id, "ENVKEY");
@@ -66,13 +69,15 @@ TEST(ObjectStoreAccessTest, TheEnvironmentComesFirst) {
 TEST(ObjectStoreAccessTest, AProfileOfTheFilesWithItsRegionAndEndpoint) {
   TempDir home;
   Env env(home);
-  home.WriteFile(".aws/credentials",
-                 "# a comment\n[default]\naws_access_key_id = DEF\naws_secret_access_key = d\n\n"
-                 "[train]\n  aws_access_key_id=TRAINKEY  \n; another\naws_secret_access_key = t/s+k\n"
-                 "aws_session_token = tok\n");
-  home.WriteFile(".aws/config", "[default]\nregion = us-west-2\n[profile train]\nregion = "
-                                "eu-central-1\nendpoint_url = http://minio:9000\ns3 =\n"
-                                "  addressing_style = path\n");
+  home.WriteFile(
+      ".aws/credentials",
+      "# a comment\n[default]\naws_access_key_id = DEF\naws_secret_access_key = d\n\n"
+      "[train]\n  aws_access_key_id=TRAINKEY  \n; another\naws_secret_access_key = t/s+k\n"
+      "aws_session_token = tok\n");
+  home.WriteFile(".aws/config",
+                 "[default]\nregion = us-west-2\n[profile train]\nregion = "
+                 "eu-central-1\nendpoint_url = http://minio:9000\ns3 =\n"
+                 "  addressing_style = path\n");
   env.Set("AWS_PROFILE", "train");
   absl::StatusOr<ObjectStoreAccess> a = ResolveObjectStoreAccess(env.lookup());
   ASSERT_TRUE(a.ok()) << a.status();
@@ -83,7 +88,8 @@ TEST(ObjectStoreAccessTest, AProfileOfTheFilesWithItsRegionAndEndpoint) {
   EXPECT_EQ(a->endpoint_url, "http://minio:9000");
   EXPECT_EQ(a->source, home.Join(".aws/credentials") + " [train]");
   // The environment's endpoint and region win over the profile's; the S3 one over the general.
-  env.Set("AWS_ENDPOINT_URL", "http://a:1").Set("AWS_ENDPOINT_URL_S3", "http://s3:2")
+  env.Set("AWS_ENDPOINT_URL", "http://a:1")
+      .Set("AWS_ENDPOINT_URL_S3", "http://s3:2")
       .Set("AWS_REGION", "ap-south-1");
   a = ResolveObjectStoreAccess(env.lookup());
   ASSERT_TRUE(a.ok()) << a.status();
@@ -101,9 +107,10 @@ TEST(ObjectStoreAccessTest, AProfileOfTheFilesWithItsRegionAndEndpoint) {
 TEST(ObjectStoreAccessTest, CredentialsInTheConfigFileAndWebIdentities) {
   TempDir home;
   Env env(home);
-  home.WriteFile(".aws/config", "[profile c]\naws_access_key_id = CFG\naws_secret_access_key = c\n"
-                                "[profile w]\nweb_identity_token_file = " + home.Join("token") +
-                                "\nrole_arn = arn:aws:iam::1:role/r\n");
+  home.WriteFile(".aws/config",
+                 "[profile c]\naws_access_key_id = CFG\naws_secret_access_key = c\n"
+                 "[profile w]\nweb_identity_token_file = " +
+                     home.Join("token") + "\nrole_arn = arn:aws:iam::1:role/r\n");
   home.WriteFile("token", "eyJ.jwt.sig\n");
   env.Set("AWS_PROFILE", "c");
   absl::StatusOr<ObjectStoreAccess> a = ResolveObjectStoreAccess(env.lookup());
@@ -120,7 +127,8 @@ TEST(ObjectStoreAccessTest, CredentialsInTheConfigFileAndWebIdentities) {
   // From the environment (Kubernetes IRSA), before any file.
   Env irsa(home);
   irsa.Set("AWS_WEB_IDENTITY_TOKEN_FILE", home.Join("token"))
-      .Set("AWS_ROLE_ARN", "arn:aws:iam::2:role/x").Set("AWS_ROLE_SESSION_NAME", "job7");
+      .Set("AWS_ROLE_ARN", "arn:aws:iam::2:role/x")
+      .Set("AWS_ROLE_SESSION_NAME", "job7");
   a = ResolveObjectStoreAccess(irsa.lookup());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->role_arn, "arn:aws:iam::2:role/x");

@@ -55,6 +55,44 @@ TEST_F(DatasetHandlesTest, AnotherUidsHandleIsNotFoundAndStaysForItsOwner) {
   EXPECT_TRUE(handles.Take(*h, 1000).ok());
 }
 
+// An s3:// dataset's handle carries the caller's access instead of a descriptor: taken once,
+// by its uid only, as what it is (a descriptor's Take and an access's TakeAccess refuse each
+// other's, spending the handle), expiring as a descriptor's does.
+TEST_F(DatasetHandlesTest, AnAccessHandleIsTakenOnceByItsUidAsAnAccess) {
+  DatasetHandles handles = Make({.lifetime = absl::Seconds(10)});
+  auto access = std::make_shared<objstore::ObjectStoreAccess>();
+  access->credentials.access_key_id = "AKIDEXAMPLE";
+  access->credentials.secret_access_key = "secret";
+  absl::StatusOr<std::string> h = handles.Add(access, 1000);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_THAT(*h, MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_EQ(handles.TakeAccess(*h, 1001).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::shared_ptr<const objstore::ObjectStoreAccess>> taken =
+      handles.TakeAccess(*h, 1000);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->get(), access.get());
+  EXPECT_EQ(handles.TakeAccess(*h, 1000).status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<std::string> as_fd = handles.Add(access, 1000);
+  ASSERT_TRUE(as_fd.ok());
+  absl::StatusOr<UniqueFd> wrong = handles.Take(*as_fd, 1000);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("names object store access"));
+  EXPECT_EQ(handles.size(), 0u);  // spent
+  absl::StatusOr<std::string> fd = handles.Add(DevNull(), 1000);
+  ASSERT_TRUE(fd.ok());
+  absl::StatusOr<std::shared_ptr<const objstore::ObjectStoreAccess>> not_access =
+      handles.TakeAccess(*fd, 1000);
+  EXPECT_EQ(not_access.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_access.status().message(), HasSubstr("names an opened file"));
+
+  absl::StatusOr<std::string> expiring = handles.Add(access, 1000);
+  ASSERT_TRUE(expiring.ok());
+  now_ += absl::Seconds(11);
+  EXPECT_EQ(handles.TakeAccess(*expiring, 1000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(access.use_count(), 2);  // this test's and `taken`'s: the table holds none
+}
+
 TEST_F(DatasetHandlesTest, ExpiredHandlesAreDroppedAndTheirDescriptorsClosed) {
   DatasetHandles handles = Make({.lifetime = absl::Seconds(10)});
   UniqueFd fd = DevNull();

@@ -64,8 +64,7 @@ class S3ClientTest : public ::testing::Test {
   }
 
   // A client talking to moto through a proxy that injects `faults`.
-  std::unique_ptr<S3Client> ClientThroughProxy(const testing::FaultSpec& faults,
-                                               S3Config config) {
+  std::unique_ptr<S3Client> ClientThroughProxy(const testing::FaultSpec& faults, S3Config config) {
     absl::StatusOr<std::unique_ptr<testing::FaultProxy>> proxy =
         testing::FaultProxy::Start(moto_->port(), faults);
     EXPECT_TRUE(proxy.ok()) << proxy.status();
@@ -117,8 +116,7 @@ TEST_F(S3ClientTest, AMissingKeyFailsAtOnceNamingIt) {
                                  HasSubstr("after 1 attempt")));
   absl::StatusOr<S3ObjectInfo> head = client->Head(credentials_, kBucket, "no/such.tar");
   EXPECT_EQ(head.status().code(), absl::StatusCode::kNotFound) << head.status();
-  EXPECT_THAT(head.status().message(),
-              AllOf(HasSubstr("s3://data/no/such.tar"), HasSubstr("404")));
+  EXPECT_THAT(head.status().message(), AllOf(HasSubstr("s3://data/no/such.tar"), HasSubstr("404")));
   absl::StatusOr<std::vector<S3ListEntry>> list = client->List(credentials_, "nobucket", "");
   EXPECT_EQ(list.status().code(), absl::StatusCode::kNotFound) << list.status();
   EXPECT_THAT(list.status().message(), HasSubstr("NoSuchBucket"));
@@ -180,11 +178,16 @@ TEST_F(S3ClientTest, ARangePastTheEndIsOutOfRange) {
 TEST_F(S3ClientTest, KeysWithSpecialCharactersRoundTrip) {
   // Each needs its own encoding to be signed right: a space, "+", "=", "&" (an XML entity in
   // a listing), "%", "~", "#" and "?" (URL syntax), non-ASCII, a control character.
-  const std::vector<std::string> keys = {
-      "special/with space.tar", "special/plus+sign",     "special/eq=ual&amp",
-      "special/100%.bin",       "special/tilde~x",       "special/hash#q?x=1",
-      "special/caf\xC3\xA9/\xE6\x97\xA5\xE6\x9C\xAC",    "special/lt<gt>\"quote'",
-      "special/tab\there",      "special/a//double/./dot"};
+  const std::vector<std::string> keys = {"special/with space.tar",
+                                         "special/plus+sign",
+                                         "special/eq=ual&amp",
+                                         "special/100%.bin",
+                                         "special/tilde~x",
+                                         "special/hash#q?x=1",
+                                         "special/caf\xC3\xA9/\xE6\x97\xA5\xE6\x9C\xAC",
+                                         "special/lt<gt>\"quote'",
+                                         "special/tab\there",
+                                         "special/a//double/./dot"};
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(moto_->Put(kBucket, keys[i], "object " + std::to_string(i)).ok()) << keys[i];
   }
@@ -223,7 +226,8 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   ASSERT_TRUE(one_page.ok()) << one_page.status();
   EXPECT_EQ(client->counters().requests.load(), 1u);
   absl::StatusOr<std::vector<S3ListEntry>> paged =
-      client->List(credentials_, kBucket, "many/", S3ListOptions{.page_size = 7});
+      client->List(credentials_, kBucket, "many/",
+                   S3ListOptions{.page_size = 7, .delimiter = "", .max_keys = 0});
   ASSERT_TRUE(paged.ok()) << paged.status();
   EXPECT_EQ(client->counters().requests.load(), 1u + 6u);
   for (const auto* list : {&*one_page, &*paged}) {
@@ -236,7 +240,8 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   }
   // A prefix that is no folder, a page size that divides the count.
   absl::StatusOr<std::vector<S3ListEntry>> tens =
-      client->List(credentials_, kBucket, "many/11", S3ListOptions{.page_size = 5});
+      client->List(credentials_, kBucket, "many/11",
+                   S3ListOptions{.page_size = 5, .delimiter = "", .max_keys = 0});
   ASSERT_TRUE(tens.ok()) << tens.status();
   ASSERT_EQ(tens->size(), 10u);
   EXPECT_EQ(tens->front().key, "many/110.bin");
@@ -245,6 +250,18 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   absl::StatusOr<S3ObjectInfo> head = client->Head(credentials_, kBucket, (*paged)[3].key);
   ASSERT_TRUE(head.ok()) << head.status();
   EXPECT_EQ(head->etag, (*paged)[3].etag);
+  // A delimiter keeps only a directory's own entries; a bound refuses a larger listing.
+  ASSERT_TRUE(moto_->Put(kBucket, "many/deeper/y.bin", "y").ok());
+  absl::StatusOr<std::vector<S3ListEntry>> direct =
+      client->List(credentials_, kBucket, "many/",
+                   S3ListOptions{.page_size = 1000, .delimiter = "/", .max_keys = 0});
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->size(), objects.size());
+  absl::StatusOr<std::vector<S3ListEntry>> bounded =
+      client->List(credentials_, kBucket, "many/",
+                   S3ListOptions{.page_size = 7, .delimiter = "/", .max_keys = 20});
+  EXPECT_EQ(bounded.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(bounded.status().message(), ::testing::HasSubstr("more than 20 objects"));
 }
 
 TEST_F(S3ClientTest, InjectedFaultsAreRetriedToExactBytes) {
@@ -294,7 +311,8 @@ TEST_F(S3ClientTest, OnlyFaultsFailWithinTheRetryBoundNamingTheObject) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), AllOf(HasSubstr("s3://data/doomed.tar"), HasSubstr("after 4 attempts")));
-  EXPECT_THAT(s.message(), ::testing::AnyOf(HasSubstr("503 SlowDown"), HasSubstr("500 InternalError")));
+  EXPECT_THAT(s.message(),
+              ::testing::AnyOf(HasSubstr("503 SlowDown"), HasSubstr("500 InternalError")));
   EXPECT_EQ(client->counters().requests.load(), 4u);
   EXPECT_EQ(client->counters().retries.load(), 3u);
   EXPECT_EQ(client->counters().failed_calls.load(), 1u);
@@ -395,7 +413,11 @@ TEST(S3ClientNoServerTest, RefusesBadNamesBeforeAnyRequest) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->GetRange(credentials, "b", "k", UINT64_MAX, std::span(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client->List(credentials, "b", "", S3ListOptions{.page_size = 0}).status().code(),
+  EXPECT_EQ(client
+                ->List(credentials, "b", "",
+                       S3ListOptions{.page_size = 0, .delimiter = "", .max_keys = 0})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   S3Config no_region;
   no_region.region = "";

@@ -12,8 +12,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev
   libturbojpeg0-dev libjpeg-dev libpng-dev libhwy-dev prometheus-cpp-dev libsystemd-dev
-  # server/objstore: S3 over HTTP(S), SigV4 signed by libcurl (OpenSSL flavour)
-  libcurl4-openssl-dev
+  # server/objstore: S3 over HTTP(S), SigV4 signed by libcurl (OpenSSL flavour); OpenSSL's
+  # SHA-256 for a caller's principal
+  libcurl4-openssl-dev libssl-dev
   python3
 )
 if [ "${1:-}" != "--build-only" ]; then

@@ -136,7 +136,8 @@ ABSL_FLAG(std::string, s3_endpoint, DaemonConfig().s3_endpoint,
           "S3-compatible one (http://minio:9000); a caller's AWS_ENDPOINT_URL_S3 must name it. "
           "Empty: s3:// datasets are refused");
 ABSL_FLAG(std::string, s3_region, DaemonConfig().s3_region,
-          "the signing region when the caller names none (GCS: auto)");
+          "the region every request is signed for, and AWS's host (GCS: auto); a caller's "
+          "AWS_REGION is not used");
 ABSL_FLAG(int32_t, s3_max_connections, DaemonConfig().s3_max_connections,
           "requests to the object store in flight at once, each on a kept-alive connection");
 ABSL_FLAG(std::string, cache_dir, DaemonConfig().cache_dir,

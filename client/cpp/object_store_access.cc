@@ -130,7 +130,6 @@ absl::StatusOr<ObjectStoreAccess> ResolveObjectStoreAccess(const EnvLookup& env)
     return it == config.end() ? "" : it->second;
   };
   out.region = EnvOr(env, "AWS_REGION", EnvOr(env, "AWS_DEFAULT_REGION", config_value("region")));
-  if (out.region.empty()) out.region = "us-east-1";
   out.endpoint_url = EnvOr(env, "AWS_ENDPOINT_URL_S3",
                            EnvOr(env, "AWS_ENDPOINT_URL", config_value("endpoint_url")));
   if (Truthy(EnvOr(env, "AWS_NO_SIGN_REQUEST", config_value("no_sign_request")))) {

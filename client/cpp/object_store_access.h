@@ -14,7 +14,8 @@
 //  4. the config file (AWS_CONFIG_FILE, else ~/.aws/config), section [profile NAME] ([default]
 //     for default): aws_access_key_id/aws_secret_access_key, or web_identity_token_file with
 //     role_arn.
-// Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's region, else us-east-1. Endpoint (MinIO,
+// Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's region, else "" (the daemon signs for
+// its own --s3_region whatever the caller's). Endpoint (MinIO,
 // Ceph RGW, GCS's XML API): AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's endpoint_url,
 // else AWS's own. AWS_NO_SIGN_REQUEST=true (or the profile's no_sign_request): anonymous
 // reads of a public bucket. Not read: EC2/ECS instance metadata, SSO and credential_process

@@ -83,6 +83,15 @@ class RandomAccessFile {
   // the file system keeps none (a test's fake).
   virtual std::optional<std::pair<uint64_t, uint64_t>> identity() const { return std::nullopt; }
   virtual const std::string& path() const = 0;
+  // The version of the content where the store names one (an object's ETag), for a feed's
+  // fingerprint: "" for files (their size and time say it).
+  virtual std::string version() const { return ""; }
+  // A hint: [offset, offset + length) will be read once, at `next_use` (a monotone counter of
+  // the reader's, smaller sooner). A file behind a cache (an object store's) fetches it ahead
+  // and keeps it by it; a local file ignores it (the page cache does its own read-ahead).
+  virtual void WillRead(uint64_t offset, uint64_t length, uint64_t next_use) const {}
+  // Whether WillRead does anything: readers skip working out their hints where it does not.
+  virtual bool takes_read_hints() const { return false; }
 };
 
 class FileSystem {

@@ -120,10 +120,10 @@ absl::StatusOr<std::shared_ptr<Feed>> Feed::Create(FeedSpec spec, FileSystem* fs
     // The sources' own files name the blend (LmDataset::Identity), not their directory.
     identity.emplace_back("blend", static_cast<const LmDataset&>(*dataset).Identity());
     if (spec.lm.eos_id.has_value()) identity.emplace_back("eos_id", absl::StrCat(*spec.lm.eos_id));
-  } else if (spec.dataset.arrays.empty() &&
-      (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
-                            : ::stat(spec.dataset.path.c_str(), &st) == 0) &&
-      (files.empty() || !S_ISDIR(st.st_mode))) {
+  } else if (spec.dataset.arrays.empty() && spec.dataset.objects == nullptr &&
+             (spec.dataset.fd >= 0 ? ::fstat(spec.dataset.fd, &st) == 0
+                                   : ::stat(spec.dataset.path.c_str(), &st) == 0) &&
+             (files.empty() || !S_ISDIR(st.st_mode))) {
     if (S_ISREG(st.st_mode)) identity.emplace_back("bytes", absl::StrCat(st.st_size));
     identity.emplace_back("mtime_ns",
                           absl::StrCat(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
@@ -416,6 +416,24 @@ void Feed::CountProduced(int64_t valid) const {
   bytes_produced_.fetch_add(layout_.tensor_bytes, std::memory_order_relaxed);
 }
 
+// Far enough ahead for the cache's prefetch threads to fetch a batch's blocks while the
+// batches before it are filled and consumed; near enough that a feed's hints do not crowd
+// the cache with blocks of the distant future.
+constexpr int kReadHintSteps = 4;
+
+void Feed::HintAhead(Position p, int32_t rank, size_t batch) const {
+  Position ahead = p;
+  for (int i = 0; i < kReadHintSteps; ++i) ahead = sampler_->Next(ahead);
+  std::vector<int64_t> ids(batch);
+  std::vector<uint64_t> places(batch);
+  const int64_t valid = sampler_->RankSlice(ahead, rank, ids, places);
+  const uint64_t n = sampler_->config().num_samples;
+  for (int64_t i = 0; i < valid; ++i) {
+    dataset_->WillRead(static_cast<uint64_t>(ids[static_cast<size_t>(i)]),
+                       OrderPosition(ahead.epoch, n, places[static_cast<size_t>(i)]));
+  }
+}
+
 absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot,
                                        std::span<int64_t> ids, const ParallelFor& parallel,
                                        const FillDeadline& deadline,
@@ -423,6 +441,7 @@ absl::StatusOr<int64_t> Feed::FillImpl(Position p, int32_t rank, std::byte* slot
   metrics::StageTimer timer(counters(), metrics::Stage::kFill);
   Claimed claimed = Claim(p, rank, ids, share);
   absl::Cleanup end_fill = [&] { EndFill(claimed.rows, share); };
+  if (dataset_->takes_read_hints()) HintAhead(p, rank, ids.size());
   const int64_t valid = claimed.valid;
   uint64_t row_bytes = 0;
   for (const TensorLayout& l : layout_.tensors) row_bytes += l.row_bytes;

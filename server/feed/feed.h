@@ -186,6 +186,10 @@ class Feed {
   Feed(FeedSpec spec, std::string key, std::unique_ptr<Dataset> dataset,
        std::unique_ptr<Sampler> sampler,
        std::vector<std::pair<std::string, std::string>> identity);
+  // An object store's dataset (docs/howto/object-storage.md): the samples `rank` reads
+  // kReadHintSteps batches after `p`, hinted to the node's cache (Dataset::WillRead), which
+  // fetches their blocks ahead and keeps blocks by their next use (the feed's order).
+  void HintAhead(Position p, int32_t rank, size_t batch) const;
   absl::StatusOr<int64_t> FillImpl(Position p, int32_t rank, std::byte* slot,
                                    std::span<int64_t> ids, const ParallelFor& parallel,
                                    const FillDeadline& deadline, ShareCache::Member* share) const;

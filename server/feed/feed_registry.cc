@@ -108,7 +108,10 @@ absl::Status FeedRegistry::Resolve(const Caller& caller, FeedSpec* spec, UniqueF
     d.walk = access_.walk;
     d.walk.cancel = &cancel_;
     if (!caller.admin) d.walk.charge_uid = caller.uid();
-    std::string identity = absl::StrCat(";", d.objects->Identity(), ";uid=", caller.uid());
+    // One feed per uid and credentials: a caller whose own access was never tried on the
+    // objects (another secret, none) never joins a feed another caller's access opened.
+    std::string identity = absl::StrCat(";", d.objects->Identity(), ";uid=", caller.uid(),
+                                        ";principal=", d.objects->Principal());
     *key = FeedKeyOf(absl::StrCat(spec->Canonical(), identity));
     d.resolved = std::move(identity);
     return absl::OkStatus();

@@ -60,6 +60,8 @@ class SourcedImageDataset final : public ImageDataset {
     return source_->CheckReadNotShrunk(ids);
   }
   std::string ContentIdentity() const override { return source_->ContentIdentity(); }
+  bool takes_read_hints() const override { return source_->takes_read_hints(); }
+  void WillRead(uint64_t id, uint64_t next_use) const override { source_->WillRead(id, next_use); }
   std::vector<DatasetNotice> notices() const override { return source_->notices(); }
 
   absl::Status ReadSample(uint64_t id, std::span<const std::span<std::byte>> rows) const override {

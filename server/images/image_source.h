@@ -34,6 +34,9 @@ class ImageSource {
   }
   // Dataset::ContentIdentity.
   virtual std::string ContentIdentity() const { return ""; }
+  // Read hints (Dataset::WillRead): image `id` will be read at `next_use`.
+  virtual bool takes_read_hints() const { return false; }
+  virtual void WillRead(uint64_t id, uint64_t next_use) const {}
   // OK where the dataset's reader may read sample `id` now, the way Read would open it,
   // reading nothing; else Read's error. A sharing group across uids hands a decode made for
   // another uid to a row only then. The default (a source whose files were all opened with

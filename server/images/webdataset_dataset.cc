@@ -62,6 +62,15 @@ class TarSource final : public ImageSource {
 
   std::vector<DatasetNotice> notices() const override { return notices_; }
 
+  bool takes_read_hints() const override {
+    return !index_.shards.empty() && index_.shards.front().file->takes_read_hints();
+  }
+  void WillRead(uint64_t id, uint64_t next_use) const override {
+    if (id >= index_.samples.size()) return;
+    const WebDatasetSample& s = index_.samples[id];
+    index_.shards[s.shard].file->WillRead(s.offset, s.size, next_use);
+  }
+
  private:
   const WebDatasetIndex index_;
   const std::vector<DatasetNotice> notices_;

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/os/fd.h"
@@ -284,6 +285,8 @@ class ObjectCache::Impl {
   absl::Status Read(const ObjectId& id, uint64_t size, uint64_t offset, std::span<std::byte> dst,
                     BlockFetch fetch);
   void Hint(const ObjectId& id, uint64_t block_index, uint64_t next_use);
+  void Prefetch(const ObjectId& id, uint64_t size, uint64_t index,
+                const std::shared_ptr<const BlockFetch>& fetch);
   ObjectCacheStats stats() const {
     absl::MutexLock lock(&mu_);
     return stats_;
@@ -497,6 +500,7 @@ absl::Status ObjectCache::Impl::ReadBlock(const ObjectId& id, uint64_t size, uin
   bool counted = false;
   bool read_ahead = false;
   int copy_failures = 0;
+  int others_failed = 0;  // fetches by another reader this one waited for, that failed
   while (true) {
     enum class Next { kCopy, kWait, kFetch, kReadThrough } next = Next::kCopy;
     Block* b = nullptr;
@@ -555,9 +559,15 @@ absl::Status ObjectCache::Impl::ReadBlock(const ObjectId& id, uint64_t size, uin
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(&flight->done));
         if (b->state != State::kResident) {
-          // Failed (every waiter gets the error), or fetched but not cached: go again.
+          // Fetched but not cached: go again. Failed: that was another reader's fetch, with
+          // its own credentials (expired, revoked) or its read-ahead: this reader fetches once
+          // itself before it takes the error as its own. Only what is the version's, not the
+          // reader's, is shared at once: the object changed, or is shorter.
           Unpin(b);
-          if (!flight->status.ok()) return flight->status;
+          if (!flight->status.ok() && (absl::IsFailedPrecondition(flight->status) ||
+                                       absl::IsOutOfRange(flight->status) || ++others_failed > 1)) {
+            return flight->status;
+          }
           continue;
         }
         file_number = b->file_number;
@@ -689,6 +699,20 @@ void ObjectCache::Impl::ReadAhead(const ObjectId& id, uint64_t size, uint64_t in
   FetchBlock(b, object_offset, length, file_number, *fetch, 0, {}).IgnoreError();
 }
 
+void ObjectCache::Impl::Prefetch(const ObjectId& id, uint64_t size, uint64_t index,
+                                 const std::shared_ptr<const BlockFetch>& fetch) {
+  if (prefetch_ == nullptr) return;
+  if (index >= (size + options_.block_bytes - 1) / options_.block_bytes) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    auto it = blocks_.find(BlockKey{id, index});
+    if (it != blocks_.end() && it->second->state != State::kAbsent) return;
+  }
+  // A full queue drops it: the reader fetches the block when it gets there.
+  (void)prefetch_->TrySubmit([this, id, size, index, fetch] { ReadAhead(id, size, index, fetch); });
+}
+
 void ObjectCache::Impl::Hint(const ObjectId& id, uint64_t block_index, uint64_t next_use) {
   absl::MutexLock lock(&mu_);
   Block* b = Pin(BlockKey{id, block_index});
@@ -729,6 +753,19 @@ absl::StatusOr<std::unique_ptr<ObjectCache>> ObjectCache::Create(ObjectCacheOpti
   if (!options.dir.empty()) {
     while (options.dir.size() > 1 && options.dir.back() == '/') options.dir.pop_back();
     if (absl::Status s = MakeDirectories(options.dir); !s.ok()) return s;
+    // Every tenant's reads are served from the block files in it: no one but the daemon may
+    // write there (a block swapped in would reach every reader).
+    struct stat st {};
+    if (::stat(options.dir.c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cache_dir: ", options.dir, ": ", std::strerror(errno)));
+    }
+    if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cache_dir: ", options.dir, " is owned by uid ", st.st_uid, " with mode ",
+          absl::StrFormat("%04o", st.st_mode & 07777), ": the cache wants a directory of its own ",
+          "uid (", ::geteuid(), ") that no group or other user may write"));
+    }
     absl::StatusOr<UniqueFd> lock = LockDirectory(options.dir);
     if (!lock.ok()) return lock.status();
     dir_lock = std::move(*lock);
@@ -748,6 +785,11 @@ absl::Status ObjectCache::Read(const ObjectId& id, uint64_t size, uint64_t offse
 
 void ObjectCache::Hint(const ObjectId& id, uint64_t block_index, uint64_t next_use) {
   impl_->Hint(id, block_index, next_use);
+}
+
+void ObjectCache::Prefetch(const ObjectId& id, uint64_t size, uint64_t block_index,
+                           BlockFetch fetch) {
+  impl_->Prefetch(id, size, block_index, std::make_shared<const BlockFetch>(std::move(fetch)));
 }
 
 ObjectCacheStats ObjectCache::stats() const { return impl_->stats(); }

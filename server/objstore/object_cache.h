@@ -122,6 +122,11 @@ class ObjectCache {
 
   // One future read of block `block_index` of `id` at `next_use` (see Eviction above).
   void Hint(const ObjectId& id, uint64_t block_index, uint64_t next_use);
+  // Fetches block `block_index` of `id` (of `size` bytes) in the background, as read-ahead
+  // does (evicting no block needed sooner than its hint; dropped when the queue is full),
+  // unless it is resident or being fetched. The reader's own order (a feed's permutation)
+  // rather than the next blocks of the object.
+  void Prefetch(const ObjectId& id, uint64_t size, uint64_t block_index, BlockFetch fetch);
 
   ObjectCacheStats stats() const;
   uint64_t block_bytes() const;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,13 +36,13 @@ struct ObjectStoreAccess {
   std::string web_identity_token;
   std::string role_arn;
   std::string role_session_name;
-  std::string region;    // "" : the daemon's
+  std::string region;    // the caller's; unused: requests are signed for the daemon's region
   std::string endpoint;  // what the caller means; must be the daemon's
   bool anonymous = false;
 };
 
 // The most objects one listing of a dataset's prefix may return.
-inline constexpr size_t kMaxListedObjects = size_t{1} << 21;
+inline constexpr size_t kMaxListedObjects = size_t{1} << 20;
 
 // One object of a listing.
 struct ObjectEntry {
@@ -55,9 +56,12 @@ class ObjectSource {
  public:
   virtual ~ObjectSource() = default;
   // The objects whose keys start with `prefix` and hold no '/' after it (a directory's
-  // entries), in key order; RESOURCE_EXHAUSTED past kMaxListedObjects.
-  virtual absl::StatusOr<std::vector<ObjectEntry>> List(absl::string_view bucket,
-                                                        absl::string_view prefix) const = 0;
+  // entries), in key order; RESOURCE_EXHAUSTED past `max_entries` (at most
+  // kMaxListedObjects). `poll` runs before each page of the listing (a deadline, shutdown).
+  virtual absl::StatusOr<std::vector<ObjectEntry>> List(
+      absl::string_view bucket, absl::string_view prefix,
+      const std::function<absl::Status()>& poll = nullptr,
+      size_t max_entries = kMaxListedObjects) const = 0;
   // The object, HEADed now with the caller's access (NOT_FOUND, PERMISSION_DENIED naming
   // s3://bucket/key); its reads are of that version only (FAILED_PRECONDITION once it
   // changed), through the node's cache.
@@ -65,6 +69,9 @@ class ObjectSource {
                                                                  absl::string_view key) const = 0;
   // What the feed's key and fingerprint name this source by: the endpoint (not the caller).
   virtual std::string Identity() const = 0;
+  // Whose access this is, for the feed's key only: a salted digest of the credentials (never
+  // the credentials), "anonymous" for none.
+  virtual std::string Principal() const = 0;
 };
 
 struct ObjectStoreOptions {
@@ -84,8 +91,10 @@ class ObjectStore {
   ~ObjectStore();
 
   // The caller's source: INVALID_ARGUMENT when its endpoint is not this daemon's (naming both)
-  // or its region is malformed; a web identity exchanged for temporary credentials here
-  // (PERMISSION_DENIED naming the role when STS refuses it).
+  // or a credential field holds a byte outside printable ASCII or is too long; a web identity
+  // exchanged for temporary credentials here (PERMISSION_DENIED naming the role when STS
+  // refuses it). Requests are signed for the daemon's region (--s3_region): one client, one
+  // bound on connections, whatever the callers' AWS_REGION.
   absl::StatusOr<std::shared_ptr<const ObjectSource>> Bind(const ObjectStoreAccess& access);
 
   const S3Counters& counters() const;
@@ -100,15 +109,11 @@ class ObjectStore {
   class File;
   ObjectStore(ObjectStoreOptions options, std::unique_ptr<S3Client> client,
               std::unique_ptr<ObjectCache> cache);
-  // The client for a caller's region (the daemon's own for ""): one a region, made on demand
-  // (their connections are per region: AWS's hosts are).
-  absl::StatusOr<S3Client*> ClientFor(const std::string& region);
 
   const ObjectStoreOptions options_;
+  std::string salt_;  // PrincipalOf's, random per daemon
   std::unique_ptr<S3Client> client_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<S3Client>> regional_ ABSL_GUARDED_BY(mu_);
-  // Last: destroyed first, its running read-ahead fetches finishing while the clients live.
+  // Last: destroyed first, its running read-ahead fetches finishing while the client lives.
   std::unique_ptr<ObjectCache> cache_;
 };
 

@@ -43,8 +43,25 @@ struct Request {
   bool body_to_sink = false;
   std::span<std::byte> sink;
   uint64_t range_start = 0;  // the first byte a ranged GET asks for
+  // A ranged GET's If-Match: a 2xx response of another ETag is refused before a byte lands.
+  std::string expect_etag;
   size_t max_text = kMaxErrorBody;
 };
+
+// "bytes FIRST-LAST/TOTAL" (TOTAL may be "*"): FIRST and LAST, or nullopt.
+std::optional<std::pair<uint64_t, uint64_t>> RangeOfContentRange(absl::string_view v) {
+  if (!absl::ConsumePrefix(&v, "bytes ")) return std::nullopt;
+  const size_t dash = v.find('-'), slash = v.find('/');
+  if (dash == absl::string_view::npos || slash == absl::string_view::npos || slash < dash) {
+    return std::nullopt;
+  }
+  uint64_t first = 0, last = 0;
+  if (!absl::SimpleAtoi(v.substr(0, dash), &first) ||
+      !absl::SimpleAtoi(v.substr(dash + 1, slash - dash - 1), &last) || last < first) {
+    return std::nullopt;
+  }
+  return std::make_pair(first, last);
+}
 
 // What came back.
 struct Response {
@@ -84,6 +101,24 @@ size_t WriteBody(char* data, size_t size, size_t count, void* user) {
     if (t->to_sink && r.status == 200 && t->request->range_start != 0) {
       r.abort_reason = absl::StrCat("the store ignored the Range header (200 for bytes from ",
                                     t->request->range_start, ")");
+      return 0;
+    }
+    // Exactly the range and the version asked for: bytes of another request's response (a
+    // connection out of step) or of another version must never land in the caller's buffer,
+    // from where the node's cache would serve them to every reader.
+    if (t->to_sink && r.status == 206) {
+      const auto range = RangeOfContentRange(r.content_range);
+      if (!range.has_value() || range->first != t->request->range_start ||
+          range->second - range->first >= t->request->sink.size()) {
+        r.abort_reason =
+            absl::StrCat("a 206 for bytes '", EscapeForLog(r.content_range, 64), "', not from ",
+                         t->request->range_start, " for at most ", t->request->sink.size());
+        return 0;
+      }
+    }
+    if (t->to_sink && !t->request->expect_etag.empty() && r.etag != t->request->expect_etag) {
+      r.abort_reason = absl::StrCat("a response of ETag ", EscapeForLog(r.etag, 80),
+                                    " to If-Match ", EscapeForLog(t->request->expect_etag, 80));
       return 0;
     }
   }
@@ -518,6 +553,7 @@ absl::Status S3Client::GetRange(const S3Credentials& credentials, absl::string_v
         request.headers.push_back(
             absl::StrCat("Range: bytes=", offset + received, "-", offset + length - 1));
         if (!etag.empty()) request.headers.push_back(absl::StrCat("If-Match: ", etag));
+        request.expect_etag = etag;
         request.body_to_sink = true;
         request.sink = out.subspan(received);
         const auto start = std::chrono::steady_clock::now();
@@ -569,7 +605,14 @@ absl::StatusOr<std::vector<S3ListEntry>> S3Client::List(const S3Credentials& cre
   const std::string what = absl::StrCat(S3Url(bucket, prefix), " (listing)");
   std::vector<S3ListEntry> entries;
   std::string token;
-  while (true) {
+  const size_t max_pages =
+      options.max_keys == 0 ? SIZE_MAX : options.max_keys / options.page_size + 2;
+  for (size_t pages = 0;; ++pages) {
+    if (pages >= max_pages) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, ": more than ", max_pages, " pages of keys and common prefixes"));
+    }
+    if (options.poll) GPUFEED_RETURN_IF_ERROR(options.poll());
     std::vector<std::pair<std::string, std::string>> query = {
         {"list-type", "2"},
         {"prefix", std::string(prefix)},

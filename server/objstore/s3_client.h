@@ -43,6 +43,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,8 +74,11 @@ struct S3ListOptions {
   // which are not returned); "": every key under it.
   std::string delimiter;
   // More keys than this is RESOURCE_EXHAUSTED naming the prefix (a caller cannot make the
-  // daemon page through a bucket of billions); 0: no bound.
+  // daemon page through a bucket of billions); 0: no bound. With a delimiter, pages of only
+  // common prefixes count too: more pages than max_keys / page_size + 2 is the same error.
   size_t max_keys = 0;
+  // Called before each page: its error (a deadline passed, shutdown) ends the listing.
+  std::function<absl::Status()> poll;
 };
 
 class S3Client {

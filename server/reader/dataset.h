@@ -143,6 +143,11 @@ class Dataset {
   // files, order, sizes and mtimes; several arrays: each file's); "" when the path and its
   // size do.
   virtual std::string ContentIdentity() const { return ""; }
+  // Read hints (RandomAccessFile::WillRead): sample `id` will be read at `next_use`, passed to
+  // the files it reads; and whether they take hints at all (the feed works out its hints only
+  // then: an object store's files behind the node's cache). Default: none.
+  virtual bool takes_read_hints() const { return false; }
+  virtual void WillRead(uint64_t id, uint64_t next_use) const {}
   // Samples that could not be used, by reason ("truncated", ...), since the dataset opened.
   virtual std::vector<std::pair<std::string, int64_t>> bad_samples() const { return {}; }
   // What the attaching client must hear about the dataset as opened (nothing is skipped or

@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/objstore/s3_uri.h"
+#include "server/reader/image_folder.h"
 #include "server/reader/shards.h"
 
 namespace gpufeed::server {
@@ -18,8 +20,10 @@ bool HasBrace(absl::string_view name) { return name.find('{') != absl::string_vi
 // starts with `dir`).
 absl::StatusOr<std::vector<std::string>> NamesIn(const objstore::ObjectSource& source,
                                                  const std::string& bucket, const std::string& dir,
-                                                 const std::string& prefix) {
-  GPUFEED_ASSIGN_OR_RETURN(std::vector<objstore::ObjectEntry> listed, source.List(bucket, prefix));
+                                                 const std::string& prefix,
+                                                 const WalkBudget& walk) {
+  GPUFEED_ASSIGN_OR_RETURN(std::vector<objstore::ObjectEntry> listed,
+                           source.List(bucket, prefix, [&walk] { return walk.Poll(); }));
   std::vector<std::string> names;
   for (objstore::ObjectEntry& e : listed) {
     std::string name = e.key.substr(dir.size());
@@ -33,7 +37,8 @@ absl::StatusOr<std::vector<std::string>> NamesIn(const objstore::ObjectSource& s
 }  // namespace
 
 std::string ObjectSelection::display(const std::string& name) const {
-  return absl::StrCat("s3://", bucket, "/", dir, name);
+  // Keys as the store listed them may hold any byte: escaped as S3Url does.
+  return objstore::S3Url(bucket, absl::StrCat(dir, name));
 }
 
 absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
@@ -44,6 +49,7 @@ absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
                            objstore::ParseS3Path(spec.path, "dataset.path"));
   ObjectSelection out;
   out.bucket = path.bucket;
+  const WalkBudget walk(spec.walk, spec.path, "listing");
   const size_t slash = path.key.find_last_of('/');
   out.dir = slash == std::string::npos ? "" : path.key.substr(0, slash + 1);
   const std::string last = path.key.substr(out.dir.size());
@@ -52,7 +58,11 @@ absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
         "dataset.path: ", spec.path, ": a pattern may stand only in the last component"));
   }
   if (last.empty()) {  // a directory
-    GPUFEED_ASSIGN_OR_RETURN(out.listed, NamesIn(source, out.bucket, out.dir, out.dir));
+    if (in_dir == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset.path: ", spec.path, ": name one object, not a directory"));
+    }
+    GPUFEED_ASSIGN_OR_RETURN(out.listed, NamesIn(source, out.bucket, out.dir, out.dir, walk));
     for (const std::string& n : out.listed) {
       if (n[0] != '.' && in_dir(n)) out.names.push_back(n);
     }
@@ -74,8 +84,9 @@ absl::StatusOr<ObjectSelection> SelectObjects(const FileDatasetSpec& spec,
     } else {
       // List only what the patterns' common literal start allows.
       size_t literal = last.find_first_of(braces ? "*?[{" : "*?[");
-      GPUFEED_ASSIGN_OR_RETURN(out.listed, NamesIn(source, out.bucket, out.dir,
-                                                   absl::StrCat(out.dir, last.substr(0, literal))));
+      GPUFEED_ASSIGN_OR_RETURN(out.listed,
+                               NamesIn(source, out.bucket, out.dir,
+                                       absl::StrCat(out.dir, last.substr(0, literal)), walk));
       for (const std::string& n : out.listed) {
         if (std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
               return ::fnmatch(p.c_str(), n.c_str(), FNM_PERIOD) == 0;
@@ -108,12 +119,13 @@ absl::StatusOr<std::unique_ptr<RandomAccessFile>> OpenSelected(const ObjectSelec
       source.Open(selection.bucket, absl::StrCat(selection.dir, name));
   if (!file.ok() && absl::IsNotFound(file.status()) && selection.one_object) {
     const std::string as_dir = absl::StrCat(selection.dir, name, "/");
+    // One entry tells (more is RESOURCE_EXHAUSTED, which tells too): no full listing.
     absl::StatusOr<std::vector<objstore::ObjectEntry>> inside =
-        source.List(selection.bucket, as_dir);
-    if (inside.ok() && !inside->empty()) {
+        source.List(selection.bucket, as_dir, nullptr, 1);
+    if ((inside.ok() && !inside->empty()) || absl::IsResourceExhausted(inside.status())) {
       return absl::NotFoundError(absl::StrCat(
           "dataset.path: ", selection.display(name), " is no object, but ", selection.display(name),
-          "/ holds ", inside->size(), " objects: end the path with '/' to read them"));
+          "/ holds objects: end the path with '/' to read them"));
     }
   }
   if (!file.ok()) {

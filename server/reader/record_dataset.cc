@@ -51,7 +51,11 @@ class RecordsDataset final : public Dataset {
   // with one set of files (or one file since rewritten) does not resume another. One file:
   // the path's own size and time say it (Feed::Create).
   std::string ContentIdentity() const override {
-    if (arrays_.front().file_name.empty()) return "";
+    if (arrays_.front().file_name.empty()) {
+      // An object store's object: its size and version (ETag) say it (no path to stat).
+      const RandomAccessFile& f = *arrays_.front().file;
+      return f.version().empty() ? "" : absl::StrCat(f.size(), " bytes:etag ", f.version());
+    }
     std::vector<std::string> parts;
     for (size_t t = 0; t < arrays_.size(); ++t) {
       const RecordArray& a = arrays_[t];

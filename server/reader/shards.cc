@@ -386,6 +386,11 @@ std::string ShardsIdentity(size_t count, absl::FunctionRef<const std::string&(si
     mix(h, nul);
     mix(h, absl::StrCat(file(k).size()));
     mix(h, nul);
+    // An object's ETag (its content's version; "" for a file).
+    if (const std::string v = file(k).version(); !v.empty()) {
+      mix(h, v);
+      mix(h, nul);
+    }
     mix(t, absl::StrCat(file(k).modified_ns()));
     mix(t, nul);
   }

@@ -61,6 +61,14 @@ class TokensDataset final : public Dataset, public TokenShardsView {
     for (const TokenShard& s : shards_) GPUFEED_RETURN_IF_ERROR(s.file->CheckNotShrunk());
     return absl::OkStatus();
   }
+  bool takes_read_hints() const override { return shards_.front().file->takes_read_hints(); }
+  void WillRead(uint64_t id, uint64_t next_use) const override {
+    if (id >= num_samples_) return;
+    const size_t k = ShardOf(id);
+    const TokenShard& s = shards_[k];
+    s.file->WillRead(s.data_offset + (id - first_[k]) * seq_len_ * token_bytes_,
+                     (seq_len_ + 1) * token_bytes_, next_use);
+  }
   // The shards the batch read, each once: at most the batch size of checks, whatever the
   // shard count.
   absl::Status CheckReadNotShrunk(std::span<const int64_t> ids) const override {
@@ -356,8 +364,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec&
       SelectObjects(
           spec, source, [](const std::string&) { return true; }, /*braces=*/false));
   const std::vector<std::string>& listed = selection.listed;
-  const auto beside = [&](const std::string& name) {
-    return std::binary_search(listed.begin(), listed.end(), name);
+  // A companion (a Megatron .idx, an offsets file): from the listing, or, for one object named
+  // alone, by its own HEAD (not there: none), as a local file named alone finds its own.
+  const auto companion =
+      [&](const std::string& name) -> absl::StatusOr<std::unique_ptr<RandomAccessFile>> {
+    if (!selection.one_object) {
+      if (!std::binary_search(listed.begin(), listed.end(), name)) return nullptr;
+      return OpenSelected(selection, source, name);
+    }
+    absl::StatusOr<std::unique_ptr<RandomAccessFile>> f =
+        source.Open(selection.bucket, absl::StrCat(selection.dir, name));
+    if (absl::IsNotFound(f.status())) return nullptr;
+    return f;
   };
   std::vector<TokenShard> shards;
   const WalkBudget walk(spec.walk, spec.path, "indexing");
@@ -372,15 +390,14 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec&
     DocumentOffsets offsets;
     if (absl::EndsWith(name, ".bin")) {
       const std::string idx_name = absl::StrCat(name.substr(0, name.size() - 4), ".idx");
-      if (beside(idx_name)) {
-        idx.name = selection.display(idx_name);
-        GPUFEED_ASSIGN_OR_RETURN(idx_file, OpenSelected(selection, source, idx_name));
-        idx.file = idx_file.get();
-      }
+      GPUFEED_ASSIGN_OR_RETURN(idx_file, companion(idx_name));
+      idx.name = selection.display(idx_name);
+      idx.file = idx_file.get();
     }
-    if (const std::string o = OffsetsFileOf(name); spec.for_packing && beside(o)) {
+    if (spec.for_packing) {
+      const std::string o = OffsetsFileOf(name);
+      GPUFEED_ASSIGN_OR_RETURN(offsets_file, companion(o));
       offsets.name = selection.display(o);
-      GPUFEED_ASSIGN_OR_RETURN(offsets_file, OpenSelected(selection, source, o));
       offsets.file = offsets_file.get();
     }
     GPUFEED_ASSIGN_OR_RETURN(
@@ -393,7 +410,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenTokenObjects(const FileDatasetSpec&
     return absl::InvalidArgumentError(
         absl::StrCat("dataset.path: ", spec.path, ": no token objects (only companions)"));
   }
-  return MakeTokens(spec, std::move(shards), /*sharded=*/!selection.one_object);
+  // Sharded even for one object: its name, size, time and ETag are the feed's fingerprint
+  // (there is no path for Feed::Create to stat).
+  return MakeTokens(spec, std::move(shards), /*sharded=*/true);
 }
 
 // One file of tokens, not a shard of several: its only shard.

@@ -79,7 +79,10 @@ absl::StatusOr<std::vector<WebDatasetShard>> OpenShards(const FileDatasetSpec& s
             spec, *spec.objects, [](const std::string& n) { return absl::EndsWith(n, ".tar"); },
             /*braces=*/true));
     std::vector<WebDatasetShard> out;
+    // One HEAD a shard, each up to the retry bound: within folder_walk_timeout together.
+    const WalkBudget walk(spec.walk, spec.path, "opening the shards of");
     for (const std::string& name : selection.names) {
+      GPUFEED_RETURN_IF_ERROR(walk.Poll());
       GPUFEED_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
                                OpenSelected(selection, *spec.objects, name));
       out.push_back({std::move(file), selection.display(name)});

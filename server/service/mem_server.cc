@@ -22,7 +22,10 @@
 namespace gpufeed::server {
 namespace {
 
-constexpr size_t kMaxRequestBytes = 1024;
+// A request: a session's id and token, or open_dataset, whose object_store may carry a web
+// identity token (a Kubernetes service account's JWT: up to 20,000 bytes at AWS's bound, the
+// daemon's check takes 64 KiB) and an STS session token (a few KiB).
+constexpr size_t kMaxRequestBytes = 96 << 10;
 
 void SetError(const absl::Status& status, v1::MemResponse* response) {
   response->set_code(static_cast<int32_t>(status.code()));

@@ -51,6 +51,9 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=2, help="gpufeedd --threads")
+    p.add_argument("--latency-ms", type=int, default=0,
+                   help="added to every request by tests/testing/s3_fault_proxy.py between "
+                        "gpufeedd and the store (a remote store's first-byte latency)")
     args = p.parse_args()
     if subprocess.run([MOTO_PYTHON, "-c", "import moto.server"], capture_output=True).returncode:
         print(f"no moto at {MOTO_PYTHON}: run tests/run.sh once, or set GPUFEED_S3_PYTHON",
@@ -58,7 +61,7 @@ def main() -> int:
         return 2
 
     work = Path(tempfile.mkdtemp(prefix="gpufeed-s3-bench-"))
-    moto = daemon = None
+    moto = daemon = proxy = None
     try:
         local = work / "tokens"
         local.mkdir()
@@ -83,6 +86,12 @@ def main() -> int:
         for f in sorted(local.iterdir()):
             command(op="put", bucket="bench", key=f"tokens/{f.name}", file=str(f))
 
+        if args.latency_ms > 0:
+            proxy = subprocess.Popen(
+                [sys.executable, str(REPO / "tests/testing/s3_fault_proxy.py"), "--upstream",
+                 endpoint.removeprefix("http://"), "--latency_ms", str(args.latency_ms)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            endpoint = f"http://127.0.0.1:{json.loads(proxy.stdout.readline())['port']}"
         sock = work / "gf.sock"
         with socket_port() as port:
             pass
@@ -127,22 +136,24 @@ def main() -> int:
         if daemon is not None:
             daemon.terminate()
             daemon.wait()
-        if moto is not None:
-            moto.stdin.close()
-            moto.wait()
+        for child in (proxy, moto):
+            if child is not None:
+                child.stdin.close()
+                child.wait()
         shutil.rmtree(work, ignore_errors=True)
 
     rows = [("local disk (page cache)", local_run), ("s3, cold (every byte from the store)", cold),
             ("s3, warm (the node's cache)", warm)]
     print(f"\n{total / 2**20:.0f} MiB of uint16 tokens in {args.shards} shards, seq_len "
           f"{args.seq_len}, B={args.batch}, one epoch each by gpufeedctl consume; moto on "
-          f"loopback; gpufeedd --threads {args.threads}; {os.cpu_count()} cores")
+          f"loopback{f', {args.latency_ms} ms added a request' if args.latency_ms else ''}; "
+          f"gpufeedd --threads {args.threads}; {os.cpu_count()} cores")
     print("| epoch | MB/s | vs local | daemon CPU s per GB | bytes from the store |")
     print("|---|---:|---:|---:|---:|")
     for name, r in rows:
         print(f"| {name} | {r['mb_per_s']:,.0f} | {r['mb_per_s'] / local_run['mb_per_s']:.0%} | "
               f"{r['cpu_s'] / (total / 1e9):.2f} | {r['remote_bytes']:,.0f} |")
-    print(json.dumps({"bench": "s3", "bytes": total, "local": local_run, "cold": cold,
+    print(json.dumps({"bench": "s3", "bytes": total, "latency_ms": args.latency_ms, "local": local_run, "cold": cold,
                       "warm": warm, "cold_vs_local": cold["mb_per_s"] / local_run["mb_per_s"],
                       "warm_remote_bytes": warm["remote_bytes"]}))
     return 0

@@ -17,6 +17,7 @@ import socket as socketlib
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator, List
@@ -26,7 +27,7 @@ import pytest
 
 import gpufeed
 import reference
-from conftest import Daemon
+from conftest import Daemon, gpufeedctl
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("GPUFEEDD", REPO / "build/server/gpufeedd")).resolve().parents[1]
@@ -296,3 +297,77 @@ def test_a_daemon_without_an_object_store_refuses_s3_paths(fresh_daemon, caller)
         gpufeed.Client(fresh_daemon.socket).attach(
             "s3://train-data/corpus/tokens/", kind="tokens", seq_len=SEQ, batch_size=4,
             job="off")
+
+
+def test_temporary_credentials_and_a_joiner_with_other_credentials(tmp_path, caller, monkeypatch):
+    # STS temporary credentials (a session token of several hundred bytes, as AWS's are) pass
+    # the memory socket and sign every request; a second attach of the same uid and dataset
+    # with another secret does not ride on the first one's feed: its own access is tried,
+    # and refused.
+    temporary = json.loads(caller.command(op="temporary_credentials")[3:])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", temporary["access_key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", temporary["secret"])
+    monkeypatch.setenv("AWS_SESSION_TOKEN", temporary["token"])
+    assert len(temporary["token"]) > 200
+    d = s3_daemon(tmp_path, caller.endpoint, "--cache_bytes=67108864")
+    path = "s3://train-data/corpus/tokens/"
+    options = dict(kind="tokens", seq_len=SEQ, token_dtype="uint16", batch_size=4, seed=9)
+    try:
+        client = gpufeed.Client(d.socket)
+        with client.attach(path, job="temporary", **options) as s:
+            s.next(timeout=30).release()
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+            with pytest.raises(gpufeed.PermissionDenied, match="s3://train-data/corpus/tokens/"):
+                client.attach(path, job="temporary-joiner", **options)
+            # Without the token the key pair is not valid either.
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", temporary["secret"])
+            monkeypatch.delenv("AWS_SESSION_TOKEN")
+            with pytest.raises(gpufeed.PermissionDenied):
+                client.attach(path, job="temporary-no-token", **options)
+            # A control byte in a credential never reaches a request's headers.
+            monkeypatch.setenv("AWS_SESSION_TOKEN", temporary["token"] + "\r\nX-Injected: 1")
+            with pytest.raises(gpufeed.InvalidArgument, match="object_store.session_token"):
+                client.attach(path, job="temporary-crlf", **options)
+            # Nothing of the credentials shows where other users look.
+            shown = "".join(subprocess.run([gpufeedctl(), "--socket", d.socket, "-o", "json",
+                                            what], capture_output=True, text=True).stdout
+                            for what in ("feeds", "sessions", "status"))
+            shown += urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics",
+                                            timeout=10).read().decode()
+            for secret in (temporary["secret"], temporary["token"][:40]):
+                assert secret not in shown
+    finally:
+        d.stop()
+    for secret in (temporary["secret"], temporary["token"][:40], caller.secret):
+        assert secret not in d.log.read_text()
+
+
+def test_a_resume_of_one_object_rewritten_since_is_refused(tmp_path, data, caller):
+    # One object named alone: its ETag is in the feed's fingerprint, so a position saved
+    # before the object was rewritten (same size, other bytes) does not resume onto it.
+    key = "corpus/one/tokens.bin"
+    body = data / "tokens" / "shard_000.bin"
+    caller.command(op="put", bucket=BUCKET, key=key, file=str(body))
+    d = s3_daemon(tmp_path, caller.endpoint)
+    path = f"s3://{BUCKET}/{key}"
+    options = dict(kind="tokens", seq_len=SEQ, token_dtype="uint16", batch_size=4, seed=9)
+    try:
+        client = gpufeed.Client(d.socket)
+        with client.attach(path, job="one", **options) as s:
+            s.next(timeout=30).release()
+            position, fingerprint = s.position(), s.fingerprint
+        # The feed ends with its last session (a live feed keeps what it opened).
+        deadline = time.monotonic() + 10
+        while json.loads(subprocess.run([gpufeedctl(), "--socket", d.socket, "-o", "json",
+                                         "feeds"], capture_output=True, text=True).stdout
+                         or "[]"):
+            assert time.monotonic() < deadline, "the feed outlived its session"
+            time.sleep(0.05)
+        rewritten = tmp_path / "rewritten.bin"
+        rewritten.write_bytes(bytes(reversed(body.read_bytes())))
+        caller.command(op="put", bucket=BUCKET, key=key, file=str(rewritten))
+        with pytest.raises(gpufeed.FailedPrecondition, match="fingerprint"):
+            client.attach(path, job="one-resumed", start=position, start_fingerprint=fingerprint,
+                          **options)
+    finally:
+        d.stop()

@@ -95,13 +95,13 @@ TEST(ObjectStoreAccessTest, AProfileOfTheFilesWithItsRegionAndEndpoint) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->endpoint_url, "http://s3:2");
   EXPECT_EQ(a->region, "ap-south-1");
-  // The default profile, and us-east-1 where nothing names a region.
+  // The default profile, and no region where nothing names one.
   Env plain(home);
   plain.Set("AWS_CONFIG_FILE", home.Join("none"));
   a = ResolveObjectStoreAccess(plain.lookup());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->access_key_id, "DEF");
-  EXPECT_EQ(a->region, "us-east-1");
+  EXPECT_EQ(a->region, "");
 }
 
 TEST(ObjectStoreAccessTest, CredentialsInTheConfigFileAndWebIdentities) {

@@ -17,6 +17,14 @@
 namespace gpufeed::objstore {
 namespace {
 
+S3ListOptions ListOptions(int page_size, const std::string& delimiter, size_t max_keys) {
+  S3ListOptions o;
+  o.page_size = page_size;
+  o.delimiter = delimiter;
+  o.max_keys = max_keys;
+  return o;
+}
+
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -226,8 +234,7 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   ASSERT_TRUE(one_page.ok()) << one_page.status();
   EXPECT_EQ(client->counters().requests.load(), 1u);
   absl::StatusOr<std::vector<S3ListEntry>> paged =
-      client->List(credentials_, kBucket, "many/",
-                   S3ListOptions{.page_size = 7, .delimiter = "", .max_keys = 0});
+      client->List(credentials_, kBucket, "many/", ListOptions(7, "", 0));
   ASSERT_TRUE(paged.ok()) << paged.status();
   EXPECT_EQ(client->counters().requests.load(), 1u + 6u);
   for (const auto* list : {&*one_page, &*paged}) {
@@ -240,8 +247,7 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   }
   // A prefix that is no folder, a page size that divides the count.
   absl::StatusOr<std::vector<S3ListEntry>> tens =
-      client->List(credentials_, kBucket, "many/11",
-                   S3ListOptions{.page_size = 5, .delimiter = "", .max_keys = 0});
+      client->List(credentials_, kBucket, "many/11", ListOptions(5, "", 0));
   ASSERT_TRUE(tens.ok()) << tens.status();
   ASSERT_EQ(tens->size(), 10u);
   EXPECT_EQ(tens->front().key, "many/110.bin");
@@ -253,13 +259,11 @@ TEST_F(S3ClientTest, ListPagesThroughContinuationTokens) {
   // A delimiter keeps only a directory's own entries; a bound refuses a larger listing.
   ASSERT_TRUE(moto_->Put(kBucket, "many/deeper/y.bin", "y").ok());
   absl::StatusOr<std::vector<S3ListEntry>> direct =
-      client->List(credentials_, kBucket, "many/",
-                   S3ListOptions{.page_size = 1000, .delimiter = "/", .max_keys = 0});
+      client->List(credentials_, kBucket, "many/", ListOptions(1000, "/", 0));
   ASSERT_TRUE(direct.ok()) << direct.status();
   EXPECT_EQ(direct->size(), objects.size());
   absl::StatusOr<std::vector<S3ListEntry>> bounded =
-      client->List(credentials_, kBucket, "many/",
-                   S3ListOptions{.page_size = 7, .delimiter = "/", .max_keys = 20});
+      client->List(credentials_, kBucket, "many/", ListOptions(7, "/", 20));
   EXPECT_EQ(bounded.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(bounded.status().message(), ::testing::HasSubstr("more than 20 objects"));
 }
@@ -413,11 +417,7 @@ TEST(S3ClientNoServerTest, RefusesBadNamesBeforeAnyRequest) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->GetRange(credentials, "b", "k", UINT64_MAX, std::span(out)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client
-                ->List(credentials, "b", "",
-                       S3ListOptions{.page_size = 0, .delimiter = "", .max_keys = 0})
-                .status()
-                .code(),
+  EXPECT_EQ(client->List(credentials, "b", "", ListOptions(0, "", 0)).status().code(),
             absl::StatusCode::kInvalidArgument);
   S3Config no_region;
   no_region.region = "";

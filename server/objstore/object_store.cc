@@ -266,10 +266,6 @@ ObjectStore::~ObjectStore() = default;
 
 const S3Counters& ObjectStore::counters() const { return client_->counters(); }
 
-std::vector<std::pair<std::string, const S3Counters*>> ObjectStore::CountersByRegion() const {
-  return {{client_->config().region, &client_->counters()}};
-}
-
 absl::StatusOr<std::shared_ptr<const ObjectSource>> ObjectStore::Bind(
     const ObjectStoreAccess& access) {
   const std::string mine = NormalEndpoint(options_.s3.endpoint);

@@ -22,7 +22,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "common/os/file.h"
 #include "server/objstore/object_cache.h"
 #include "server/objstore/s3_client.h"
@@ -98,8 +97,6 @@ class ObjectStore {
   absl::StatusOr<std::shared_ptr<const ObjectSource>> Bind(const ObjectStoreAccess& access);
 
   const S3Counters& counters() const;
-  // Each client's counters by its region (the daemon's first), for the metrics endpoint.
-  std::vector<std::pair<std::string, const S3Counters*>> CountersByRegion() const;
   // Null without a cache (cache_bytes 0).
   const ObjectCache* cache() const { return cache_.get(); }
   const ObjectStoreOptions& options() const { return options_; }

@@ -156,7 +156,9 @@ void AddObjectStore(const objstore::ObjectStore* store, Builder& b) {
                               "brought (hit)",
                               MetricType::Counter);
   if (store == nullptr) return;
-  for (const auto& [region, c] : store->CountersByRegion()) {
+  {  // one client, signed for the daemon's region
+    const std::string& region = store->options().s3.region;
+    const objstore::S3Counters* c = &store->counters();
     const std::vector<ClientMetric::Label> labels = {{"region", region}};
     Builder::Add(requests, labels, static_cast<double>(c->requests.load()));
     Builder::Add(retries, labels, static_cast<double>(c->retries.load()));

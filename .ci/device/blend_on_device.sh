@@ -4,7 +4,9 @@
 # 1. the blend and packing Python tests (host delivery) on this machine's Python and torch;
 # 2. device delivery: blend_device_check.py (every tensor of every batch in cuda:0 equal to
 #    host delivery's, and across a state_dict resume); 3. tests/bench/blend_bench.py on this
-#    machine's cores, host delivery and cuda:0. SKIP="pytest device bench" leaves steps out.
+#    machine's cores, host delivery and cuda:0, --threads 4 and 8; 4. lm_rows_bench: the token
+#    dataset's own rows/s by fill threads, 1 to 16. SKIP="pytest device bench rows" leaves steps
+#    out; THREADS="4 8" the daemon's --threads for step 3.
 set -u
 out=${OUT:-/tmp/gpufeed-out}
 final=${OUT:-}
@@ -28,12 +30,21 @@ if want device; then
   stop_daemon
 fi
 if want bench; then
-  for dev in cpu cuda:0; do
-    log "3. blend_bench --threads 4 --device $dev"
-    GPUFEEDD=$GPUFEEDD GPUFEEDCTL=$ctl timeout 250 python3 "$root/tests/bench/blend_bench.py" \
-        --threads 4 --device "$dev" --seconds 5 >"$out/bench_${dev%%:*}.log" 2>&1 || rc=1
-    tail -8 "$out/bench_${dev%%:*}.log" | tee -a "$out/summary.log"
+  for threads in ${THREADS:-4 8}; do
+    for dev in cpu cuda:0; do
+      log "3. blend_bench --threads $threads --device $dev"
+      GPUFEEDD=$GPUFEEDD GPUFEEDCTL=$ctl timeout 250 python3 "$root/tests/bench/blend_bench.py" \
+          --threads "$threads" --device "$dev" --seconds 5 \
+          >"$out/bench_${dev%%:*}_t$threads.log" 2>&1 || rc=1
+      tail -8 "$out/bench_${dev%%:*}_t$threads.log" | tee -a "$out/summary.log"
+    done
   done
+fi
+if want rows; then
+  log "4. lm_rows_bench --threads 1,2,4,8,16"
+  timeout 200 "$bundle/bin/lm_rows_bench" --threads 1,2,4,8,16 --seconds 2 \
+      >"$out/lm_rows.log" 2>&1 || rc=1
+  tee -a "$out/summary.log" < "$out/lm_rows.log"
 fi
 [ -n "$final" ] && cp "$out"/*.log "$final/" 2>/dev/null
 exit $rc

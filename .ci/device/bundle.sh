@@ -14,7 +14,7 @@ own='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread|librt\.so|libc
 for f in "$build/server/gpufeedd" "$build/client/ctl/gpufeedctl" "$build/client/c/libgpufeed_c.so" \
          "$build/tests/gpu/gpufeed_gpu_tests" "$build/tests/bench/device_bench" \
          "$build/tests/bench/image_bench" "$build/tests/bench/feed_bench" \
-         "$build/tests/bench/cpu_augment_bench"; do
+         "$build/tests/bench/cpu_augment_bench" "$build/tests/bench/lm_rows_bench"; do
   case "$f" in *.so) cp -L "$f" "$out/lib/" ;; *) cp -L "$f" "$out/bin/" ;; esac
   ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     [[ $name =~ $own ]] || cp -Ln "$path" "$out/lib/$name" 2>/dev/null || true

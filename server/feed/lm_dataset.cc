@@ -5,8 +5,9 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/shard_list.h"
@@ -152,6 +153,7 @@ struct LmDataset::Group {
   std::vector<BlendPick> picks;
   std::vector<uint64_t> prefix;   // document tokens before each pick, in the group; picks + 1
   Packing packing;                // best_fit: pieces' `document` indexes `picks`
+  PackStats stats;                // best_fit: MeasurePacking's
 };
 
 namespace {
@@ -407,42 +409,57 @@ void LmDataset::ResetCaches() {
 
 BlendPick LmDataset::PickAt(uint64_t t) const {
   const uint64_t c = t / kPickChunk;
-  std::shared_ptr<const std::vector<BlendPick>> chunk;
   {
     absl::MutexLock lock(&chunk_mu_);
-    if (auto it = chunks_.find(c); it != chunks_.end()) chunk = it->second;
+    while (true) {
+      if (auto it = chunks_.find(c); it != chunks_.end()) return (*it->second)[t % kPickChunk];
+      if (!filling_.contains(c)) break;
+      filled_.Wait(&chunk_mu_);
+    }
+    filling_.insert(c);
   }
-  if (chunk == nullptr) {
-    // Filled outside the lock (about 17 ms for 2^16 picks): two threads may fill one chunk,
-    // both the same.
-    auto fresh = std::make_shared<std::vector<BlendPick>>(kPickChunk);
-    blend_->Fill(c * kPickChunk, *fresh);
-    chunk = fresh;
+  return (*FillChunk(c))[t % kPickChunk];
+}
+
+void LmDataset::FillChunkAhead(uint64_t c) const {
+  {
     absl::MutexLock lock(&chunk_mu_);
-    if (pack_ == PackMode::kNone && c == counted_chunks_) {
-      // An unpacked blend's tokens per source, each chunk counted once, in stream order.
-      for (const BlendPick& p : *fresh) window_tokens_[p.source] += seq_len_ + 1;
-      ++counted_chunks_;
-    }
-    if (chunks_.emplace(c, chunk).second) {
-      chunk_order_.push_back(c);
-      if (chunk_order_.size() > kCachedChunks) {
-        chunks_.erase(chunk_order_.front());
-        chunk_order_.pop_front();
-      }
-    }
+    if (chunks_.contains(c) || filling_.contains(c)) return;
+    filling_.insert(c);
   }
-  return (*chunk)[t % kPickChunk];
+  FillChunk(c);
+}
+
+std::shared_ptr<const std::vector<BlendPick>> LmDataset::FillChunk(uint64_t c) const {
+  // A throw (no memory) leaves the chunk unclaimed and its waiters woken, not stuck.
+  absl::Cleanup unclaim = [&] {
+    absl::MutexLock lock(&chunk_mu_);
+    filling_.erase(c);
+    filled_.SignalAll();
+  };
+  // About 12 ms for 2^16 picks (pack_bench): filled with no lock held.
+  auto fresh = std::make_shared<std::vector<BlendPick>>(kPickChunk);
+  blend_->Fill(c * kPickChunk, *fresh);
+  absl::MutexLock lock(&chunk_mu_);
+  if (pack_ == PackMode::kNone && c == counted_chunks_) {
+    // An unpacked blend's tokens per source, each chunk counted once, in stream order.
+    for (const BlendPick& p : *fresh) window_tokens_[p.source] += seq_len_ + 1;
+    ++counted_chunks_;
+  }
+  chunks_.emplace(c, fresh);
+  chunk_order_.push_back(c);
+  if (chunk_order_.size() > kCachedChunks) {
+    chunks_.erase(chunk_order_.front());
+    chunk_order_.pop_front();
+  }
+  return fresh;
 }
 
 uint64_t LmDataset::DocLength(const BlendPick& pick) const {
   return sources_[pick.source]->doc_length[pick.sample];
 }
 
-std::shared_ptr<const LmDataset::Group> LmDataset::GroupLocked(uint64_t g) const {
-  if (auto it = groups_.find(g); it != groups_.end()) return it->second;
-  // The groups before it first: their prefixes place this one.
-  while (group_tokens_.size() - 1 < g) GroupLocked(group_tokens_.size() - 1);
+std::shared_ptr<const LmDataset::Group> LmDataset::MakeGroup(uint64_t g) const {
   auto group = std::make_shared<Group>();
   group->first = g * group_picks_;
   group->picks.resize(group_picks_);
@@ -459,43 +476,108 @@ std::shared_ptr<const LmDataset::Group> LmDataset::GroupLocked(uint64_t g) const
     // arguments were checked at Open (seq_len <= 2^30, lookahead >= 1): it cannot refuse.
     absl::StatusOr<Packing> packing = PackBestFit(lengths, seq_len_, group_picks_);
     if (packing.ok()) group->packing = *std::move(packing);
-  }
-  if (group_tokens_.size() - 1 == g) {
-    group_tokens_.push_back(group_tokens_.back() + group->prefix.back());
-    const uint64_t rows = group->packing.rows();
-    group_rows_.push_back(group_rows_.back() + rows);
-    if (pack_ == PackMode::kBestFit) {
-      const PackStats s = MeasurePacking(group->packing, lengths);
-      stats_.rows += s.rows;
-      stats_.row_tokens += s.row_tokens;
-      stats_.pad_tokens += s.pad_tokens;
-      stats_.documents += s.documents;
-      stats_.truncated_documents += s.truncated_documents;
-    } else {
-      stats_.documents += group_picks_;
-    }
-    for (uint64_t j = 0; j < group_picks_; ++j) {
-      stats_.source_tokens[group->picks[j].source] += lengths[j];
-    }
-  }
-  groups_.emplace(g, group);
-  group_order_.push_back(g);
-  if (group_order_.size() > kCachedGroups) {
-    groups_.erase(group_order_.front());
-    group_order_.pop_front();
+    group->stats = MeasurePacking(group->packing, lengths);
   }
   return group;
 }
 
+void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const {
+  groups_.emplace(g, std::move(group));
+  group_order_.push_back(g);
+  // Placed in stream order: this group if it is the next, and every kept one after it.
+  for (auto it = groups_.find(group_rows_.size() - 1); it != groups_.end();
+       it = groups_.find(group_rows_.size() - 1)) {
+    const Group& next = *it->second;
+    group_tokens_.push_back(group_tokens_.back() + next.prefix.back());
+    group_rows_.push_back(group_rows_.back() + next.packing.rows());
+    if (pack_ == PackMode::kBestFit) {
+      stats_.rows += next.stats.rows;
+      stats_.row_tokens += next.stats.row_tokens;
+      stats_.pad_tokens += next.stats.pad_tokens;
+      stats_.documents += next.stats.documents;
+      stats_.truncated_documents += next.stats.truncated_documents;
+    } else {
+      stats_.documents += group_picks_;
+    }
+    for (size_t j = 0; j < next.picks.size(); ++j) {
+      stats_.source_tokens[next.picks[j].source] += next.prefix[j + 1] - next.prefix[j];
+    }
+  }
+  // Evicts the oldest placed groups past the bound; unplaced ones (packed ahead of a gap
+  // that another thread is packing) stay until they are placed.
+  const uint64_t placed = group_rows_.size() - 1;
+  for (auto it = group_order_.begin();
+       group_order_.size() > kCachedGroups && it != group_order_.end();) {
+    if (*it < placed) {
+      groups_.erase(*it);
+      it = group_order_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  packed_.SignalAll();
+}
+
 std::shared_ptr<const LmDataset::Group> LmDataset::GroupAt(uint64_t g) const {
+  {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      if (auto it = groups_.find(g); it != groups_.end()) return it->second;
+      if (!packing_.contains(g)) break;
+      packed_.Wait(&mu_);
+    }
+    packing_.insert(g);
+  }
+  return PackClaimed(g);
+}
+
+std::shared_ptr<const LmDataset::Group> LmDataset::PackClaimed(uint64_t g) const {
+  // A throw (no memory) leaves the group unclaimed and its waiters woken, not stuck.
+  absl::Cleanup unclaim = [&] {
+    absl::MutexLock lock(&mu_);
+    packing_.erase(g);
+    packed_.SignalAll();
+  };
+  std::shared_ptr<const Group> group = MakeGroup(g);
   absl::MutexLock lock(&mu_);
-  return GroupLocked(g);
+  KeepLocked(g, group);
+  return group;
+}
+
+std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
+  for (uint64_t a = g + 1; a <= g + kPackAhead; ++a) {
+    if (!groups_.contains(a) && !packing_.contains(a)) {
+      packing_.insert(a);
+      return a;
+    }
+  }
+  return std::nullopt;
+}
+
+void LmDataset::PackAhead(uint64_t g) const {
+  std::shared_ptr<const Group> group = PackClaimed(g);
+  // The chunk of picks after this group's last, long before a group reads from it.
+  FillChunkAhead((group->first + group_picks_ - 1) / kPickChunk + 1);
+}
+
+absl::Status LmDataset::PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget) const {
+  while (true) {
+    uint64_t next;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
+      if (starts.back() > value) return absl::OkStatus();
+      next = starts.size() - 1;
+    }
+    GroupAt(next);  // packed (or waited for) and placed, with the kept ones after it
+    if (budget != nullptr) GPUFEED_RETURN_IF_ERROR(budget->Poll());
+  }
 }
 
 uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {
-  absl::MutexLock lock(&mu_);
+  PlaceThrough(by_rows, value).IgnoreError();  // no budget: always OK
+  absl::ReaderMutexLock lock(&mu_);
   const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
-  while (starts.back() <= value) GroupLocked(starts.size() - 1);
   return static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), value) -
                                starts.begin()) -
          1;
@@ -505,48 +587,73 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
                           std::vector<BlendPick>* picks) const {
   pieces->clear();
   picks->clear();
-  // One lock a row (two threads fill rows side by side): the group is found, packed if need
-  // be, and held by its shared_ptr while its pieces are read.
-  if (pack_ == PackMode::kBestFit) {
-    std::shared_ptr<const Group> group;
-    uint64_t first_row;
+  // The row's first group: placed (packed here only at a stream's start or far behind the
+  // others) and found under a shared lock; when one of the next kPackAhead groups is neither
+  // kept nor being packed, this thread claims and packs it once the row's pieces are taken.
+  const bool by_rows = pack_ == PackMode::kBestFit;
+  uint64_t at = row * seq_len_;  // concat: the row's first stream token
+  const uint64_t value = by_rows ? row : at;
+  uint64_t g = 0, start = 0;
+  std::shared_ptr<const Group> group;
+  bool behind = false;  // some group ahead is neither kept nor being packed
+  while (true) {
+    uint64_t next;
     {
-      absl::MutexLock lock(&mu_);
-      while (group_rows_.back() <= row) GroupLocked(group_rows_.size() - 1);
-      const uint64_t g = static_cast<uint64_t>(
-          std::upper_bound(group_rows_.begin(), group_rows_.end(), row) - group_rows_.begin() - 1);
-      first_row = group_rows_[g];
-      group = GroupLocked(g);
+      absl::ReaderMutexLock lock(&mu_);
+      const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
+      next = starts.size() - 1;
+      if (starts.back() > value) {
+        g = static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), value) -
+                                  starts.begin()) -
+            1;
+        start = starts[g];
+        if (auto it = groups_.find(g); it != groups_.end()) group = it->second;
+        for (uint64_t a = g + 1; a <= g + kPackAhead && !behind; ++a) {
+          behind = !groups_.contains(a) && !packing_.contains(a);
+        }
+        break;
+      }
     }
-    for (const PackPiece& p : group->packing.Row(row - first_row)) {
+    GroupAt(next);  // the row is past the groups placed: place the next (PlaceThrough's step)
+  }
+  const uint64_t first_group = g;
+  if (group == nullptr) group = GroupAt(g);  // evicted: a rank far behind the others
+  if (by_rows) {
+    for (const PackPiece& p : group->packing.Row(row - start)) {
       pieces->push_back({group->first + p.document, p.offset, p.length});
       picks->push_back(group->picks[p.document]);
     }
-    return;
-  }
-  // concat: the stream's tokens [row x seq_len, row x seq_len + seq_len + 1), from the group
-  // holding the first on, across groups where the row runs past one.
-  uint64_t at = row * seq_len_;
-  uint64_t left = seq_len_ + 1;
-  absl::MutexLock lock(&mu_);
-  while (group_tokens_.back() <= at) GroupLocked(group_tokens_.size() - 1);
-  uint64_t g = static_cast<uint64_t>(
-      std::upper_bound(group_tokens_.begin(), group_tokens_.end(), at) - group_tokens_.begin() - 1);
-  while (left > 0) {
-    std::shared_ptr<const Group> group = GroupLocked(g);
-    const uint64_t base = group_tokens_[g];
-    size_t j = static_cast<size_t>(std::upper_bound(group->prefix.begin(), group->prefix.end(),
-                                                    at - base) -
-                                   group->prefix.begin() - 1);
-    for (; j < group->picks.size() && left > 0; ++j) {
-      const uint64_t offset = at - base - group->prefix[j];
-      const uint64_t take = std::min(group->prefix[j + 1] - group->prefix[j] - offset, left);
-      pieces->push_back({group->first + j, offset, take});
-      picks->push_back(group->picks[j]);
-      at += take;
-      left -= take;
+  } else {
+    // concat: the stream's tokens [row x seq_len, row x seq_len + seq_len + 1), from the
+    // group holding the first on, across groups where the row runs past one.
+    uint64_t left = seq_len_ + 1;
+    while (true) {
+      size_t j = static_cast<size_t>(
+          std::upper_bound(group->prefix.begin(), group->prefix.end(), at - start) -
+          group->prefix.begin() - 1);
+      for (; j < group->picks.size() && left > 0; ++j) {
+        const uint64_t offset = at - start - group->prefix[j];
+        const uint64_t take = std::min(group->prefix[j + 1] - group->prefix[j] - offset, left);
+        pieces->push_back({group->first + j, offset, take});
+        picks->push_back(group->picks[j]);
+        at += take;
+        left -= take;
+      }
+      if (left == 0) break;
+      start += group->prefix.back();
+      ++g;
+      group = GroupAt(g);
     }
-    ++g;
+  }
+  // Claimed only now: a concat row running into the next group packs it (or waits for it)
+  // above, and a claim of its own made before would have it wait for itself.
+  if (behind) {
+    std::optional<uint64_t> ahead;
+    {
+      absl::MutexLock lock(&mu_);
+      ahead = ClaimAheadLocked(first_group);
+    }
+    if (ahead.has_value()) PackAhead(*ahead);
   }
 }
 
@@ -554,7 +661,7 @@ uint64_t LmDataset::ChangePoint(uint64_t row) const {
   if (pack_ == PackMode::kNone) return row;
   if (pack_ == PackMode::kBestFit) {
     const uint64_t g = GroupHolding(true, row);
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     return group_rows_[g] == row ? g * group_picks_ : (g + 1) * group_picks_;
   }
   if (row == 0) return 0;
@@ -563,7 +670,7 @@ uint64_t LmDataset::ChangePoint(uint64_t row) const {
   const uint64_t g = GroupHolding(false, at);
   uint64_t base;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     base = group_tokens_[g];
   }
   std::shared_ptr<const Group> group = GroupAt(g);
@@ -613,16 +720,7 @@ absl::Status LmDataset::Reach(uint64_t row) const {
   }
   // Best-fit: the group holding the row; concat: the groups holding its seq_len + 1 tokens.
   const bool by_rows = pack_ == PackMode::kBestFit;
-  const uint64_t value = by_rows ? row : row * seq_len_ + seq_len_;
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
-      if (starts.back() > value) return absl::OkStatus();
-      GroupLocked(starts.size() - 1);
-    }
-    GPUFEED_RETURN_IF_ERROR(budget.Poll());
-  }
+  return PlaceThrough(by_rows, by_rows ? row : row * seq_len_ + seq_len_, &budget);
 }
 
 absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContext& context,

@@ -32,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/byte_budget.h"
@@ -42,6 +43,8 @@
 #include "server/sampler/pack.h"
 
 namespace gpufeed::server {
+
+class WalkBudget;
 
 enum class PackMode { kNone = 0, kConcat = 1, kBestFit = 2 };
 const char* PackModeName(PackMode mode);
@@ -140,17 +143,41 @@ class LmDataset final : public Dataset {
   LmDataset() = default;
 
   // Stream row `row`'s pieces (each piece's `document` is its pick's index in the stream)
-  // and their picks, into `pieces` and `picks` (cleared first).
+  // and their picks, into `pieces` and `picks` (cleared first). Claims the next groups not
+  // yet packed and packs them (outside the lock) after the row's own are taken.
   void RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
                  std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
-  BlendPick PickAt(uint64_t t) const;
+  // Pick t of the stream, from its chunk (filled once, by one thread; others wait for it).
+  BlendPick PickAt(uint64_t t) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
+  // Fills chunk c of picks unless it is cached or being filled: the chunk after the one a
+  // stream reads is filled ahead, by the thread that first asks, so that no fill waits on it.
+  void FillChunkAhead(uint64_t c) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
+  // Fills chunk c, claimed by this thread, and keeps it.
+  std::shared_ptr<const std::vector<BlendPick>> FillChunk(uint64_t c) const
+      ABSL_LOCKS_EXCLUDED(chunk_mu_);
   uint64_t DocLength(const BlendPick& pick) const;
-  // Groups 0.. known up to the one holding stream token `token` (concat) or row `row`.
-  // Group g, packed (cached); its entries of group_tokens_/group_rows_ known.
+  // Group g's picks and packing, computed with no lock held.
+  std::shared_ptr<const Group> MakeGroup(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Group g: cached, or packed by this thread outside the lock, or waited for while another
+  // packs it (one thread packs a group). Placed in the tables once the groups before it are.
   std::shared_ptr<const Group> GroupAt(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
-  std::shared_ptr<const Group> GroupLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Extends the known groups until group_tokens_ (by_rows: group_rows_) passes `value`;
-  // returns the group holding it (the last whose start is <= value).
+  // Keeps group g (being packed by this thread, now done), places it and every group after it
+  // already kept, and evicts placed groups past kCachedGroups.
+  void KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Packs group g, claimed by this thread, and keeps it.
+  std::shared_ptr<const Group> PackClaimed(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Claims the first of groups g + 1 .. g + kPackAhead neither kept nor being packed;
+  // nullopt when all are.
+  std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Packs group g, claimed by ClaimAheadLocked, and keeps it; then fills the chunk of picks
+  // after its last ahead.
+  void PackAhead(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Places groups until group_tokens_ (by_rows: group_rows_) passes `value`, packing them
+  // where need be, polling `budget` between groups when given.
+  absl::Status PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget = nullptr) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The group holding `value` (the last whose start is <= value), placed first.
   uint64_t GroupHolding(bool by_rows, uint64_t value) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReadPiece(const BlendPick& pick, uint64_t offset, uint64_t length,
                          std::byte* out) const;
@@ -177,19 +204,29 @@ class LmDataset final : public Dataset {
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;
   static constexpr size_t kCachedGroups = 8;
-  // Lock order: mu_ before chunk_mu_ (extending the groups reads picks).
+  // Groups packed ahead of the furthest one a row was read from: the fill threads read rows
+  // of groups already packed while one of them packs the next (measured: lm_rows_bench).
+  static constexpr uint64_t kPackAhead = 2;
+  // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
+  // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
+  // few table entries. Lock order: mu_ before chunk_mu_ (never both held today).
   mutable absl::Mutex mu_;
+  mutable absl::CondVar packed_ ABSL_GUARDED_BY(mu_);  // a group was kept
   mutable absl::Mutex chunk_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable absl::CondVar filled_ ABSL_GUARDED_BY(chunk_mu_);  // a chunk was kept
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const std::vector<BlendPick>>> chunks_
       ABSL_GUARDED_BY(chunk_mu_);
+  mutable absl::flat_hash_set<uint64_t> filling_ ABSL_GUARDED_BY(chunk_mu_);
   mutable std::list<uint64_t> chunk_order_ ABSL_GUARDED_BY(chunk_mu_);
-  // Unpacked: the pick chunks counted in stats_.source_tokens so far (each once, in order).
+  // Unpacked: the pick chunks counted in window_tokens_ so far (each once, in order: chunks
+  // are filled in order, the next one ahead of its reads).
   mutable uint64_t counted_chunks_ ABSL_GUARDED_BY(chunk_mu_) = 0;
   mutable std::vector<uint64_t> window_tokens_ ABSL_GUARDED_BY(chunk_mu_);
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const Group>> groups_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_set<uint64_t> packing_ ABSL_GUARDED_BY(mu_);  // being packed
   mutable std::list<uint64_t> group_order_ ABSL_GUARDED_BY(mu_);
-  // Per known group g: the stream tokens and (best_fit) rows before it; one more entry than
-  // groups known.
+  // Per placed group g (every group before it placed too): the stream tokens and (best_fit)
+  // rows before it; one more entry than groups placed. Each placed group's stats counted once.
   mutable std::vector<uint64_t> group_tokens_ ABSL_GUARDED_BY(mu_) = {0};
   mutable std::vector<uint64_t> group_rows_ ABSL_GUARDED_BY(mu_) = {0};
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include "server/feed/lm_dataset.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -69,6 +70,7 @@ struct Row {
   std::vector<int32_t> position_ids;
   std::vector<uint8_t> loss_mask;
   std::vector<int32_t> cu_seqlens;
+  bool operator==(const Row&) const = default;
 };
 
 Row ReadRow(const LmDataset& d, uint64_t id, int64_t epoch = 0) {
@@ -235,6 +237,86 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
       ASSERT_EQ(b[id].tokens, first[id].tokens) << "row " << id;
       ASSERT_EQ(b[id].position_ids, first[id].position_ids) << "row " << id;
     }
+  }
+}
+
+// Rows are packed by the fill threads that read them, a group ahead of the rows read and no
+// lock held while packing: eight threads taking batches of a fresh blend the way a feed's
+// fill threads do (a ninth rereading from the start, its groups long evicted, a tenth
+// reading rows anywhere) read exactly the rows one thread reads alone, every tensor, across
+// groups, chunks of picks and the epoch's end.
+TEST(LmDatasetTest, RowsReadByManyThreadsAreOneThreadsRows) {
+  TempDir dir;
+  std::mt19937_64 rng(5);
+  std::lognormal_distribution<double> length(1.8, 0.9);
+  LmSpec blend;
+  const double weights[] = {0.5, 0.3, 0.2};
+  for (int k = 0; k < 3; ++k) {
+    // 90,000 documents in all: past the first chunk of 65,536 picks within the epoch.
+    std::vector<uint32_t> lengths(static_cast<size_t>(90000 * weights[k]));
+    for (uint32_t& n : lengths) n = static_cast<uint32_t>(std::clamp(length(rng), 1.0, 200.0));
+    const std::string name = absl::StrCat("s", k, ".bin");
+    dir.WriteFile(name, DocumentFile(k, lengths));
+    blend.sources.push_back({{dir.Join(name)}, weights[k], name});
+  }
+  blend.eos_id = kEos;
+  for (const PackMode mode : {PackMode::kBestFit, PackMode::kConcat}) {
+    SCOPED_TRACE(PackModeName(mode));
+    LmSpec lm = blend;
+    lm.pack = mode;
+    if (mode == PackMode::kBestFit) lm.lookahead = 16;  // thousands of groups
+    auto open = [&] {
+      return *LmDataset::Open(Tokens(dir.path(), 31), lm, 3, true, PosixFileSystem());
+    };
+    const std::unique_ptr<LmDataset> alone = open();
+    const std::unique_ptr<LmDataset> shared = open();
+    const uint64_t rows = alone->num_samples() + 3000;  // into the second epoch
+    const uint64_t n = alone->num_samples();
+    std::vector<Row> want(rows), got(rows), again(rows);
+    for (uint64_t r = 0; r < rows; ++r)
+      want[r] = ReadRow(*alone, r % n, static_cast<int64_t>(r / n));
+
+    constexpr uint64_t kBatch = 16;
+    std::atomic<uint64_t> next{0};
+    std::vector<std::thread> fill;
+    for (int t = 0; t < 8; ++t) {
+      fill.emplace_back([&] {
+        for (uint64_t b = next++; b * kBatch < rows; b = next++) {
+          for (uint64_t r = b * kBatch; r < std::min(rows, (b + 1) * kBatch); ++r) {
+            got[r] = ReadRow(*shared, r % n, static_cast<int64_t>(r / n));
+          }
+        }
+      });
+    }
+    std::thread behind([&] {
+      for (uint64_t r = 0; r < rows; r += 7)
+        again[r] = ReadRow(*shared, r % n, static_cast<int64_t>(r / n));
+    });
+    // Rows anywhere, in no order: groups packed far from the others, evicted, packed again,
+    // and concat rows running into a group no thread has packed yet.
+    std::vector<std::pair<uint64_t, Row>> random(3000);
+    std::thread anywhere([&] {
+      std::mt19937_64 pick(9);
+      for (auto& [r, row] : random) {
+        r = pick() % rows;
+        row = ReadRow(*shared, r % n, static_cast<int64_t>(r / n));
+      }
+    });
+    for (auto& t : fill) t.join();
+    behind.join();
+    anywhere.join();
+    for (uint64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(got[r], want[r]) << "row " << r;
+      if (r % 7 == 0) {
+        ASSERT_EQ(again[r], want[r]) << "row " << r << ", reread";
+      }
+    }
+    for (const auto& [r, row] : random) ASSERT_EQ(row, want[r]) << "row " << r << ", read anywhere";
+    // The stream's report counts each group once, whichever thread packed it.
+    const LmDataset::Stats a = alone->stats(), b = shared->stats();
+    EXPECT_GT(a.documents, 0u);
+    EXPECT_EQ(a.source_tokens.size(), 3u);
+    EXPECT_EQ(std::min(a.documents, b.documents) % (mode == PackMode::kBestFit ? 16 : 1024), 0u);
   }
 }
 

@@ -6,7 +6,7 @@
 #    host delivery's, and across a state_dict resume); 3. tests/bench/blend_bench.py on this
 #    machine's cores, host delivery and cuda:0, --threads 4 and 8; 4. lm_rows_bench: the token
 #    dataset's own rows/s by fill threads, 1 to 16. SKIP="pytest device bench rows" leaves steps
-#    out; THREADS="4 8" the daemon's --threads for step 3.
+#    out; THREADS="4 8" the daemon's --threads for step 3, BENCH_SECONDS its seconds a case.
 set -u
 out=${OUT:-/tmp/gpufeed-out}
 final=${OUT:-}
@@ -34,7 +34,7 @@ if want bench; then
     for dev in cpu cuda:0; do
       log "3. blend_bench --threads $threads --device $dev"
       GPUFEEDD=$GPUFEEDD GPUFEEDCTL=$ctl timeout 250 python3 "$root/tests/bench/blend_bench.py" \
-          --threads "$threads" --device "$dev" --seconds 5 \
+          --threads "$threads" --device "$dev" --seconds "${BENCH_SECONDS:-5}" \
           >"$out/bench_${dev%%:*}_t$threads.log" 2>&1 || rc=1
       tail -8 "$out/bench_${dev%%:*}_t$threads.log" | tee -a "$out/summary.log"
     done

@@ -1,8 +1,11 @@
 #include "server/feed/lm_dataset.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -386,10 +389,21 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     GPUFEED_ASSIGN_OR_RETURN(out->blend_, Blend::Create(*std::move(changed)));
     out->ResetCaches();
   }
+  for (int i = 0; i < kAheadWorkers; ++i) {
+    out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
+    pthread_setname_np(out->ahead_.back().native_handle(), "lm-ahead");
+  }
   return out;
 }
 
-LmDataset::~LmDataset() = default;
+LmDataset::~LmDataset() {
+  {
+    absl::MutexLock lock(&ahead_mu_);
+    stop_ = true;
+    ahead_cv_.SignalAll();
+  }
+  for (std::thread& t : ahead_) t.join();
+}
 
 void LmDataset::ResetCaches() {
   absl::MutexLock lock(&mu_);
@@ -405,29 +419,39 @@ void LmDataset::ResetCaches() {
   chunk_order_.clear();
   counted_chunks_ = 0;
   window_tokens_.assign(k, 0);
+  furthest_.store(0, std::memory_order_relaxed);
 }
 
 BlendPick LmDataset::PickAt(uint64_t t) const {
   const uint64_t c = t / kPickChunk;
   {
+    absl::ReaderMutexLock lock(&chunk_mu_);  // a blend of windows takes one a row
+    if (auto it = chunks_.find(c); it != chunks_.end()) return (*it->second)[t % kPickChunk];
+  }
+  return (*ChunkOf(c))[t % kPickChunk];
+}
+
+std::shared_ptr<const std::vector<BlendPick>> LmDataset::ChunkOf(uint64_t c) const {
+  {
     absl::MutexLock lock(&chunk_mu_);
     while (true) {
-      if (auto it = chunks_.find(c); it != chunks_.end()) return (*it->second)[t % kPickChunk];
+      if (auto it = chunks_.find(c); it != chunks_.end()) return it->second;
       if (!filling_.contains(c)) break;
       filled_.Wait(&chunk_mu_);
     }
     filling_.insert(c);
   }
-  return (*FillChunk(c))[t % kPickChunk];
+  return FillChunk(c);
 }
 
-void LmDataset::FillChunkAhead(uint64_t c) const {
+bool LmDataset::FillChunkAhead(uint64_t c) const {
   {
     absl::MutexLock lock(&chunk_mu_);
-    if (chunks_.contains(c) || filling_.contains(c)) return;
+    if (chunks_.contains(c) || filling_.contains(c)) return false;
     filling_.insert(c);
   }
   FillChunk(c);
+  return true;
 }
 
 std::shared_ptr<const std::vector<BlendPick>> LmDataset::FillChunk(uint64_t c) const {
@@ -466,9 +490,18 @@ std::shared_ptr<const LmDataset::Group> LmDataset::MakeGroup(uint64_t g) const {
   group->prefix.assign(1, 0);
   std::vector<uint64_t> lengths;
   lengths.reserve(group_picks_);
-  for (uint64_t j = 0; j < group_picks_; ++j) {
-    group->picks[j] = PickAt(group->first + j);
-    lengths.push_back(DocLength(group->picks[j]));
+  // The picks a chunk at a time (one lookup, not one a pick: the ahead workers' pace is the
+  // packed feed's).
+  for (uint64_t j = 0; j < group_picks_;) {
+    const uint64_t t = group->first + j;
+    std::shared_ptr<const std::vector<BlendPick>> chunk = ChunkOf(t / kPickChunk);
+    const uint64_t n = std::min(group_picks_ - j, kPickChunk - t % kPickChunk);
+    std::copy_n(chunk->begin() + static_cast<ptrdiff_t>(t % kPickChunk), n,
+                group->picks.begin() + static_cast<ptrdiff_t>(j));
+    j += n;
+  }
+  for (const BlendPick& pick : group->picks) {
+    lengths.push_back(DocLength(pick));
     group->prefix.push_back(group->prefix.back() + lengths.back());
   }
   if (pack_ == PackMode::kBestFit) {
@@ -554,10 +587,53 @@ std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
   return std::nullopt;
 }
 
-void LmDataset::PackAhead(uint64_t g) const {
-  std::shared_ptr<const Group> group = PackClaimed(g);
-  // The chunk of picks after this group's last, long before a group reads from it.
-  FillChunkAhead((group->first + group_picks_ - 1) / kPickChunk + 1);
+void LmDataset::Reached(uint64_t g) const {
+  uint64_t seen = furthest_.load(std::memory_order_relaxed);
+  while (g > seen) {
+    if (furthest_.compare_exchange_weak(seen, g, std::memory_order_relaxed)) {
+      absl::MutexLock lock(&ahead_mu_);
+      ++reached_;
+      ahead_cv_.SignalAll();
+      return;
+    }
+  }
+}
+
+bool LmDataset::AheadStep() const {
+  const uint64_t f = furthest_.load(std::memory_order_relaxed);
+  if (pack_ == PackMode::kNone) return FillChunkAhead(f + 1);
+  // The chunk after the one holding the last pick of the furthest group packed ahead: filled
+  // a whole chunk (64 default groups) before a group needs it.
+  if (FillChunkAhead(((f + kPackAhead + 1) * group_picks_ - 1) / kPickChunk + 1)) return true;
+  std::optional<uint64_t> g;
+  {
+    absl::MutexLock lock(&mu_);
+    g = ClaimAheadLocked(f);
+  }
+  if (!g.has_value()) return false;
+  PackClaimed(*g);
+  return true;
+}
+
+void LmDataset::AheadLoop() const {
+  uint64_t done = 0;  // the wake-ups this worker has acted on
+  while (true) {
+    {
+      absl::MutexLock lock(&ahead_mu_);
+      while (!stop_ && reached_ == done) ahead_cv_.Wait(&ahead_mu_);
+      if (stop_) return;
+      done = reached_;
+    }
+    // Caught here: a worker's throw (no memory) must not end the daemon; a fill thread
+    // that needs the group or chunk does it itself.
+    try {
+      while (AheadStep()) {
+        absl::MutexLock lock(&ahead_mu_);
+        if (stop_) return;
+      }
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 absl::Status LmDataset::PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget) const {
@@ -587,15 +663,13 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
                           std::vector<BlendPick>* picks) const {
   pieces->clear();
   picks->clear();
-  // The row's first group: placed (packed here only at a stream's start or far behind the
-  // others) and found under a shared lock; when one of the next kPackAhead groups is neither
-  // kept nor being packed, this thread claims and packs it once the row's pieces are taken.
+  // The row's first group: placed and found under a shared lock. Packed here only at a
+  // stream's start, far from the other rows, or where the ahead workers fell behind.
   const bool by_rows = pack_ == PackMode::kBestFit;
   uint64_t at = row * seq_len_;  // concat: the row's first stream token
   const uint64_t value = by_rows ? row : at;
   uint64_t g = 0, start = 0;
   std::shared_ptr<const Group> group;
-  bool behind = false;  // some group ahead is neither kept nor being packed
   while (true) {
     uint64_t next;
     {
@@ -608,15 +682,12 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
             1;
         start = starts[g];
         if (auto it = groups_.find(g); it != groups_.end()) group = it->second;
-        for (uint64_t a = g + 1; a <= g + kPackAhead && !behind; ++a) {
-          behind = !groups_.contains(a) && !packing_.contains(a);
-        }
         break;
       }
     }
     GroupAt(next);  // the row is past the groups placed: place the next (PlaceThrough's step)
   }
-  const uint64_t first_group = g;
+  Reached(g);
   if (group == nullptr) group = GroupAt(g);  // evicted: a rank far behind the others
   if (by_rows) {
     for (const PackPiece& p : group->packing.Row(row - start)) {
@@ -644,16 +715,6 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
       ++g;
       group = GroupAt(g);
     }
-  }
-  // Claimed only now: a concat row running into the next group packs it (or waits for it)
-  // above, and a claim of its own made before would have it wait for itself.
-  if (behind) {
-    std::optional<uint64_t> ahead;
-    {
-      absl::MutexLock lock(&mu_);
-      ahead = ClaimAheadLocked(first_group);
-    }
-    if (ahead.has_value()) PackAhead(*ahead);
   }
 }
 
@@ -727,6 +788,7 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
                                                  std::span<const std::span<std::byte>> rows) const {
   GPUFEED_ASSIGN_OR_RETURN(const uint64_t row, StreamRow(context.epoch, id));
   if (pack_ == PackMode::kNone) {
+    Reached(row / kPickChunk);
     const BlendPick pick = PickAt(row);
     GPUFEED_RETURN_IF_ERROR(sources_[pick.source]->dataset->ReadSample(pick.sample, rows));
     return pick.id;

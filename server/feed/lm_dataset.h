@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -149,9 +150,11 @@ class LmDataset final : public Dataset {
                  std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
   // Pick t of the stream, from its chunk (filled once, by one thread; others wait for it).
   BlendPick PickAt(uint64_t t) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
-  // Fills chunk c of picks unless it is cached or being filled: the chunk after the one a
-  // stream reads is filled ahead, by the thread that first asks, so that no fill waits on it.
-  void FillChunkAhead(uint64_t c) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
+  // Chunk c of picks: kept, or filled by this thread, or waited for while another fills it.
+  std::shared_ptr<const std::vector<BlendPick>> ChunkOf(uint64_t c) const
+      ABSL_LOCKS_EXCLUDED(chunk_mu_);
+  // Fills chunk c of picks unless it is cached or being filled; whether this thread did.
+  bool FillChunkAhead(uint64_t c) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
   // Fills chunk c, claimed by this thread, and keeps it.
   std::shared_ptr<const std::vector<BlendPick>> FillChunk(uint64_t c) const
       ABSL_LOCKS_EXCLUDED(chunk_mu_);
@@ -170,9 +173,15 @@ class LmDataset final : public Dataset {
   // Claims the first of groups g + 1 .. g + kPackAhead neither kept nor being packed;
   // nullopt when all are.
   std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Packs group g, claimed by ClaimAheadLocked, and keeps it; then fills the chunk of picks
-  // after its last ahead.
-  void PackAhead(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A row read from group `g` (packed) or chunk `g` of picks (a blend of windows): wakes the
+  // ahead workers when it is further than any before.
+  void Reached(uint64_t g) const ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // An ahead worker: packs the kPackAhead groups after the furthest one a row read and fills
+  // the chunk of picks after theirs (a blend of windows: the chunk after the furthest one),
+  // each claimed as a fill thread would claim it, until the destructor stops it.
+  void AheadLoop() const ABSL_LOCKS_EXCLUDED(ahead_mu_, mu_, chunk_mu_);
+  // One piece of ahead work claimed and done; false when there was none.
+  bool AheadStep() const ABSL_LOCKS_EXCLUDED(mu_, chunk_mu_);
   // Places groups until group_tokens_ (by_rows: group_rows_) passes `value`, packing them
   // where need be, polling `budget` between groups when given.
   absl::Status PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget = nullptr) const
@@ -203,10 +212,16 @@ class LmDataset final : public Dataset {
 
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;
-  static constexpr size_t kCachedGroups = 8;
-  // Groups packed ahead of the furthest one a row was read from: the fill threads read rows
-  // of groups already packed while one of them packs the next (measured: lm_rows_bench).
-  static constexpr uint64_t kPackAhead = 2;
+  // Groups packed ahead of the furthest one a row was read from, by the ahead workers: a
+  // fill thread that packed a group would hold up every batch filled after its own (they are
+  // delivered in order; measured on 16 cores: the ring emptied and filled in bursts). Eight
+  // default groups are ~3,600 rows of 2,048 tokens, several ms at the plain feed's rate.
+  static constexpr uint64_t kPackAhead = 8;
+  // The groups ahead, the furthest one read, and as many behind it for ranks a little apart.
+  static constexpr size_t kCachedGroups = 2 * kPackAhead + 4;
+  // Four: packing is the packed feed's pace (two packed ~470k rows/s on the H100 machine's
+  // cores, under the plain feed's ~620k); one may fill a chunk (~12 ms) while others pack.
+  static constexpr int kAheadWorkers = 4;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
   // few table entries. Lock order: mu_ before chunk_mu_ (never both held today).
@@ -230,6 +245,13 @@ class LmDataset final : public Dataset {
   mutable std::vector<uint64_t> group_tokens_ ABSL_GUARDED_BY(mu_) = {0};
   mutable std::vector<uint64_t> group_rows_ ABSL_GUARDED_BY(mu_) = {0};
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);
+  // The furthest group (a blend of windows: chunk) a row read; the workers' wake-ups.
+  mutable std::atomic<uint64_t> furthest_{0};
+  mutable absl::Mutex ahead_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::CondVar ahead_cv_ ABSL_GUARDED_BY(ahead_mu_);
+  mutable uint64_t reached_ ABSL_GUARDED_BY(ahead_mu_) = 0;  // Reached's wake-ups so far
+  bool stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
+  std::vector<std::thread> ahead_;  // started last in Open, joined first in the destructor
 };
 
 }  // namespace gpufeed::server

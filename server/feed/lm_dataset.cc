@@ -18,6 +18,7 @@
 #include "server/reader/le_bytes.h"
 #include "server/reader/shards.h"
 #include "server/reader/token_formats.h"
+#include "spdlog/spdlog.h"
 
 namespace gpufeed::server {
 
@@ -418,16 +419,23 @@ void LmDataset::ResetCaches() {
   chunks_.clear();
   chunk_order_.clear();
   counted_chunks_ = 0;
+  counting_ = false;
   window_tokens_.assign(k, 0);
-  furthest_.store(0, std::memory_order_relaxed);
+  ahead_of_count_.clear();
 }
 
 BlendPick LmDataset::PickAt(uint64_t t) const {
   const uint64_t c = t / kPickChunk;
+  bool behind = false;
   {
     absl::ReaderMutexLock lock(&chunk_mu_);  // a blend of windows takes one a row
-    if (auto it = chunks_.find(c); it != chunks_.end()) return (*it->second)[t % kPickChunk];
+    if (auto it = chunks_.find(c); it != chunks_.end()) {
+      const BlendPick pick = (*it->second)[t % kPickChunk];
+      behind = pack_ == PackMode::kNone && !chunks_.contains(c + 1) && !filling_.contains(c + 1);
+      if (!behind) return pick;
+    }
   }
+  if (behind) Reached(c);  // a blend of windows: the workers fill the next chunk
   return (*ChunkOf(c))[t % kPickChunk];
 }
 
@@ -465,10 +473,27 @@ std::shared_ptr<const std::vector<BlendPick>> LmDataset::FillChunk(uint64_t c) c
   auto fresh = std::make_shared<std::vector<BlendPick>>(kPickChunk);
   blend_->Fill(c * kPickChunk, *fresh);
   absl::MutexLock lock(&chunk_mu_);
-  if (pack_ == PackMode::kNone && c == counted_chunks_) {
-    // An unpacked blend's tokens per source, each chunk counted once, in stream order.
-    for (const BlendPick& p : *fresh) window_tokens_[p.source] += seq_len_ + 1;
-    ++counted_chunks_;
+  if (pack_ == PackMode::kNone) {
+    // An unpacked blend's tokens per source, each chunk counted once, in stream order from
+    // the first one filled (a resumed feed's: its resume's); one filled ahead of the next to
+    // count waits for it.
+    if (!counting_) {
+      counting_ = true;
+      counted_chunks_ = c;
+    }
+    if (c > counted_chunks_ && c <= counted_chunks_ + kCachedChunks) {
+      ahead_of_count_.emplace(c, fresh);
+    }
+    std::shared_ptr<const std::vector<BlendPick>> next = c == counted_chunks_ ? fresh : nullptr;
+    while (next != nullptr) {
+      for (const BlendPick& p : *next) window_tokens_[p.source] += seq_len_ + 1;
+      auto it = ahead_of_count_.find(++counted_chunks_);
+      next = nullptr;
+      if (it != ahead_of_count_.end()) {
+        next = std::move(it->second);
+        ahead_of_count_.erase(it);
+      }
+    }
   }
   chunks_.emplace(c, fresh);
   chunk_order_.push_back(c);
@@ -588,19 +613,15 @@ std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
 }
 
 void LmDataset::Reached(uint64_t g) const {
-  uint64_t seen = furthest_.load(std::memory_order_relaxed);
-  while (g > seen) {
-    if (furthest_.compare_exchange_weak(seen, g, std::memory_order_relaxed)) {
-      absl::MutexLock lock(&ahead_mu_);
-      ++reached_;
-      ahead_cv_.SignalAll();
-      return;
-    }
-  }
+  absl::MutexLock lock(&ahead_mu_);
+  if (std::find(fronts_.begin(), fronts_.end(), g) != fronts_.end()) return;
+  fronts_.push_back(g);
+  if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
+  ++reached_;
+  ahead_cv_.SignalAll();
 }
 
-bool LmDataset::AheadStep() const {
-  const uint64_t f = furthest_.load(std::memory_order_relaxed);
+bool LmDataset::AheadStep(uint64_t f) const {
   if (pack_ == PackMode::kNone) return FillChunkAhead(f + 1);
   // The chunk after the one holding the last pick of the furthest group packed ahead: filled
   // a whole chunk (64 default groups) before a group needs it.
@@ -618,20 +639,29 @@ bool LmDataset::AheadStep() const {
 void LmDataset::AheadLoop() const {
   uint64_t done = 0;  // the wake-ups this worker has acted on
   while (true) {
+    std::vector<uint64_t> fronts;
     {
       absl::MutexLock lock(&ahead_mu_);
       while (!stop_ && reached_ == done) ahead_cv_.Wait(&ahead_mu_);
       if (stop_) return;
       done = reached_;
+      fronts = fronts_;
     }
     // Caught here: a worker's throw (no memory) must not end the daemon; a fill thread
     // that needs the group or chunk does it itself.
     try {
-      while (AheadStep()) {
-        absl::MutexLock lock(&ahead_mu_);
-        if (stop_) return;
+      for (bool worked = true; worked;) {
+        worked = false;
+        for (auto f = fronts.rbegin(); f != fronts.rend(); ++f) {  // the latest first
+          if (!AheadStep(*f)) continue;
+          worked = true;
+          absl::MutexLock lock(&ahead_mu_);
+          if (stop_) return;
+        }
       }
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      spdlog::warn("{}: packing ahead failed ({}); fill threads pack for themselves", display_,
+                   e.what());
     }
   }
 }
@@ -670,6 +700,7 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
   const uint64_t value = by_rows ? row : at;
   uint64_t g = 0, start = 0;
   std::shared_ptr<const Group> group;
+  bool behind = false;
   while (true) {
     uint64_t next;
     {
@@ -682,12 +713,16 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
             1;
         start = starts[g];
         if (auto it = groups_.find(g); it != groups_.end()) group = it->second;
+        // The workers fill the window after a front in order: its last group kept or being
+        // packed means they are on it (one lookup a row, not kPackAhead).
+        const uint64_t last = g + kPackAhead;
+        behind = !groups_.contains(last) && !packing_.contains(last);
         break;
       }
     }
     GroupAt(next);  // the row is past the groups placed: place the next (PlaceThrough's step)
   }
-  Reached(g);
+  if (behind) Reached(g);
   if (group == nullptr) group = GroupAt(g);  // evicted: a rank far behind the others
   if (by_rows) {
     for (const PackPiece& p : group->packing.Row(row - start)) {
@@ -788,7 +823,6 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
                                                  std::span<const std::span<std::byte>> rows) const {
   GPUFEED_ASSIGN_OR_RETURN(const uint64_t row, StreamRow(context.epoch, id));
   if (pack_ == PackMode::kNone) {
-    Reached(row / kPickChunk);
     const BlendPick pick = PickAt(row);
     GPUFEED_RETURN_IF_ERROR(sources_[pick.source]->dataset->ReadSample(pick.sample, rows));
     return pick.id;

@@ -22,7 +22,6 @@
 // each piece's end, then seq_len repeated to the width).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -144,8 +143,8 @@ class LmDataset final : public Dataset {
   LmDataset() = default;
 
   // Stream row `row`'s pieces (each piece's `document` is its pick's index in the stream)
-  // and their picks, into `pieces` and `picks` (cleared first). Claims the next groups not
-  // yet packed and packs them (outside the lock) after the row's own are taken.
+  // and their picks, into `pieces` and `picks` (cleared first). Wakes the ahead workers when
+  // the groups after the row's are not all packed or being packed.
   void RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
                  std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
   // Pick t of the stream, from its chunk (filled once, by one thread; others wait for it).
@@ -173,15 +172,16 @@ class LmDataset final : public Dataset {
   // Claims the first of groups g + 1 .. g + kPackAhead neither kept nor being packed;
   // nullopt when all are.
   std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A row read from group `g` (packed) or chunk `g` of picks (a blend of windows): wakes the
-  // ahead workers when it is further than any before.
+  // A row read from group `g` (packed) or chunk `g` of picks (a blend of windows) and found
+  // what should be ready after it missing: records `g` as a reading front (the last
+  // kAheadFronts kept: ranks or sessions of one feed may read apart) and wakes the workers.
   void Reached(uint64_t g) const ABSL_LOCKS_EXCLUDED(ahead_mu_);
-  // An ahead worker: packs the kPackAhead groups after the furthest one a row read and fills
-  // the chunk of picks after theirs (a blend of windows: the chunk after the furthest one),
-  // each claimed as a fill thread would claim it, until the destructor stops it.
+  // An ahead worker: for each front, packs the kPackAhead groups after it and fills the chunk
+  // of picks after theirs (a blend of windows: the chunk after the front), each claimed as a
+  // fill thread would claim it, until the destructor stops it.
   void AheadLoop() const ABSL_LOCKS_EXCLUDED(ahead_mu_, mu_, chunk_mu_);
-  // One piece of ahead work claimed and done; false when there was none.
-  bool AheadStep() const ABSL_LOCKS_EXCLUDED(mu_, chunk_mu_);
+  // One piece of ahead work for front `f` claimed and done; false when there was none.
+  bool AheadStep(uint64_t f) const ABSL_LOCKS_EXCLUDED(mu_, chunk_mu_);
   // Places groups until group_tokens_ (by_rows: group_rows_) passes `value`, packing them
   // where need be, polling `budget` between groups when given.
   absl::Status PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget = nullptr) const
@@ -224,7 +224,8 @@ class LmDataset final : public Dataset {
   static constexpr int kAheadWorkers = 4;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
-  // few table entries. Lock order: mu_ before chunk_mu_ (never both held today).
+  // few table entries. Lock order: ahead_mu_ alone; mu_ before chunk_mu_ (stats(),
+  // ResetCaches()).
   mutable absl::Mutex mu_;
   mutable absl::CondVar packed_ ABSL_GUARDED_BY(mu_);  // a group was kept
   mutable absl::Mutex chunk_mu_ ABSL_ACQUIRED_AFTER(mu_);
@@ -233,9 +234,13 @@ class LmDataset final : public Dataset {
       ABSL_GUARDED_BY(chunk_mu_);
   mutable absl::flat_hash_set<uint64_t> filling_ ABSL_GUARDED_BY(chunk_mu_);
   mutable std::list<uint64_t> chunk_order_ ABSL_GUARDED_BY(chunk_mu_);
-  // Unpacked: the pick chunks counted in window_tokens_ so far (each once, in order: chunks
-  // are filled in order, the next one ahead of its reads).
+  // Unpacked: the pick chunks counted in window_tokens_ so far, each once and in order from
+  // the first one filled; a chunk filled ahead of the next to count (the workers fill the one
+  // after the readers') waits in ahead_of_count_, at most kCachedChunks of them.
   mutable uint64_t counted_chunks_ ABSL_GUARDED_BY(chunk_mu_) = 0;
+  mutable bool counting_ ABSL_GUARDED_BY(chunk_mu_) = false;
+  mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const std::vector<BlendPick>>>
+      ahead_of_count_ ABSL_GUARDED_BY(chunk_mu_);
   mutable std::vector<uint64_t> window_tokens_ ABSL_GUARDED_BY(chunk_mu_);
   mutable absl::flat_hash_map<uint64_t, std::shared_ptr<const Group>> groups_ ABSL_GUARDED_BY(mu_);
   mutable absl::flat_hash_set<uint64_t> packing_ ABSL_GUARDED_BY(mu_);  // being packed
@@ -245,10 +250,12 @@ class LmDataset final : public Dataset {
   mutable std::vector<uint64_t> group_tokens_ ABSL_GUARDED_BY(mu_) = {0};
   mutable std::vector<uint64_t> group_rows_ ABSL_GUARDED_BY(mu_) = {0};
   mutable Stats stats_ ABSL_GUARDED_BY(mu_);
-  // The furthest group (a blend of windows: chunk) a row read; the workers' wake-ups.
-  mutable std::atomic<uint64_t> furthest_{0};
-  mutable absl::Mutex ahead_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // The reading fronts (groups, or chunks of a blend of windows) the workers work ahead of,
+  // latest last, and their wake-ups.
+  static constexpr size_t kAheadFronts = 4;
+  mutable absl::Mutex ahead_mu_;
   mutable absl::CondVar ahead_cv_ ABSL_GUARDED_BY(ahead_mu_);
+  mutable std::vector<uint64_t> fronts_ ABSL_GUARDED_BY(ahead_mu_);
   mutable uint64_t reached_ ABSL_GUARDED_BY(ahead_mu_) = 0;  // Reached's wake-ups so far
   bool stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
   std::vector<std::thread> ahead_;  // started last in Open, joined first in the destructor

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -169,34 +170,35 @@ int main(int argc, char** argv) {
   spec.token_dtype = DType::kUInt16;
   spec.seq_len = seq_len;
 
+  // Each (case, threads) measure opens its dataset anew: a packed one's groups, picks and
+  // ahead workers start from the stream's start, as a new feed's do.
+  using Opener = std::function<absl::StatusOr<std::unique_ptr<Dataset>>()>;
   struct Case {
     std::string name;
-    std::unique_ptr<Dataset> dataset;
+    Opener open;
   };
   std::vector<Case> cases;
-  auto open = [&](const std::string& name, absl::StatusOr<std::unique_ptr<Dataset>> d) {
-    if (!d.ok()) {
-      std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(d.status().message()).c_str());
-      std::exit(1);
-    }
+  auto add = [&](const std::string& name, Opener open) {
     // The plain feed first, always: every other is shown against it (unless --case X --alone).
     if ((cases.empty() && !alone) || only.empty() || name.find(only) != std::string::npos) {
-      cases.push_back({name, std::move(*d)});
+      cases.push_back({name, std::move(open)});
     }
   };
-  open("plain token feed (windows)",
-       gpufeed::server::OpenDataset(spec, gpufeed::MappedFileSystem()));
-  auto lm = [&](PackMode pack) -> absl::StatusOr<std::unique_ptr<Dataset>> {
-    LmSpec l = blend;
-    l.pack = pack;
-    if (pack != PackMode::kNone) l.eos_id = kEos;
-    auto d = LmDataset::Open(spec, l, 7, true, gpufeed::MappedFileSystem());
-    if (!d.ok()) return d.status();
-    return std::unique_ptr<Dataset>(std::move(*d));
+  add("plain token feed (windows)",
+      [&] { return gpufeed::server::OpenDataset(spec, gpufeed::MappedFileSystem()); });
+  auto lm = [&](PackMode pack) -> Opener {
+    return [&, pack]() -> absl::StatusOr<std::unique_ptr<Dataset>> {
+      LmSpec l = blend;
+      l.pack = pack;
+      if (pack != PackMode::kNone) l.eos_id = kEos;
+      auto d = LmDataset::Open(spec, l, 7, true, gpufeed::MappedFileSystem());
+      if (!d.ok()) return d.status();
+      return std::unique_ptr<Dataset>(std::move(*d));
+    };
   };
-  open("blend, windows", lm(PackMode::kNone));
-  open("blend, best_fit packed", lm(PackMode::kBestFit));
-  open("blend, concat packed", lm(PackMode::kConcat));
+  add("blend, windows", lm(PackMode::kNone));
+  add("blend, best_fit packed", lm(PackMode::kBestFit));
+  add("blend, concat packed", lm(PackMode::kConcat));
 
   std::printf("lm_rows_bench: %d hardware threads, B=%lu, seq_len %ld, %.1f s a case\n",
               static_cast<int>(std::thread::hardware_concurrency()), batch, seq_len, seconds);
@@ -209,7 +211,13 @@ int main(int argc, char** argv) {
   for (size_t c = 0; c < cases.size(); ++c) {
     std::printf("%-28s", cases[c].name.c_str());
     for (size_t i = 0; i < threads.size(); ++i) {
-      rates[c].push_back(Measure(*cases[c].dataset, threads[i], seconds, batch));
+      absl::StatusOr<std::unique_ptr<Dataset>> d = cases[c].open();
+      if (!d.ok()) {
+        std::fprintf(stderr, "%s: %s\n", cases[c].name.c_str(),
+                     std::string(d.status().message()).c_str());
+        return 1;
+      }
+      rates[c].push_back(Measure(**d, threads[i], seconds, batch));
       std::printf(" %12.0f %5.0f%%", rates[c][i],
                   100 * rates[c][i] / rates[0][i] /* the first case's */);
       std::fflush(stdout);
@@ -222,7 +230,6 @@ int main(int argc, char** argv) {
     absl::StrAppend(&json, "}");
   }
   std::printf("%s}\n", json.c_str());
-  cases.clear();
   fs::remove_all(dir);
   return 0;
 }

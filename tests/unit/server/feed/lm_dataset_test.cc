@@ -240,11 +240,11 @@ TEST(LmDatasetTest, BestFitDeliversEveryDocumentTokenOnce) {
   }
 }
 
-// Rows are packed by the fill threads that read them, a group ahead of the rows read and no
-// lock held while packing: eight threads taking batches of a fresh blend the way a feed's
-// fill threads do (a ninth rereading from the start, its groups long evicted, a tenth
-// reading rows anywhere) read exactly the rows one thread reads alone, every tensor, across
-// groups, chunks of picks and the epoch's end.
+// Groups are packed with no lock held, by the ahead workers or by the fill thread that needs
+// one: eight threads taking batches of a fresh blend the way a feed's fill threads do (a
+// ninth rereading from the start, its groups long evicted, a tenth reading rows anywhere)
+// read exactly the rows a single reader of another copy reads, every tensor, across groups,
+// chunks of picks and the epoch's end; and the stream's report counts each group once.
 TEST(LmDatasetTest, RowsReadByManyThreadsAreOneThreadsRows) {
   TempDir dir;
   std::mt19937_64 rng(5);
@@ -312,11 +312,71 @@ TEST(LmDatasetTest, RowsReadByManyThreadsAreOneThreadsRows) {
       }
     }
     for (const auto& [r, row] : random) ASSERT_EQ(row, want[r]) << "row " << r << ", read anywhere";
-    // The stream's report counts each group once, whichever thread packed it.
-    const LmDataset::Stats a = alone->stats(), b = shared->stats();
-    EXPECT_GT(a.documents, 0u);
-    EXPECT_EQ(a.source_tokens.size(), 3u);
-    EXPECT_EQ(std::min(a.documents, b.documents) % (mode == PackMode::kBestFit ? 16 : 1024), 0u);
+    // The stream's report counts each group once, whichever thread packed it: its document
+    // tokens are its rows' tokens less their padding (best_fit cuts, never drops), and its
+    // documents whole groups.
+    for (const LmDataset* d : {alone.get(), shared.get()}) {
+      const LmDataset::Stats st = d->stats();
+      ASSERT_EQ(st.source_tokens.size(), 3u);
+      const uint64_t tokens = st.source_tokens[0] + st.source_tokens[1] + st.source_tokens[2];
+      EXPECT_EQ(st.documents % (mode == PackMode::kBestFit ? 16 : 1024), 0u);
+      if (mode == PackMode::kBestFit) {
+        EXPECT_GE(st.rows,
+                  rows - n);  // every row read was counted (the epoch's end: rows - n past)
+        EXPECT_EQ(tokens, st.row_tokens - st.pad_tokens);
+        EXPECT_EQ(st.row_tokens, st.rows * 32);
+      } else {
+        EXPECT_GE(tokens, rows * 31);  // every token read, counted once
+      }
+    }
+  }
+}
+
+// A blend of windows read by eight threads at once: the rows a single reader reads, across
+// chunks of picks (the workers fill the next one ahead), and every window read counted once
+// in the tokens per source (a chunk filled ahead of its turn waits to be counted in order).
+TEST(LmDatasetTest, AnUnpackedBlendReadByManyThreadsIsOneReadersAndCountsEachWindowOnce) {
+  TempDir dir;
+  const int64_t seq_len = 7;
+  const uint64_t windows[] = {45000, 27000, 18000};  // 90,000: past the first chunk of 65,536
+  LmSpec lm;
+  const double weights[] = {0.5, 0.3, 0.2};
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = absl::StrCat("w", k, ".bin");
+    dir.WriteFile(name, WindowFile(k, windows[k] * (seq_len + 1) + 1));
+    lm.sources.push_back({{dir.Join(name)}, weights[k], name});
+  }
+  auto open = [&] {
+    return *LmDataset::Open(Tokens(dir.path(), seq_len), lm, 5, true, PosixFileSystem());
+  };
+  const std::unique_ptr<LmDataset> alone = open();
+  const std::unique_ptr<LmDataset> shared = open();
+  const uint64_t n = alone->num_samples();
+  const uint64_t rows = n + 70000;  // into the second epoch, past another chunk
+  std::vector<Row> want(rows), got(rows);
+  for (uint64_t r = 0; r < rows; ++r) want[r] = ReadRow(*alone, r % n, static_cast<int64_t>(r / n));
+  std::atomic<uint64_t> next{0};
+  std::vector<std::thread> fill;
+  for (int t = 0; t < 8; ++t) {
+    fill.emplace_back([&] {
+      for (uint64_t b = next++; b * 16 < rows; b = next++) {
+        for (uint64_t r = b * 16; r < std::min(rows, (b + 1) * 16); ++r) {
+          got[r] = ReadRow(*shared, r % n, static_cast<int64_t>(r / n));
+        }
+      }
+    });
+  }
+  for (auto& t : fill) t.join();
+  for (uint64_t r = 0; r < rows; ++r) ASSERT_EQ(got[r], want[r]) << "row " << r;
+  for (const LmDataset* d : {alone.get(), shared.get()}) {
+    const LmDataset::Stats st = d->stats();
+    ASSERT_EQ(st.source_tokens.size(), 3u);
+    const uint64_t tokens = st.source_tokens[0] + st.source_tokens[1] + st.source_tokens[2];
+    // Whole chunks of 65,536 windows, in order, covering every row read: at least 3 chunks,
+    // and no more than were filled (the readers' 3 and the one ahead).
+    EXPECT_EQ(tokens % (65536 * (seq_len + 1)), 0u) << tokens;
+    EXPECT_GE(tokens, 3 * 65536 * uint64_t{seq_len + 1});
+    EXPECT_LE(tokens, 4 * 65536 * uint64_t{seq_len + 1});
   }
 }
 

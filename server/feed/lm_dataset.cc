@@ -425,18 +425,19 @@ void LmDataset::ResetCaches() {
 }
 
 BlendPick LmDataset::PickAt(uint64_t t) const {
+  // Only a blend of windows reads its picks one at a time (packed rows read a group's).
   const uint64_t c = t / kPickChunk;
-  bool behind = false;
+  std::optional<BlendPick> pick;
   {
-    absl::ReaderMutexLock lock(&chunk_mu_);  // a blend of windows takes one a row
+    absl::ReaderMutexLock lock(&chunk_mu_);  // one a row
     if (auto it = chunks_.find(c); it != chunks_.end()) {
-      const BlendPick pick = (*it->second)[t % kPickChunk];
-      behind = pack_ == PackMode::kNone && !chunks_.contains(c + 1) && !filling_.contains(c + 1);
-      if (!behind) return pick;
+      pick = (*it->second)[t % kPickChunk];
+      if (chunks_.contains(c + 1) || filling_.contains(c + 1)) return *pick;
     }
   }
-  if (behind) Reached(c);  // a blend of windows: the workers fill the next chunk
-  return (*ChunkOf(c))[t % kPickChunk];
+  if (!pick.has_value()) return (*ChunkOf(c))[t % kPickChunk];
+  Reached(c);  // the workers fill the next chunk
+  return *pick;
 }
 
 std::shared_ptr<const std::vector<BlendPick>> LmDataset::ChunkOf(uint64_t c) const {
@@ -542,6 +543,9 @@ std::shared_ptr<const LmDataset::Group> LmDataset::MakeGroup(uint64_t g) const {
 void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const {
   groups_.emplace(g, std::move(group));
   group_order_.push_back(g);
+  // Room first, so that a bad_alloc cannot leave the two prefix tables out of step.
+  group_tokens_.reserve(group_tokens_.size() + group_order_.size());
+  group_rows_.reserve(group_rows_.size() + group_order_.size());
   // Placed in stream order: this group if it is the next, and every kept one after it.
   for (auto it = groups_.find(group_rows_.size() - 1); it != groups_.end();
        it = groups_.find(group_rows_.size() - 1)) {

@@ -541,6 +541,7 @@ std::shared_ptr<const LmDataset::Group> LmDataset::MakeGroup(uint64_t g) const {
 }
 
 void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const {
+  ++stats_.groups_packed;
   groups_.emplace(g, std::move(group));
   group_order_.push_back(g);
   // Room first, so that a bad_alloc cannot leave the two prefix tables out of step.
@@ -552,6 +553,7 @@ void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const
     const Group& next = *it->second;
     group_tokens_.push_back(group_tokens_.back() + next.prefix.back());
     group_rows_.push_back(group_rows_.back() + next.packing.rows());
+    ++stats_.groups;
     if (pack_ == PackMode::kBestFit) {
       stats_.rows += next.stats.rows;
       stats_.row_tokens += next.stats.row_tokens;
@@ -607,6 +609,7 @@ std::shared_ptr<const LmDataset::Group> LmDataset::PackClaimed(uint64_t g) const
 }
 
 std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
+  if (!IsFront(g)) return std::nullopt;  // checked again with the claim: no race to a stale one
   for (uint64_t a = g + 1; a <= g + kPackAhead; ++a) {
     if (!groups_.contains(a) && !packing_.contains(a)) {
       packing_.insert(a);
@@ -616,8 +619,9 @@ std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
   return std::nullopt;
 }
 
-void LmDataset::Reached(uint64_t g) const {
+void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   absl::MutexLock lock(&ahead_mu_);
+  if (moved_from.has_value()) std::erase(fronts_, *moved_from);
   if (std::find(fronts_.begin(), fronts_.end(), g) != fronts_.end()) return;
   fronts_.push_back(g);
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
@@ -625,7 +629,16 @@ void LmDataset::Reached(uint64_t g) const {
   ahead_cv_.SignalAll();
 }
 
+bool LmDataset::IsFront(uint64_t f) const {
+  absl::MutexLock lock(&ahead_mu_);
+  return std::find(fronts_.begin(), fronts_.end(), f) != fronts_.end();
+}
+
 bool LmDataset::AheadStep(uint64_t f) const {
+  // A front no longer one (its reader, or Attach's Reach, moved on while this worker was on
+  // another) has no work: its groups may be placed and evicted since, and packing them again
+  // would be waste (a far Reach's stale fronts had each group packed up to five times).
+  if (!IsFront(f)) return false;
   if (pack_ == PackMode::kNone) return FillChunkAhead(f + 1);
   // The chunk after the one holding the last pick of the furthest group packed ahead: filled
   // a whole chunk (64 default groups) before a group needs it.
@@ -654,14 +667,15 @@ void LmDataset::AheadLoop() const {
     // Caught here: a worker's throw (no memory) must not end the daemon; a fill thread
     // that needs the group or chunk does it itself.
     try {
+      // A step for each front with work, the latest first, then the fronts read afresh
+      // (AheadStep skips a front no longer one).
       for (bool worked = true; worked;) {
         worked = false;
-        for (auto f = fronts.rbegin(); f != fronts.rend(); ++f) {  // the latest first
-          if (!AheadStep(*f)) continue;
-          worked = true;
-          absl::MutexLock lock(&ahead_mu_);
-          if (stop_) return;
-        }
+        for (auto f = fronts.rbegin(); f != fronts.rend(); ++f) worked |= AheadStep(*f);
+        absl::MutexLock lock(&ahead_mu_);
+        if (stop_) return;
+        done = reached_;
+        fronts = fronts_;
       }
     } catch (const std::exception& e) {
       spdlog::warn("{}: packing ahead failed ({}); fill threads pack for themselves", display_,
@@ -671,6 +685,13 @@ void LmDataset::AheadLoop() const {
 }
 
 absl::Status LmDataset::PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget) const {
+  std::optional<uint64_t> front;  // Reach's front, moved along as it places groups
+  absl::Cleanup gone = [&] {
+    if (front.has_value()) {
+      absl::MutexLock lock(&ahead_mu_);
+      std::erase(fronts_, *front);
+    }
+  };
   while (true) {
     uint64_t next;
     {
@@ -678,6 +699,14 @@ absl::Status LmDataset::PlaceThrough(bool by_rows, uint64_t value, const WalkBud
       const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
       if (starts.back() > value) return absl::OkStatus();
       next = starts.size() - 1;
+    }
+    // Attach's Reach (a session starting far into the stream): the ahead workers pack the
+    // groups after this one meanwhile, so that the groups before the start are packed by
+    // five threads, not one. One front, moved (placing jumps over the groups packed ahead:
+    // fronts left behind would have the workers pack evicted groups again).
+    if (budget != nullptr) {
+      Reached(next, front);
+      front = next;
     }
     GroupAt(next);  // packed (or waited for) and placed, with the kept ones after it
     if (budget != nullptr) GPUFEED_RETURN_IF_ERROR(budget->Poll());

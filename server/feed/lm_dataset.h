@@ -133,6 +133,9 @@ class LmDataset final : public Dataset {
   struct Stats {
     uint64_t rows = 0, row_tokens = 0, pad_tokens = 0, documents = 0, truncated_documents = 0;
     std::vector<uint64_t> source_tokens;  // document tokens packed, per source
+    // Groups placed in the stream, and packings of groups in all: more than `groups` when a
+    // group evicted from the cache was needed again (ranks or sessions reading far apart).
+    uint64_t groups = 0, groups_packed = 0;
   };
   Stats stats() const;
   const std::vector<std::string>& source_names() const { return names_; }
@@ -170,12 +173,17 @@ class LmDataset final : public Dataset {
   // Packs group g, claimed by this thread, and keeps it.
   std::shared_ptr<const Group> PackClaimed(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
   // Claims the first of groups g + 1 .. g + kPackAhead neither kept nor being packed;
-  // nullopt when all are.
-  std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nullopt when all are, or when g is no longer a reading front.
+  std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // Whether `f` is one of the reading fronts now.
+  bool IsFront(uint64_t f) const ABSL_LOCKS_EXCLUDED(ahead_mu_);
   // A row read from group `g` (packed) or chunk `g` of picks (a blend of windows) and found
   // what should be ready after it missing: records `g` as a reading front (the last
   // kAheadFronts kept: ranks or sessions of one feed may read apart) and wakes the workers.
-  void Reached(uint64_t g) const ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // `moved_from`: a front of the caller's own that `g` replaces (Reach moving along).
+  void Reached(uint64_t g, std::optional<uint64_t> moved_from = std::nullopt) const
+      ABSL_LOCKS_EXCLUDED(ahead_mu_);
   // An ahead worker: for each front, packs the kPackAhead groups after it and fills the chunk
   // of picks after theirs (a blend of windows: the chunk after the front), each claimed as a
   // fill thread would claim it, until the destructor stops it.
@@ -224,8 +232,8 @@ class LmDataset final : public Dataset {
   static constexpr int kAheadWorkers = 4;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
-  // few table entries. Lock order: ahead_mu_ alone; mu_ before chunk_mu_ (stats(),
-  // ResetCaches()).
+  // few table entries. Lock order: mu_ before chunk_mu_ (stats(), ResetCaches()) and before
+  // ahead_mu_ (a claim checks its front).
   mutable absl::Mutex mu_;
   mutable absl::CondVar packed_ ABSL_GUARDED_BY(mu_);  // a group was kept
   mutable absl::Mutex chunk_mu_ ABSL_ACQUIRED_AFTER(mu_);
@@ -253,7 +261,7 @@ class LmDataset final : public Dataset {
   // The reading fronts (groups, or chunks of a blend of windows) the workers work ahead of,
   // latest last, and their wake-ups.
   static constexpr size_t kAheadFronts = 4;
-  mutable absl::Mutex ahead_mu_;
+  mutable absl::Mutex ahead_mu_ ABSL_ACQUIRED_AFTER(mu_);  // a claim checks its front
   mutable absl::CondVar ahead_cv_ ABSL_GUARDED_BY(ahead_mu_);
   mutable std::vector<uint64_t> fronts_ ABSL_GUARDED_BY(ahead_mu_);
   mutable uint64_t reached_ ABSL_GUARDED_BY(ahead_mu_) = 0;  // Reached's wake-ups so far

@@ -233,8 +233,21 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
                                   "(in one row) or truncated (cut across rows; best_fit only "
                                   "cuts those longer than a row)",
                                   MetricType::Counter);
+  auto& pack_groups = b.Family("gpufeed_pack_groups_total",
+                               "Groups of documents a packed feed packed, by packing: first (each "
+                               "group of the stream once) or again (a group evicted from the "
+                               "feed's cache and needed again: ranks or sessions reading far "
+                               "apart)",
+                               MetricType::Counter);
   for (const FeedSnapshot& f : feeds) {
     if (f.lm_sources.empty()) continue;
+    if (f.pack != PackMode::kNone) {
+      const LmDataset::Stats& s = f.lm_stats;
+      Builder::Add(pack_groups, {{"feed", f.key}, {"packing", "first"}},
+                   static_cast<double>(s.groups));
+      Builder::Add(pack_groups, {{"feed", f.key}, {"packing", "again"}},
+                   static_cast<double>(s.groups_packed - std::min(s.groups, s.groups_packed)));
+    }
     for (size_t k = 0; k < f.lm_sources.size() && k < f.lm_stats.source_tokens.size(); ++k) {
       Builder::Add(blend_tokens, {{"feed", f.key}, {"source", f.lm_sources[k]}},
                    static_cast<double>(f.lm_stats.source_tokens[k]));

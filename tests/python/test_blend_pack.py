@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket as socketlib
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Sequence, Tuple
@@ -36,7 +39,7 @@ import numpy as np
 import pytest
 
 import gpufeed
-from conftest import gpufeedctl
+from conftest import Daemon, gpufeedctl
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "blend"
 sys.path.insert(0, str(DATA))
@@ -521,6 +524,45 @@ def test_a_packed_feed_resumes_exactly(daemon, job, documents):
     assert [x.id for x in resumed] == [x.id for x in rows[5 * 8:]]
     for a, b in zip(resumed, rows[5 * 8:]):
         assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in Packed._fields[1:])
+
+
+def test_a_packed_feeds_metrics_count_its_groups_documents_and_padding(tmp_path, documents):
+    """gpufeed_pack_*: what the stream placed so far (whole groups of pack_lookahead
+    documents, some ahead of the rows read), each group once for one reader; the padding the
+    rows read carry is within it."""
+    with socketlib.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = Daemon(tmp_path, f"--metrics_listen=127.0.0.1:{port}")
+    try:
+        with attach_packed(d.socket, documents, "best_fit", job="metrics", stop_epoch=1,
+                           drop_last=False, pack_lookahead=50) as s:
+            rows = read_packed(s)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                          timeout=10).read().decode()
+    finally:
+        d.stop()
+
+    def metric(name: str, **labels: str) -> int:
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(rf"{name}{{(.*)}} (\S+)$", line)
+            if m and all(f'{k}="{v}"' in m[1] for k, v in labels.items()):
+                total += float(m[2])
+        return int(total)
+
+    groups = metric("gpufeed_pack_groups_total", packing="first")
+    assert metric("gpufeed_pack_groups_total", packing="again") == 0
+    assert metric("gpufeed_pack_documents_total") == groups * 50
+    document = metric("gpufeed_pack_tokens_total", kind="document")
+    padding = metric("gpufeed_pack_tokens_total", kind="padding")
+    width = PACK_SEQ + 1
+    assert (document + padding) % width == 0
+    placed = (document + padding) // width
+    assert placed >= len(rows), (placed, len(rows))
+    # The rows read are the stream's first: their padding is the placed rows' at most.
+    read_padding = sum(int((r.loss_mask == 0).sum()) for r in rows)
+    assert read_padding <= padding <= read_padding + (placed - len(rows)) * width
 
 
 def test_the_loader_yields_the_packed_tensors(daemon, job, documents):

@@ -516,6 +516,49 @@ TEST(LmDatasetTest, DocumentsComeFromAShardsOffsetsFile) {
 
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at
 // the first pick those rows left untouched, each source carrying on from its ledger.
+// A session starting far into the stream: Attach's Reach packs the groups before its start
+// (with the ahead workers), the rows there equal those a reader from the start reads, and no
+// group is packed twice (stale fronts once had the workers pack evicted groups again).
+TEST(LmDatasetTest, AFarStartIsReachedPackingEachGroupOnce) {
+  TempDir dir;
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> length(1.8, 0.9);
+  LmSpec lm;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<uint32_t> lengths(6000);
+    for (uint32_t& n : lengths) n = static_cast<uint32_t>(std::clamp(length(rng), 1.0, 200.0));
+    const std::string name = absl::StrCat("f", k, ".bin");
+    dir.WriteFile(name, DocumentFile(k, lengths));
+    lm.sources.push_back({{dir.Join(name)}, k == 0 ? 0.6 : 0.4, name});
+  }
+  lm.eos_id = kEos;
+  for (const PackMode mode : {PackMode::kBestFit, PackMode::kConcat}) {
+    SCOPED_TRACE(PackModeName(mode));
+    lm.pack = mode;
+    lm.lookahead = mode == PackMode::kBestFit ? 8 : 0;  // best_fit: thousands of groups
+    const uint64_t per_group = mode == PackMode::kBestFit ? 8 : 1024;
+    auto open = [&] {
+      return *LmDataset::Open(Tokens(dir.path(), 31), lm, 4, true, PosixFileSystem());
+    };
+    const std::unique_ptr<LmDataset> far = open();
+    const uint64_t n = far->num_samples();
+    const uint64_t start = 2 * n + n / 2;  // epoch 2, half way
+    ASSERT_TRUE(far->Reach(start).ok());
+    std::vector<Row> got;
+    for (uint64_t r = start; r < start + 40; ++r) got.push_back(ReadRow(*far, r % n, r / n));
+    const LmDataset::Stats st = far->stats();
+    EXPECT_EQ(st.groups, st.documents / per_group);
+    EXPECT_GT(st.groups, mode == PackMode::kBestFit ? 1000u : 20u);
+    // Each group once, but for the groups the workers packed ahead of the start (8 a front)
+    // and a chunk's worth they may hold when the start is found.
+    EXPECT_LE(st.groups_packed, st.groups + 2 * 8) << "groups placed " << st.groups;
+    const std::unique_ptr<LmDataset> along = open();
+    for (uint64_t r = 0; r < start; r += 97) ReadRow(*along, r % n, r / n);
+    for (uint64_t r = start; r < start + 40; ++r)
+      ASSERT_EQ(got[r - start], ReadRow(*along, r % n, r / n)) << "row " << r;
+  }
+}
+
 TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {
   TempDir dir;
   std::mt19937_64 rng(5);

@@ -87,6 +87,12 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
     info.batches_produced = f.batches_produced();
     info.bytes_produced = f.bytes_produced();
     info.bad_samples.insert(f.bad_samples().begin(), f.bad_samples().end());
+    for (const v1::BlendSource& source : f.dataset().sources()) {
+      info.blend.emplace_back(source.name(), source.weight());
+    }
+    info.pack = f.dataset().pack() == v1::PACK_MODE_BEST_FIT ? "best_fit"
+                : f.dataset().pack() == v1::PACK_MODE_CONCAT ? "concat"
+                                                             : "";
     out.push_back(std::move(info));
   }
   return out;

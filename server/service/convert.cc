@@ -303,6 +303,16 @@ void ToProto(const FeedSnapshot& f, v1::FeedInfo* out) {
     out_array->set_name(a.name);
     out_array->set_file(a.file);
   }
+  // A blend's sources as the user named them, with their weights (not their files: up to
+  // 16,384 a source), and the pack mode.
+  for (const LmSourceSpec& source : f.spec.lm.sources) {
+    v1::BlendSource* out_source = d->add_sources();
+    out_source->set_name(source.name);
+    out_source->set_weight(source.weight);
+  }
+  d->set_pack(static_cast<v1::PackMode>(f.spec.lm.pack));
+  if (f.spec.lm.eos_id.has_value()) d->set_eos_id(*f.spec.lm.eos_id);
+  d->set_pack_lookahead(static_cast<uint32_t>(f.spec.lm.lookahead));
   out->set_num_samples(static_cast<int64_t>(f.num_samples));
   out->set_batch_size(f.spec.batch_size);
   out->set_world_size(f.spec.world_size);

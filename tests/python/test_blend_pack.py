@@ -312,6 +312,27 @@ def test_a_reattach_after_the_daemon_restarted_keeps_the_blend(fresh_daemon, sou
     assert [x.id for x in rows] == [x.id for x in reference]
 
 
+def test_gpufeedctl_feeds_shows_a_blends_sources_weights_and_pack_mode(daemon, job, sources,
+                                                                        documents):
+    def feeds() -> List[dict]:
+        out = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "-o", "json", "feeds"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return json.loads(out)
+
+    with attach_blend(daemon.socket, sources, job=job) as s:
+        read(s, 1)
+        # (The module's daemon may still run other tests' feeds.)
+        blends = [([(b["source"], b["weight"]) for b in f["blend"]], f["pack"]) for f in feeds()]
+        table = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "feeds"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+    assert (list(zip(sources.names, WEIGHTS)), "") in blends
+    assert "blend " + ",".join(f"{n}={w:g}" for n, w in zip(sources.names, WEIGHTS)) in table
+    with attach_packed(daemon.socket, documents, "concat", job=f"{job}-packed") as s:
+        read_packed(s, 1)
+        packed = [(f["dataset"], f["blend"]) for f in feeds() if f["pack"] == "concat"]
+    assert (documents.path, []) in packed
+
+
 def test_gpufeedctl_consume_takes_a_blend_and_prints_its_segments(daemon, job, sources, tmp_path):
     ctl = gpufeedctl()
     command = [ctl, "--socket", daemon.socket, "-o", "json", "consume", "--job", job,

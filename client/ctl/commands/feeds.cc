@@ -20,6 +20,14 @@ int64_t BadTotal(const client::FeedInfo& f) {
   return total;
 }
 
+// The DATASET column: the path, or for a blend its sources and weights.
+std::string DatasetText(const client::FeedInfo& f) {
+  if (f.blend.empty()) return f.dataset;
+  return absl::StrCat("blend ", absl::StrJoin(f.blend, ",", [](std::string* out, const auto& s) {
+                        absl::StrAppend(out, s.first, "=", s.second);
+                      }));
+}
+
 int RunFeeds(const GlobalFlags& global) {
   auto admin = client::AdminClient::Connect(global.socket);
   if (!admin.ok()) return Fail(admin.status());
@@ -32,27 +40,35 @@ int RunFeeds(const GlobalFlags& global) {
           "{\"key\":%s,\"kind\":%s,\"dataset\":%s,\"num_samples\":%d,\"batch_size\":%d,"
           "\"world_size\":%d,\"seed\":%u,\"shuffle\":%s,\"drop_last\":%s,"
           "\"share_group\":%s,\"sessions\":%d,"
-          "\"batches_produced\":%d,\"bytes_produced\":%u,\"bad_samples\":{%s}}",
+          "\"batches_produced\":%d,\"bytes_produced\":%u,\"bad_samples\":{%s},"
+          "\"blend\":[%s],\"pack\":%s}",
           JsonString(f.key), JsonString(f.kind), JsonString(f.dataset), f.num_samples, f.batch_size,
           f.world_size, f.seed, f.shuffle ? "true" : "false", f.drop_last ? "true" : "false",
           JsonString(f.share_group), f.sessions, f.batches_produced, f.bytes_produced,
-          absl::StrJoin(f.bad_samples, ",", [](std::string* out, const auto& kv) {
-            absl::StrAppend(out, JsonString(kv.first), ":", kv.second);
-          })));
+          absl::StrJoin(f.bad_samples, ",",
+                        [](std::string* out, const auto& kv) {
+                          absl::StrAppend(out, JsonString(kv.first), ":", kv.second);
+                        }),
+          absl::StrJoin(f.blend, ",",
+                        [](std::string* out, const auto& s) {
+                          absl::StrAppend(out, "{\"source\":", JsonString(s.first),
+                                          ",\"weight\":", s.second, "}");
+                        }),
+          JsonString(f.pack)));
     }
     std::printf("[%s]\n", absl::StrJoin(items, ",").c_str());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& f : *feeds) {
-    rows.push_back({f.key, f.kind, f.dataset, absl::StrCat(f.num_samples),
-                    absl::StrCat(f.batch_size, "x", f.world_size), absl::StrCat(f.seed),
-                    f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no",
+    rows.push_back({f.key, f.kind, DatasetText(f), f.pack.empty() ? "-" : f.pack,
+                    absl::StrCat(f.num_samples), absl::StrCat(f.batch_size, "x", f.world_size),
+                    absl::StrCat(f.seed), f.shuffle ? "yes" : "no", f.drop_last ? "yes" : "no",
                     f.share_group.empty() ? "-" : f.share_group, absl::StrCat(f.sessions),
                     absl::StrCat(f.batches_produced), absl::StrCat(BadTotal(f))});
   }
-  PrintTable({"KEY", "KIND", "DATASET", "SAMPLES", "BATCHxWORLD", "SEED", "SHUFFLE", "DROP_LAST",
-              "GROUP", "SESSIONS", "BATCHES", "BAD"},
+  PrintTable({"KEY", "KIND", "DATASET", "PACK", "SAMPLES", "BATCHxWORLD", "SEED", "SHUFFLE",
+              "DROP_LAST", "GROUP", "SESSIONS", "BATCHES", "BAD"},
              rows);
   return 0;
 }

@@ -394,6 +394,9 @@ struct FeedInfo {
   uint64_t bytes_produced = 0;
   // Image datasets: by reason, those left out at open (SessionInfo::notices) included.
   std::map<std::string, int64_t> bad_samples;
+  // A blended token feed: its sources as named at Attach, with their weights (empty: none).
+  std::vector<std::pair<std::string, double>> blend;
+  std::string pack;  // "concat" or "best_fit"; empty: rows are windows
 };
 
 struct SessionSummary {

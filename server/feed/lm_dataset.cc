@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -223,6 +224,9 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
   return absl::OkStatus();
 }
 
+// The lm-ahead threads of every LmDataset of the process (kMaxAheadThreads at most).
+std::atomic<int> ahead_threads{0};
+
 // "dataset.paths[3]: ..." of a source's open: "dataset.sources[1].paths[3]: ...".
 absl::Status OfSource(const absl::Status& s, size_t i, const std::string& name) {
   if (s.ok()) return s;
@@ -390,12 +394,28 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     GPUFEED_ASSIGN_OR_RETURN(out->blend_, Blend::Create(*std::move(changed)));
     out->ResetCaches();
   }
-  for (int i = 0; i < kAheadWorkers; ++i) {
+  // Up to kAheadWorkers, within the process's kMaxAheadThreads (a user's many packed feeds
+  // must not cost the node unbounded threads); a feed left without workers packs on its fill
+  // threads, as before them: slower, the same rows.
+  int running = ahead_threads.load();
+  auto grant = [](int in_use) { return std::clamp(kMaxAheadThreads - in_use, 0, kAheadWorkers); };
+  while (!ahead_threads.compare_exchange_weak(running, running + grant(running))) {
+  }
+  const int workers = grant(running);
+  for (int i = 0; i < workers; ++i) {
     out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
     pthread_setname_np(out->ahead_.back().native_handle(), "lm-ahead");
   }
+  if (workers < kAheadWorkers) {
+    spdlog::warn(
+        "{}: {} of {} lm-ahead workers ({} running in the daemon, at most {}): the "
+        "fill threads pack this feed's rows (slower, the same rows)",
+        out->display_, workers, kAheadWorkers, running, kMaxAheadThreads);
+  }
   return out;
 }
+
+int LmDataset::AheadThreads() { return ahead_threads.load(); }
 
 LmDataset::~LmDataset() {
   {
@@ -404,6 +424,7 @@ LmDataset::~LmDataset() {
     ahead_cv_.SignalAll();
   }
   for (std::thread& t : ahead_) t.join();
+  ahead_threads.fetch_sub(static_cast<int>(ahead_.size()));
 }
 
 void LmDataset::ResetCaches() {

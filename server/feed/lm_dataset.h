@@ -139,6 +139,17 @@ class LmDataset final : public Dataset {
   };
   Stats stats() const;
   const std::vector<std::string>& source_names() const { return names_; }
+  // Ahead workers a feed: four. Packing is the packed feed's pace (two packed ~470k rows/s on
+  // the H100 machine's cores, under the plain feed's ~620k); one may fill a chunk (~12 ms)
+  // while others pack.
+  static constexpr int kAheadWorkers = 4;
+  // The daemon's lm-ahead threads at most, all feeds together: 16 feeds' workers. A feed
+  // opened past it gets fewer (none) and packs on its fill threads.
+  static constexpr int kMaxAheadThreads = 64;
+  // The lm-ahead threads running in this process, every LmDataset's.
+  static int AheadThreads();
+  // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads).
+  int ahead_workers() const { return static_cast<int>(ahead_.size()); }
 
  private:
   struct Source;
@@ -227,9 +238,6 @@ class LmDataset final : public Dataset {
   static constexpr uint64_t kPackAhead = 8;
   // The groups ahead, the furthest one read, and as many behind it for ranks a little apart.
   static constexpr size_t kCachedGroups = 2 * kPackAhead + 4;
-  // Four: packing is the packed feed's pace (two packed ~470k rows/s on the H100 machine's
-  // cores, under the plain feed's ~620k); one may fill a chunk (~12 ms) while others pack.
-  static constexpr int kAheadWorkers = 4;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
   // few table entries. Lock order: mu_ before chunk_mu_ (stats(), ResetCaches()) and before

@@ -559,6 +559,44 @@ TEST(LmDatasetTest, AFarStartIsReachedPackingEachGroupOnce) {
   }
 }
 
+// The process's lm-ahead threads are bounded (a user's many packed feeds must not cost the
+// node unbounded threads): past kMaxAheadThreads a feed gets no workers and its fill
+// threads pack, giving the same rows; a closed feed's workers go back to the budget.
+TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTheSameRows) {
+  TempDir dir;
+  std::vector<uint32_t> lengths(400);
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 1 + static_cast<uint32_t>(i * 37 % 60);
+  dir.WriteFile("d.bin", DocumentFile(0, lengths));
+  LmSpec lm;
+  lm.sources.push_back({{dir.Join("d.bin")}, 1.0, "d.bin"});
+  lm.eos_id = kEos;
+  lm.pack = PackMode::kBestFit;
+  lm.lookahead = 4;
+  auto open = [&] {
+    return *LmDataset::Open(Tokens(dir.path(), 31), lm, 2, true, PosixFileSystem());
+  };
+  const int before = LmDataset::AheadThreads();
+  ASSERT_EQ(before, 0) << "another test left datasets open";
+  std::vector<std::unique_ptr<LmDataset>> feeds;
+  for (int i = 0; i < LmDataset::kMaxAheadThreads / LmDataset::kAheadWorkers; ++i) {
+    feeds.push_back(open());
+    ASSERT_EQ(feeds.back()->ahead_workers(), LmDataset::kAheadWorkers) << "feed " << i;
+  }
+  EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads);
+  const std::unique_ptr<LmDataset> without = open();
+  EXPECT_EQ(without->ahead_workers(), 0);
+  EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads);
+  const uint64_t n = without->num_samples();
+  for (uint64_t r = 0; r < 2 * n; ++r) {
+    ASSERT_EQ(ReadRow(*without, r % n, r / n), ReadRow(*feeds[0], r % n, r / n)) << "row " << r;
+  }
+  feeds.pop_back();
+  EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads - LmDataset::kAheadWorkers);
+  EXPECT_EQ(open()->ahead_workers(), LmDataset::kAheadWorkers);
+  feeds.clear();
+  EXPECT_EQ(LmDataset::AheadThreads(), 0);
+}
+
 TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {
   TempDir dir;
   std::mt19937_64 rng(5);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <system_error>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -403,9 +404,16 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   }
   const int workers = grant(running);
   for (int i = 0; i < workers; ++i) {
-    out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
+    try {
+      out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
+    } catch (const std::system_error& e) {  // no thread to be had: fewer workers
+      spdlog::warn("{}: lm-ahead worker {} not started ({})", out->display_, i, e.what());
+      break;
+    }
     pthread_setname_np(out->ahead_.back().native_handle(), "lm-ahead");
   }
+  // Those granted and not started go back (the destructor gives back the started ones).
+  ahead_threads.fetch_sub(workers - static_cast<int>(out->ahead_.size()));
   if (workers < kAheadWorkers) {
     spdlog::warn(
         "{}: {} of {} lm-ahead workers ({} running in the daemon, at most {}): the "
@@ -562,12 +570,16 @@ std::shared_ptr<const LmDataset::Group> LmDataset::MakeGroup(uint64_t g) const {
 }
 
 void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const {
-  ++stats_.groups_packed;
+  // A group placed already, evicted and packed again (a reader far behind the others).
+  if (g + 1 < group_rows_.size()) ++stats_.groups_again;
   groups_.emplace(g, std::move(group));
   group_order_.push_back(g);
-  // Room first, so that a bad_alloc cannot leave the two prefix tables out of step.
-  group_tokens_.reserve(group_tokens_.size() + group_order_.size());
-  group_rows_.reserve(group_rows_.size() + group_order_.size());
+  // Room first, so that a bad_alloc cannot leave the two prefix tables out of step; grown
+  // geometrically (room for exactly the next few would copy both whole tables a group).
+  for (std::vector<uint64_t>* table : {&group_tokens_, &group_rows_}) {
+    const size_t need = table->size() + group_order_.size();
+    if (table->capacity() < need) table->reserve(std::max(2 * table->capacity(), need));
+  }
   // Placed in stream order: this group if it is the next, and every kept one after it.
   for (auto it = groups_.find(group_rows_.size() - 1); it != groups_.end();
        it = groups_.find(group_rows_.size() - 1)) {
@@ -695,6 +707,7 @@ void LmDataset::AheadLoop() const {
         for (auto f = fronts.rbegin(); f != fronts.rend(); ++f) worked |= AheadStep(*f);
         absl::MutexLock lock(&ahead_mu_);
         if (stop_) return;
+        if (reached_ != done) worked = true;  // a front came meanwhile: look again
         done = reached_;
         fronts = fronts_;
       }

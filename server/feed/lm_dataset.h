@@ -133,9 +133,9 @@ class LmDataset final : public Dataset {
   struct Stats {
     uint64_t rows = 0, row_tokens = 0, pad_tokens = 0, documents = 0, truncated_documents = 0;
     std::vector<uint64_t> source_tokens;  // document tokens packed, per source
-    // Groups placed in the stream, and packings of groups in all: more than `groups` when a
-    // group evicted from the cache was needed again (ranks or sessions reading far apart).
-    uint64_t groups = 0, groups_packed = 0;
+    // Groups placed in the stream, and groups packed again: placed, evicted from the cache
+    // and needed again (ranks or sessions reading far apart).
+    uint64_t groups = 0, groups_again = 0;
   };
   Stats stats() const;
   const std::vector<std::string>& source_names() const { return names_; }

@@ -246,7 +246,7 @@ std::vector<MetricFamily> Collect(const MetricsSources& src, OpaqueJobIds* opaqu
       Builder::Add(pack_groups, {{"feed", f.key}, {"packing", "first"}},
                    static_cast<double>(s.groups));
       Builder::Add(pack_groups, {{"feed", f.key}, {"packing", "again"}},
-                   static_cast<double>(s.groups_packed - std::min(s.groups, s.groups_packed)));
+                   static_cast<double>(s.groups_again));
     }
     for (size_t k = 0; k < f.lm_sources.size() && k < f.lm_stats.source_tokens.size(); ++k) {
       Builder::Add(blend_tokens, {{"feed", f.key}, {"source", f.lm_sources[k]}},

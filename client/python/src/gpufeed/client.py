@@ -99,6 +99,7 @@ DTYPES: Dict[int, Tuple[str, str]] = {
     14: ("complex64", "<c8"),
     15: ("complex128", "<c16"),
 }
+"""Element types of the C ABI (``gpufeed_dtype``): number -> (name, numpy typestr)."""
 # Item sizes by typestr, looked up per tensor of every batch (np.dtype() costs ~0.5 us a call).
 _ITEMSIZE: Dict[str, int] = {typestr: np.dtype(typestr).itemsize for _, typestr in DTYPES.values()}
 
@@ -106,7 +107,6 @@ _ITEMSIZE: Dict[str, int] = {typestr: np.dtype(typestr).itemsize for _, typestr 
 def _itemsize(typestr: str) -> int:
     size = _ITEMSIZE.get(typestr)
     return np.dtype(typestr).itemsize if size is None else size
-"""Element types of the C ABI (``gpufeed_dtype``): number -> (name, numpy typestr)."""
 
 
 def _dtype_name(dtype: Any) -> Optional[str]:

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/cpp/blend.h"
 #include "client/cpp/rpc.h"
 #include "common/status.h"
 #include "gpufeed/client.h"
@@ -90,9 +91,9 @@ absl::StatusOr<std::vector<FeedInfo>> AdminClient::ListFeeds() {
     for (const v1::BlendSource& source : f.dataset().sources()) {
       info.blend.emplace_back(source.name(), source.weight());
     }
-    info.pack = f.dataset().pack() == v1::PACK_MODE_BEST_FIT ? "best_fit"
-                : f.dataset().pack() == v1::PACK_MODE_CONCAT ? "concat"
-                                                             : "";
+    if (f.dataset().pack() != v1::PACK_MODE_NONE) {
+      info.pack = internal::PackModeName(f.dataset().pack());
+    }
     out.push_back(std::move(info));
   }
   return out;

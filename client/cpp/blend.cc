@@ -260,12 +260,24 @@ absl::StatusOr<std::vector<std::string>> ExpandBlendSource(size_t index, const s
   return files;
 }
 
+namespace {
+
+// AttachOptions.pack's names of the pack modes.
+constexpr std::pair<const char*, v1::PackMode> kPack[] = {{"none", v1::PACK_MODE_NONE},
+                                                          {"concat", v1::PACK_MODE_CONCAT},
+                                                          {"best_fit", v1::PACK_MODE_BEST_FIT}};
+
+}  // namespace
+
+const char* PackModeName(v1::PackMode mode) {
+  for (const auto& [name, value] : kPack) {
+    if (value == mode) return name;
+  }
+  return "unknown";
+}
+
 absl::Status BlendInto(const AttachOptions& o, v1::DatasetSpec* d) {
   const bool tokens = d->kind() == v1::DATASET_KIND_TOKENS;
-  static const std::pair<const char*, v1::PackMode> kPack[] = {
-      {"none", v1::PACK_MODE_NONE},
-      {"concat", v1::PACK_MODE_CONCAT},
-      {"best_fit", v1::PACK_MODE_BEST_FIT}};
   bool known = false;
   for (const auto& [name, value] : kPack) {
     if (o.pack == name) d->set_pack(value), known = true;

@@ -33,6 +33,9 @@ absl::StatusOr<std::vector<std::string>> ExpandBlendSource(size_t index, const s
 // opened and passed).
 absl::Status BlendInto(const AttachOptions& o, v1::DatasetSpec* d);
 
+// `mode` as AttachOptions.pack names it ("none", "concat", "best_fit"; "unknown" otherwise).
+const char* PackModeName(v1::PackMode mode);
+
 // The segments an AttachResponse reported for a request of `sources` sources, checked as
 // everything taken from the socket is: each of `sources` weights and ledger entries, at most
 // one more than the request's history (`history`). INTERNAL otherwise.

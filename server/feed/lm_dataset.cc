@@ -586,7 +586,6 @@ void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const
     const Group& next = *it->second;
     group_tokens_.push_back(group_tokens_.back() + next.prefix.back());
     group_rows_.push_back(group_rows_.back() + next.packing.rows());
-    ++stats_.groups;
     if (pack_ == PackMode::kBestFit) {
       stats_.rows += next.stats.rows;
       stats_.row_tokens += next.stats.row_tokens;
@@ -655,16 +654,20 @@ std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
 void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   absl::MutexLock lock(&ahead_mu_);
   if (moved_from.has_value()) std::erase(fronts_, *moved_from);
-  if (std::find(fronts_.begin(), fronts_.end(), g) != fronts_.end()) return;
+  if (IsFrontLocked(g)) return;
   fronts_.push_back(g);
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
   ++reached_;
   ahead_cv_.SignalAll();
 }
 
+bool LmDataset::IsFrontLocked(uint64_t f) const {
+  return std::find(fronts_.begin(), fronts_.end(), f) != fronts_.end();
+}
+
 bool LmDataset::IsFront(uint64_t f) const {
   absl::MutexLock lock(&ahead_mu_);
-  return std::find(fronts_.begin(), fronts_.end(), f) != fronts_.end();
+  return IsFrontLocked(f);
 }
 
 bool LmDataset::AheadStep(uint64_t f) const {
@@ -975,6 +978,7 @@ std::string LmDataset::Identity() const {
 LmDataset::Stats LmDataset::stats() const {
   absl::MutexLock lock(&mu_);
   Stats out = stats_;
+  out.groups = group_rows_.size() - 1;  // placed: one prefix entry more than groups
   if (pack_ == PackMode::kNone) {
     absl::MutexLock chunks(&chunk_mu_);
     out.source_tokens = window_tokens_;

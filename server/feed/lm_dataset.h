@@ -133,8 +133,9 @@ class LmDataset final : public Dataset {
   struct Stats {
     uint64_t rows = 0, row_tokens = 0, pad_tokens = 0, documents = 0, truncated_documents = 0;
     std::vector<uint64_t> source_tokens;  // document tokens packed, per source
-    // Groups placed in the stream, and groups packed again: placed, evicted from the cache
-    // and needed again (ranks or sessions reading far apart).
+    // Groups placed in the stream (stats() counts them from the prefix tables), and groups
+    // packed again: placed, evicted from the cache and needed again (ranks or sessions
+    // reading far apart).
     uint64_t groups = 0, groups_again = 0;
   };
   Stats stats() const;
@@ -189,6 +190,7 @@ class LmDataset final : public Dataset {
       ABSL_LOCKS_EXCLUDED(ahead_mu_);
   // Whether `f` is one of the reading fronts now.
   bool IsFront(uint64_t f) const ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  bool IsFrontLocked(uint64_t f) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ahead_mu_);
   // A row read from group `g` (packed) or chunk `g` of picks (a blend of windows) and found
   // what should be ready after it missing: records `g` as a reading front (the last
   // kAheadFronts kept: ranks or sessions of one feed may read apart) and wakes the workers.

@@ -547,6 +547,25 @@ def test_a_packed_feed_resumes_exactly(daemon, job, documents):
         assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in Packed._fields[1:])
 
 
+@pytest.mark.parametrize("pack", ["best_fit", "concat"])
+def test_a_packed_feed_rides_through_a_daemon_sigkill_exactly(fresh_daemon, documents, pack):
+    # Killed mid-stream: the session re-attaches inside next() to a daemon that has packed
+    # nothing yet (it packs the groups up to its position again), and every tensor of every
+    # row after equals an uninterrupted reading's (best_fit: across group edges, lookahead 20).
+    d = fresh_daemon
+    extra = {"pack_lookahead": 20} if pack == "best_fit" else {}
+    with attach_packed(d.socket, documents, pack, job=f"kill-{pack}", **extra) as s:
+        rows = read_packed(s, 6)
+        d = d.kill_and_restart()
+        rows += read_packed(s, 10)
+    with attach_packed(d.socket, documents, pack, job=f"kill-{pack}-ref", **extra) as r:
+        reference = read_packed(r, 16)
+    d.stop()
+    assert [x.id for x in rows] == [x.id for x in reference] == list(range(16 * 8))
+    for a, b in zip(rows, reference):
+        assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in Packed._fields[1:]), a.id
+
+
 def test_a_packed_feeds_metrics_count_its_groups_documents_and_padding(tmp_path, documents):
     """gpufeed_pack_*: what the stream placed so far (whole groups of pack_lookahead
     documents, some ahead of the rows read), each group once for one reader; the padding the

@@ -6,6 +6,7 @@
 // time is a first-class metric.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -43,10 +44,15 @@ class BoundedQueue {
   }
 
   // Never blocks: RESOURCE_EXHAUSTED when full, the close status when closed.
-  absl::Status TryPush(T value) {
+  absl::Status TryPush(T value) { return TryPushBelow(std::move(value), capacity_); }
+  // As TryPush, but RESOURCE_EXHAUSTED once `limit` (<= the capacity) items wait: a
+  // producer whose items may be dropped leaves the rest of the room to others.
+  absl::Status TryPushBelow(T value, size_t limit) {
     absl::MutexLock lock(&mu_);
     if (!status_.ok()) return status_;
-    if (items_.size() >= capacity_) return absl::ResourceExhaustedError("queue is full");
+    if (items_.size() >= std::min(limit, capacity_)) {
+      return absl::ResourceExhaustedError("queue is full");
+    }
     items_.push_back(std::move(value));
     return absl::OkStatus();
   }

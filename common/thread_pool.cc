@@ -97,8 +97,10 @@ void ThreadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
     }
   };
   const int helpers = std::min(n, size()) - 1;
+  // Helpers of calls already done stay queued until a worker pops them (and finds nothing
+  // to do), so they are kept to half of the queue: submitted work always has the other half.
   for (int h = 0; h < helpers; ++h) {
-    if (!queue_.TryPush(run).ok()) break;  // the caller does the rest
+    if (!queue_.TryPushBelow(run, queue_.capacity() / 2).ok()) break;  // the caller does the rest
   }
   run();
   std::exception_ptr thrown;

@@ -53,8 +53,11 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   // Never blocks: RESOURCE_EXHAUSTED when `capacity` tasks wait, the close status once shut
-  // down. A task that throws is the last-resort boundary: the exception is logged (one line)
-  // and the worker goes on; work that must report failure catches its own (CallCatching).
+  // down. ParallelFor's helpers never take more than half of `capacity`: the other half is
+  // TrySubmit's whatever ParallelFor calls left behind (a caller bounding its own tasks sizes
+  // the pool at twice that bound). A task that throws is the last-resort boundary: the
+  // exception is logged (one line) and the worker goes on; work that must report failure
+  // catches its own (CallCatching).
   absl::Status TrySubmit(Work work);
   // Runs fn(0..n-1) with the help of idle workers, the caller taking part; returns when all
   // are done. The caller alone can finish every chunk, so helpers queued behind busy workers

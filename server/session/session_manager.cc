@@ -57,13 +57,15 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
              }(),
              options.feed_limits, options.clock),
       share_cache_(options.share_cache_bytes),
-      // Each session is queued at most once at a time (closed ones may linger briefly), each
-      // running fill asks for at most threads - 1 helpers, and each slot in flight to a GPU
-      // has at most one CPU redo of rows nvJPEG refused.
+      // Submitted work: each session is queued at most once at a time (closed ones may linger
+      // briefly), and each slot in flight to a GPU has at most one CPU redo of rows nvJPEG
+      // refused. ParallelFor's helpers, which outlive the calls that queued them until a
+      // worker pops them (about sessions x threads of them when every worker is busy: more
+      // than threads^2 on a many-core node), take at most as much again: the pool keeps half
+      // of its queue for submitted work (common/thread_pool.h).
       workers_("read", options.threads,
-               static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) + 16 +
-                   static_cast<size_t>(std::max(1, options.threads)) *
-                       std::max(1, options.threads)),
+               2 * (static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) +
+                    16)),
       admission_(AdmissionLimits{options.max_sessions, options.max_sessions_per_uid,
                                  options.max_staging_bytes_per_uid}) {
   reaper_ = std::thread([this] {

@@ -121,6 +121,32 @@ TEST(ThreadPoolTest, ParallelForRunsEveryIndexOnceEvenWithEveryWorkerBusy) {
 }
 
 // Exceptions stop at the boundaries (docs/SECURITY.md §4).
+// Helpers a ParallelFor left queued (every worker busy, the caller did the chunks) stay
+// until a worker pops them; they must not take the room a caller bounded its own tasks by
+// (the session manager ends a session whose fill cannot be queued).
+TEST(ThreadPoolTest, ParallelForHelpersLeaveHalfTheQueueToSubmittedWork) {
+  ThreadPool pool("read", 4, 8);
+  absl::Notification finish;
+  std::atomic<int> started{0};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(pool.TrySubmit([&] {
+                      started.fetch_add(1);
+                      finish.WaitForNotification();
+                    })
+                    .ok());
+  }
+  while (started.load() < 4) absl::SleepFor(absl::Milliseconds(1));
+  std::atomic<int> ran{0};
+  for (int call = 0; call < 5; ++call) {  // up to 3 helpers a call: 15 without the bound
+    pool.ParallelFor(4, [&](int) { ran.fetch_add(1); });
+  }
+  EXPECT_EQ(ran.load(), 20);          // the caller ran every chunk
+  EXPECT_EQ(pool.queue_depth(), 4u);  // helpers: half of the 8
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(pool.TrySubmit([] {}).ok()) << i;
+  EXPECT_EQ(pool.TrySubmit([] {}).code(), absl::StatusCode::kResourceExhausted);
+  finish.Notify();
+}
+
 TEST(ThreadPoolTest, StatusOfExceptionMapsOutOfMemoryToResourceExhausted) {
   auto status_of = [](auto thrown) {
     return CallCatching("filling", [&]() -> absl::Status { throw thrown; });

@@ -300,7 +300,8 @@ def test_the_loader_keeps_the_blend_in_its_state_dict(daemon, job, sources):
 
 def test_a_reattach_after_the_daemon_restarted_keeps_the_blend(fresh_daemon, sources):
     d = fresh_daemon
-    with attach_blend(d.socket, sources, job="reattach", seed=SEED) as s:
+    # A ring of 2: at least 3 of the 5 batches after the kill come from the new daemon.
+    with attach_blend(d.socket, sources, job="reattach", seed=SEED, ring_slots=2) as s:
         rows = read(s, 5)
         segments = s.blend_segments
         d = d.kill_and_restart()
@@ -552,15 +553,26 @@ def test_a_packed_feed_rides_through_a_daemon_sigkill_exactly(fresh_daemon, docu
     # Killed mid-stream: the session re-attaches inside next() to a daemon that has packed
     # nothing yet (it packs the groups up to its position again), and every tensor of every
     # row after equals an uninterrupted reading's (best_fit: across group edges, lookahead 20).
+    # A ring of 2: at most 2 of the 10 batches after the kill were delivered before it.
     d = fresh_daemon
     extra = {"pack_lookahead": 20} if pack == "best_fit" else {}
-    with attach_packed(d.socket, documents, pack, job=f"kill-{pack}", **extra) as s:
-        rows = read_packed(s, 6)
-        d = d.kill_and_restart()
-        rows += read_packed(s, 10)
-    with attach_packed(d.socket, documents, pack, job=f"kill-{pack}-ref", **extra) as r:
-        reference = read_packed(r, 16)
-    d.stop()
+    try:
+        with attach_packed(d.socket, documents, pack, job=f"kill-{pack}", ring_slots=2,
+                           **extra) as s:
+            rows = read_packed(s, 6)
+            d = d.kill_and_restart()
+            rows += read_packed(s, 10)
+            # The new daemon serves the session: it re-attached there...
+            listed = json.loads(subprocess.run(
+                [gpufeedctl(), "--socket", d.socket, "-o", "json", "sessions"],
+                capture_output=True, text=True, check=True).stdout)
+            mine = [x for x in listed if x["job"] == f"kill-{pack}"]
+            # ...and delivered it at least the 8 batches the old ring could not have held
+            assert len(mine) == 1 and mine[0]["batches_delivered"] >= 8, listed
+        with attach_packed(d.socket, documents, pack, job=f"kill-{pack}-ref", **extra) as r:
+            reference = read_packed(r, 16)
+    finally:
+        d.stop()
     assert [x.id for x in rows] == [x.id for x in reference] == list(range(16 * 8))
     for a, b in zip(rows, reference):
         assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in Packed._fields[1:]), a.id

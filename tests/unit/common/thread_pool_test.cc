@@ -120,7 +120,6 @@ TEST(ThreadPoolTest, ParallelForRunsEveryIndexOnceEvenWithEveryWorkerBusy) {
   block.Notify();
 }
 
-// Exceptions stop at the boundaries (docs/SECURITY.md §4).
 // Helpers a ParallelFor left queued (every worker busy, the caller did the chunks) stay
 // until a worker pops them; they must not take the room a caller bounded its own tasks by
 // (the session manager ends a session whose fill cannot be queued).
@@ -137,7 +136,8 @@ TEST(ThreadPoolTest, ParallelForHelpersLeaveHalfTheQueueToSubmittedWork) {
   }
   while (started.load() < 4) absl::SleepFor(absl::Milliseconds(1));
   std::atomic<int> ran{0};
-  for (int call = 0; call < 5; ++call) {  // up to 3 helpers a call: 15 without the bound
+  // Up to 3 helpers a call: without the cap, helpers alone would fill the 8.
+  for (int call = 0; call < 5; ++call) {
     pool.ParallelFor(4, [&](int) { ran.fetch_add(1); });
   }
   EXPECT_EQ(ran.load(), 20);          // the caller ran every chunk
@@ -147,6 +147,7 @@ TEST(ThreadPoolTest, ParallelForHelpersLeaveHalfTheQueueToSubmittedWork) {
   finish.Notify();
 }
 
+// Exceptions stop at the boundaries (docs/SECURITY.md §4).
 TEST(ThreadPoolTest, StatusOfExceptionMapsOutOfMemoryToResourceExhausted) {
   auto status_of = [](auto thrown) {
     return CallCatching("filling", [&]() -> absl::Status { throw thrown; });

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <system_error>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -398,6 +397,7 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   // Up to kAheadWorkers, within the process's kMaxAheadThreads (a user's many packed feeds
   // must not cost the node unbounded threads); a feed left without workers packs on its fill
   // threads, as before them: slower, the same rows.
+  out->ahead_.reserve(kAheadWorkers);  // before the grant: only a thread's start can fail
   int running = ahead_threads.load();
   auto grant = [](int in_use) { return std::clamp(kMaxAheadThreads - in_use, 0, kAheadWorkers); };
   while (!ahead_threads.compare_exchange_weak(running, running + grant(running))) {
@@ -406,7 +406,7 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   for (int i = 0; i < workers; ++i) {
     try {
       out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
-    } catch (const std::system_error& e) {  // no thread to be had: fewer workers
+    } catch (const std::exception& e) {  // no thread (or its state) to be had: fewer workers
       spdlog::warn("{}: lm-ahead worker {} not started ({})", out->display_, i, e.what());
       break;
     }

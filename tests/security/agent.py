@@ -612,7 +612,8 @@ def cmd_connections(a: Dict[str, Any]) -> Dict[str, Any]:
 def cmd_unopened(a: Dict[str, Any]) -> Dict[str, Any]:
     """Starts `streams` Stream calls spread over `channels` connections, none of which ever
     sends its open message. Step "started"; on the cue, waits up to `wait_s` for them to end:
-    {"codes": {CODE: n}, "messages": {CODE: a message}, "ended": n, "last_end_s": ...}."""
+    {"codes": {CODE: n}, "messages": {CODE: a message}, "ended": n, "last_end_s": ...,
+    "ends_s": {CODE: [seconds from the start at which each ended, sorted]}}."""
     hold = threading.Event()
     started = time.monotonic()
 
@@ -653,8 +654,12 @@ def cmd_unopened(a: Dict[str, Any]) -> Dict[str, Any]:
         for code, message, _ in ends:
             codes[code] = codes.get(code, 0) + 1
             messages.setdefault(code, message)
+        ends_s: Dict[str, List[float]] = {}
+        for code, _, t in ends:
+            ends_s.setdefault(code, []).append(t)
         result = {"codes": codes, "messages": messages, "ended": len(ends),
-                  "last_end_s": max((t for _, _, t in ends), default=None)}
+                  "last_end_s": max((t for _, _, t in ends), default=None),
+                  "ends_s": {code: sorted(ts) for code, ts in ends_s.items()}}
     for call in calls:
         call.cancel()
     for channel in channels:

@@ -91,10 +91,11 @@ def test_11_an_idle_connection_is_closed_after_connection_idle_timeout(node, fre
 
 
 def test_11_streams_that_never_open_are_cut_off(node, fresh, expected):
-    d = fresh(*attacks.new_flag("stream_open_timeout", "3s"))
+    timeout_s = 5
+    d = fresh(*attacks.new_flag("stream_open_timeout", f"{timeout_s}s"))
     rss_before = d.rss()
     streams = 3 * PER_UID
-    agent = node.agent(d, "unopened", channels=4, streams=streams, wait_s=20)
+    agent = node.agent(d, "unopened", channels=4, streams=streams, wait_s=30)
     try:
         started = agent.next(timeout=60)
         assert started.get("step") == "started", started
@@ -107,11 +108,22 @@ def test_11_streams_that_never_open_are_cut_off(node, fresh, expected):
     # Every one ended: those past the cap at once, the others at the deadline.
     assert result["ended"] == streams, result
     assert set(result["codes"]) <= {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, result
-    assert result["codes"].get("RESOURCE_EXHAUSTED", 0) >= streams - PER_UID, result
+    assert result["codes"].get("RESOURCE_EXHAUSTED", 0) >= 1, result
     assert "max_connections_per_uid" in result["messages"]["RESOURCE_EXHAUSTED"], result
     assert result["codes"].get("DEADLINE_EXCEEDED", 0) >= 1, result
     assert "stream_open_timeout" in result["messages"]["DEADLINE_EXCEEDED"], result
-    assert result["last_end_s"] < 15, result
+    # The cap holds at every moment. Streams reach the daemon as the client's connections
+    # carry them, so on a loaded machine some arrive after the first ones timed out and are
+    # admitted in their place: the count of each kind depends on timing. What does not: two
+    # streams that timed out less than stream_open_timeout apart were held at the same
+    # moment, so no window shorter than the timeout holds more than the cap's deadline ends.
+    # (A 2 s margin for when the client sees each end.)
+    timed_out = result["ends_s"]["DEADLINE_EXCEEDED"]
+    window = timeout_s - 2
+    most = max(sum(1 for t in timed_out[i:] if t - start < window)
+               for i, start in enumerate(timed_out))
+    assert most <= PER_UID, result
+    assert result["last_end_s"] < 25, result
     assert d.peak_rss() - rss_before < 64 << 20
     attacks.assert_serving(node, d, expected)
 

@@ -359,11 +359,24 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
             "raise seq_len, or split the longest documents"));
       }
     }
+    // cu_seqlens: as wide as the most pieces a row can hold needs (0, an end for each,
+    // seq_len), not the row's width. A document repeats in a row only where its source wraps
+    // into another epoch there: best_fit's rows come from one group of picks, concat's from a
+    // window of the width's tokens.
+    const bool best_fit = lm.pack == PackMode::kBestFit;
+    RowPiecesBound bound(best_fit ? PackKind::kBestFit : PackKind::kConcat, width);
+    for (const auto& s : out->sources_) {
+      const uint64_t span = best_fit ? out->group_picks_ : width;
+      const uint64_t per_epoch = best_fit ? s->doc_length.size() : s->tokens;
+      bound.Add(s->doc_length, 2 + (span + per_epoch - 1) / std::max<uint64_t>(per_epoch, 1));
+    }
+    out->cu_width_ = std::min(width, bound.Bound() + 2);
     const int64_t w = static_cast<int64_t>(width);
+    const int64_t cu = static_cast<int64_t>(out->cu_width_);
     out->tensors_ = {{"tokens", dtype, {w}, width * out->token_bytes_},
                      {"position_ids", DType::kInt32, {w}, width * 4},
                      {"loss_mask", DType::kUInt8, {w}, width},
-                     {"cu_seqlens", DType::kInt32, {w}, width * 4}};
+                     {"cu_seqlens", DType::kInt32, {cu}, out->cu_width_ * 4}};
   }
   {
     absl::MutexLock lock(&out->mu_);
@@ -917,18 +930,27 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
   std::memset(rows[2].data(), 1, filled);
   std::memset(rows[2].data() + filled, 0, width - filled);
   // cu_seqlens (CuSeqlens' rule, written in place): 0, each piece's end clipped to seq_len,
-  // then seq_len to the width.
+  // then seq_len to cu_width_, the bound Open computed. A row past it would mean a wrong
+  // bound: refused, never written past the tensor.
   int32_t* cu = reinterpret_cast<int32_t*>(rows[3].data());
   const int32_t last = static_cast<int32_t>(seq_len_);
   uint64_t n = 0, end = 0;
   cu[n++] = 0;
   for (const PackPiece& p : pieces) {
     if (end >= seq_len_) break;
+    if (n == cu_width_) return CuWidthExceeded(row, pieces.size());
     end += p.length;
     cu[n++] = static_cast<int32_t>(std::min(end, seq_len_));
   }
-  std::fill(cu + n, cu + width, last);
+  if (n == cu_width_ && cu[n - 1] != last) return CuWidthExceeded(row, pieces.size());
+  std::fill(cu + n, cu + cu_width_, last);
   return row;
+}
+
+absl::Status LmDataset::CuWidthExceeded(uint64_t row, size_t pieces) const {
+  return absl::InternalError(absl::StrCat(
+      "stream row ", row, " holds ", pieces, " pieces, more than cu_seqlens' ", cu_width_,
+      " entries can describe: the bound on a row's documents is wrong; please report it"));
 }
 
 absl::Status LmDataset::CheckNotShrunk() const {

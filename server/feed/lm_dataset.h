@@ -14,12 +14,13 @@
 //   row number; num_samples() is a nominal epoch, the sources' tokens / (seq_len + 1)
 //   (concat: (tokens - 1) / seq_len). Each source's documents are delivered once per that
 //   source's own epoch, across the nominal epochs' edges.
-// Packed rows carry four tensors, all of the row's width seq_len + 1 (a trainer takes
-// [:-1] of tokens, position_ids and loss_mask as inputs, [1:] of tokens as labels):
+// Packed rows carry four tensors, the first three of the row's width seq_len + 1 (a trainer
+// takes [:-1] of tokens, position_ids and loss_mask as inputs, [1:] of tokens as labels):
 // `tokens`, `position_ids` (int32, 0.. restarting at each piece of a document; padding counts
 // as a sequence of its own), `loss_mask` (uint8, 1 on document tokens, 0 on padding) and
 // `cu_seqlens` (int32, FlashAttention's varlen boundaries over the first seq_len tokens: 0,
-// each piece's end, then seq_len repeated to the width).
+// each piece's end, then seq_len repeated to its width; that width is not the row's but the
+// most pieces a row of these documents can hold plus 2, at most the row's: RowPiecesBound).
 #pragma once
 
 #include <cstdint>
@@ -173,6 +174,8 @@ class LmDataset final : public Dataset {
   std::shared_ptr<const std::vector<BlendPick>> FillChunk(uint64_t c) const
       ABSL_LOCKS_EXCLUDED(chunk_mu_);
   uint64_t DocLength(const BlendPick& pick) const;
+  // INTERNAL: stream row `row`'s pieces need more cu_seqlens entries than cu_width_.
+  absl::Status CuWidthExceeded(uint64_t row, size_t pieces) const;
   // Group g's picks and packing, computed with no lock held.
   std::shared_ptr<const Group> MakeGroup(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
   // Group g: cached, or packed by this thread outside the lock, or waited for while another
@@ -222,6 +225,8 @@ class LmDataset final : public Dataset {
   PackMode pack_ = PackMode::kNone;
   uint64_t seq_len_ = 0;
   uint64_t group_picks_ = 0;  // picks per group (packed)
+  // Packed: cu_seqlens' entries (RowPiecesBound's + 2, at most the width).
+  uint64_t cu_width_ = 0;
   uint64_t token_bytes_ = 2;
   uint64_t rows_ = 0;  // num_samples(): one nominal epoch
   std::vector<SampleTensor> tensors_;

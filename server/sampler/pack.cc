@@ -166,4 +166,41 @@ std::vector<int32_t> CuSeqlens(std::span<const PackPiece> row, uint64_t tokens) 
   return cu;
 }
 
+RowPiecesBound::RowPiecesBound(PackKind kind, uint64_t width)
+    // 64 Ki lengths (512 KiB): past that, a piece's exact length barely moves the bound.
+    : kind_(kind), width_(width), count_(std::min<uint64_t>(width, uint64_t{1} << 16) + 1, 0) {}
+
+void RowPiecesBound::Count(uint64_t length, uint64_t n) {
+  if (length == 0 || n == 0) return;
+  uint64_t& c = length < count_.size() ? count_[length] : longer_;
+  c = std::min(width_ + 1, c + std::min(n, width_ + 1));
+}
+
+void RowPiecesBound::Add(std::span<const uint64_t> lengths, uint64_t copies) {
+  for (const uint64_t n : lengths) {
+    if (kind_ == PackKind::kBestFit && n > width_) {
+      // Chunks of the width (each a row's whole) and the rest.
+      Count(width_, std::min(n / width_, width_ + 1) * copies);
+      Count(n % width_, copies);
+    } else {
+      Count(n, copies);
+    }
+  }
+}
+
+uint64_t RowPiecesBound::Bound() const {
+  uint64_t room = width_, pieces = 0;
+  bool full = false;
+  for (uint64_t n = 1; n < count_.size() && !full; ++n) {
+    const uint64_t take = std::min(count_[n], room / n);
+    pieces += take;
+    room -= take * n;
+    full = take < count_[n];
+  }
+  if (!full) pieces += std::min(longer_, room / count_.size());
+  // concat: the window also cuts a document at each end.
+  if (kind_ == PackKind::kConcat) pieces += 2;
+  return std::min(pieces, width_);
+}
+
 }  // namespace gpufeed::server

@@ -50,6 +50,8 @@ struct Packing {
   }
 };
 
+enum class PackKind { kConcat, kBestFit };
+
 // The default best_fit lookahead, in documents.
 inline constexpr uint64_t kDefaultPackLookahead = 1024;
 
@@ -87,5 +89,33 @@ void PositionIds(std::span<const PackPiece> row, std::span<int32_t> out);
 // is a last sequence of its own, so the last entry is always `tokens` (and a batch's rows
 // concatenate by adding r·tokens). Pieces wholly past `tokens` give no entry.
 std::vector<int32_t> CuSeqlens(std::span<const PackPiece> row, uint64_t tokens);
+
+// An upper bound on the pieces of any row, for a cu_seqlens narrower than the row (a row of
+// 2,049 tokens holds a few documents, and a cu_seqlens of the row's width would be most of a
+// packed feed's bytes). Fed the documents each source may put into one row (Add), Bound() is
+// the most pieces any row can hold: best_fit places whole pieces, so a row holds at most the
+// shortest pieces whose lengths sum to the width; concat cuts a window of the width from the
+// documents end to end, so the documents inside it plus the two it cuts. A bound, not the
+// most a given order gives: the shortest pieces may never meet in one row.
+class RowPiecesBound {
+ public:
+  RowPiecesBound(PackKind kind, uint64_t width);
+  // One source's document lengths (0: no piece), each document at most `copies` times in
+  // one row (a source that wraps into its next epoch within a group or a window repeats some).
+  void Add(std::span<const uint64_t> lengths, uint64_t copies);
+  // At most the width (a piece holds a token at least).
+  uint64_t Bound() const;
+
+ private:
+  void Count(uint64_t length, uint64_t n);
+
+  PackKind kind_;
+  uint64_t width_;
+  // count_[n]: pieces of n tokens, n up to the histogram's cap; longer ones are counted in
+  // longer_ as if cap + 1 tokens long (shorter than they are: the bound only grows). Counts
+  // stop at width + 1, more than any row can hold.
+  std::vector<uint64_t> count_;
+  uint64_t longer_ = 0;
+};
 
 }  // namespace gpufeed::server

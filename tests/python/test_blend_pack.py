@@ -417,8 +417,10 @@ def read_packed(session: gpufeed.Session, batches: int = -1) -> List[Packed]:
             assert set(t) == {"tokens", "position_ids", "loss_mask", "cu_seqlens"}, set(t)
             assert t["tokens"].dtype == np.uint16 and t["position_ids"].dtype == np.int32
             assert t["loss_mask"].dtype == np.uint8 and t["cu_seqlens"].dtype == np.int32
-            for name in t:
+            for name in ("tokens", "position_ids", "loss_mask"):
                 assert t[name].shape[1:] == (PACK_SEQ + 1,), (name, t[name].shape)
+            # cu_seqlens: as wide as the most pieces a row can hold needs, at most the row.
+            assert 2 <= t["cu_seqlens"].shape[1] <= PACK_SEQ + 1, t["cu_seqlens"].shape
             for r in range(batch.valid_count):
                 rows.append(Packed(int(batch.ids[r]), *(t[x][r].copy() for x in
                                    ("tokens", "position_ids", "loss_mask", "cu_seqlens"))))
@@ -452,11 +454,73 @@ def check_row(row: Packed) -> List[Tuple[int, int]]:
         assert EOS not in body.tolist(), row
         assert np.all(np.diff(body) == 1) and (len(body) == 0 or len(set(body // 100)) == 1), row
         document.append((a, b))
-    # cu_seqlens: 0, each piece's end clipped to seq_len, then seq_len to fill.
+    # cu_seqlens: 0, each piece's end clipped to seq_len, then seq_len to fill its width.
     ends = [0] + [min(b, PACK_SEQ) for _, b in parts]
-    want = (ends + [PACK_SEQ] * (PACK_SEQ + 1))[:PACK_SEQ + 1]
+    ends = ends[:ends.index(PACK_SEQ) + 1] if PACK_SEQ in ends else ends + [PACK_SEQ]
+    width = len(row.cu_seqlens)
+    assert len(ends) <= width, (row.cu_seqlens.tolist(), ends)
+    want = ends + [PACK_SEQ] * (width - len(ends))
     assert row.cu_seqlens.tolist() == want, (row.cu_seqlens.tolist(), want)
     return document
+
+
+def most_pieces(sources: Sequence[Sequence[int]], pack: str, width: int, group: int) -> int:
+    """The most pieces a row can hold (a bound): the shortest pieces that fit the width, each
+    document counted as often as a row may repeat it (its source wraps into the next epoch
+    within best_fit's group of picks or concat's window), best_fit's long documents as their
+    chunks; concat adds the two documents a window cuts."""
+    pieces: List[int] = []
+    for lengths in sources:
+        lengths = [n for n in lengths if n > 0]
+        span, per_epoch = (group, len(lengths)) if pack == "best_fit" else (width, sum(lengths))
+        copies = 2 + -(-span // per_epoch)
+        for n in lengths:
+            if pack == "best_fit" and n > width:
+                pieces += [width] * (n // width) * copies + [n % width] * copies
+            else:
+                pieces += [n] * copies
+    room, count = width, 0
+    for n in sorted(p for p in pieces if p > 0):
+        if n > room:
+            break
+        room -= n
+        count += 1
+    return min(width, count + (2 if pack == "concat" else 0))
+
+
+@pytest.mark.parametrize("pack", ["best_fit", "concat"])
+def test_cu_seqlens_is_as_wide_as_the_most_pieces_a_row_can_hold(daemon, job, tmp_path, pack):
+    # Documents of 20 to 60 tokens in rows of 65: a few pieces a row, so cu_seqlens is far
+    # narrower than the row; its width is the bound's, and every row of two epochs fits it.
+    # (Longer documents would cut into chunks whose rests can be a token long.)
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(20, 60, size=120)
+    docs = [np.concatenate([100 + np.arange(n - 1), [EOS]]).astype(np.uint16) for n in lengths]
+    path = tmp_path / "long.npy"
+    np.save(path, np.concatenate(docs))
+    seq_len = 64
+    want = most_pieces([lengths.tolist()], pack, seq_len + 1, 32) + 2
+    assert want <= 7
+    try:
+        session = gpufeed.Client(daemon.socket).attach(
+            str(path), kind="tokens", seq_len=seq_len, batch_size=8, seed=SEED, eos_id=EOS,
+            pack=pack, pack_lookahead=32 if pack == "best_fit" else None, job=job,
+            stop_epoch=2, drop_last=False)
+    except gpufeed.Error as e:
+        _skip_if_refused(e, "packing")
+        raise
+    used = 0
+    with session:
+        for batch in session:
+            with batch:
+                cu = batch.numpy()["cu_seqlens"]
+                assert cu.shape == (8, want), cu.shape
+                for r in range(batch.valid_count):
+                    row = cu[r].tolist()
+                    assert row[0] == 0 and row[-1] == seq_len, row
+                    assert row == sorted(row), row
+                    used = max(used, row.index(seq_len) + 1)
+    assert 3 <= used <= want
 
 
 def test_best_fit_delivers_every_token_of_every_document_once(daemon, job, documents):
@@ -633,7 +697,9 @@ def test_the_loader_yields_the_packed_tensors(daemon, job, documents):
         pytest.skip("gpufeedd served no position_ids: it does not pack yet")
     assert set(batch.keys()) == {"tokens", "position_ids", "loss_mask", "cu_seqlens"}
     assert batch["position_ids"].dtype == torch.int32 and batch["loss_mask"].dtype == torch.uint8
-    assert batch["cu_seqlens"].shape == (4, PACK_SEQ + 1)
+    lengths = [len(d) for d in documents.docs]
+    cu_width = most_pieces([lengths], "best_fit", PACK_SEQ + 1, 64) + 2
+    assert batch["cu_seqlens"].shape == (4, min(cu_width, PACK_SEQ + 1))
     loader.close()
 
 

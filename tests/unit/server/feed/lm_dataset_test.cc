@@ -82,14 +82,22 @@ Row ReadRow(const LmDataset& d, uint64_t id, int64_t epoch = 0) {
   if (d.tensors().size() == 4) {
     r.position_ids.resize(width);
     r.loss_mask.resize(width);
-    r.cu_seqlens.resize(width);
+    const uint64_t cu_width = d.tensors()[3].shape.front();
+    EXPECT_LE(cu_width, width);
+    EXPECT_EQ(d.tensors()[3].byte_size, cu_width * 4);
+    // One int32 more than the tensor, which must stay as it is: a row never writes past it.
+    r.cu_seqlens.assign(cu_width + 1, -7);
     rows.emplace_back(reinterpret_cast<std::byte*>(r.position_ids.data()), width * 4);
     rows.emplace_back(reinterpret_cast<std::byte*>(r.loss_mask.data()), width);
-    rows.emplace_back(reinterpret_cast<std::byte*>(r.cu_seqlens.data()), width * 4);
+    rows.emplace_back(reinterpret_cast<std::byte*>(r.cu_seqlens.data()), cu_width * 4);
   }
   absl::StatusOr<uint64_t> got = d.ReadSampleAt(id, SampleContext{0, epoch}, rows);
   EXPECT_TRUE(got.ok()) << got.status();
   r.id = got.ok() ? *got : ~uint64_t{0};
+  if (!r.cu_seqlens.empty()) {
+    EXPECT_EQ(r.cu_seqlens.back(), -7) << "row " << id << " wrote past cu_seqlens";
+    r.cu_seqlens.pop_back();
+  }
   return r;
 }
 
@@ -423,7 +431,9 @@ TEST(LmDatasetTest, DocumentsComeFromMegatronIdxOrEosAndNothingElse) {
   EXPECT_EQ(r.tokens[7], TokenOf(1, 0));
   EXPECT_EQ(r.tokens[12], 0u);
   EXPECT_EQ(std::count(r.loss_mask.begin(), r.loss_mask.end(), 1), 12);
-  const std::vector<int32_t> cu = {0, 7, 12, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+  // cu_seqlens is 5 wide, not 16: a group of 2 picks over 2 documents holds each at most
+  // 2 + 2 / 2 = 3 times, and 3 of the 5 fit a row (RowPiecesBound), plus 0 and the end.
+  const std::vector<int32_t> cu = {0, 7, 12, 15, 15};
   EXPECT_EQ(r.cu_seqlens, cu);
 }
 
@@ -553,6 +563,49 @@ TEST(LmDatasetTest, AFarStartIsReachedPackingEachGroupOnce) {
     for (uint64_t r = 0; r < start; r += 97) ReadRow(*along, r % n, r / n);
     for (uint64_t r = start; r < start + 40; ++r)
       ASSERT_EQ(got[r - start], ReadRow(*along, r % n, r / n)) << "row " << r;
+  }
+}
+
+// cu_seqlens is as wide as the most pieces a row can hold (plus 0 and the end), counting the
+// repeats of a source that wraps into its next epoch within a group or a window: a source of
+// two short documents blended with long ones fills rows with copies of them. Every row of
+// three epochs fits, and the width is the bound's, computed here by hand.
+TEST(LmDatasetTest, CuSeqlensIsAsWideAsTheMostPiecesARowCanHold) {
+  TempDir dir;
+  dir.WriteFile("tiny.bin", DocumentFile(0, {2, 3}));
+  dir.WriteFile("long.bin", DocumentFile(1, std::vector<uint32_t>(40, 50)));
+  LmSpec lm;
+  lm.sources.push_back({{dir.Join("tiny.bin")}, 0.5, "tiny.bin"});
+  lm.sources.push_back({{dir.Join("long.bin")}, 0.5, "long.bin"});
+  lm.eos_id = kEos;
+  const int64_t seq_len = 63;
+  for (const PackMode mode : {PackMode::kBestFit, PackMode::kConcat}) {
+    SCOPED_TRACE(PackModeName(mode));
+    lm.pack = mode;
+    lm.lookahead = mode == PackMode::kBestFit ? 16 : 0;
+    absl::StatusOr<std::unique_ptr<LmDataset>> d =
+        LmDataset::Open(Tokens(dir.path(), seq_len), lm, 5, true, PosixFileSystem());
+    ASSERT_TRUE(d.ok()) << d.status();
+    // best_fit: groups of 16 picks; tiny's 2 documents at most 2 + 16 / 2 = 10 times each,
+    // long's 40 at most 2 + 1 = 3: ten 2s, ten 3s (50 tokens) fit 64, a 50 not: 20 pieces.
+    // concat: windows of 64 tokens; tiny's 5 tokens wrap, 2 + ceil(64 / 5) = 15 times each:
+    // fifteen 2s, eleven 3s (63 tokens): 26, plus the 2 a window cuts: 28.
+    const uint64_t pieces = mode == PackMode::kBestFit ? 20 : 28;
+    ASSERT_EQ((*d)->tensors()[3].shape, std::vector<int64_t>{static_cast<int64_t>(pieces + 2)});
+    const uint64_t n = (*d)->num_samples();
+    size_t most = 0;
+    for (uint64_t r = 0; r < 3 * n; ++r) {
+      const Row row = ReadRow(**d, r % n, static_cast<int64_t>(r / n));
+      ASSERT_EQ(row.id, r);
+      size_t used = 1;
+      while (used < row.cu_seqlens.size() && row.cu_seqlens[used] < seq_len) ++used;
+      most = std::max(most, used);
+      ASSERT_EQ(row.cu_seqlens.back(), seq_len) << "row " << r;
+    }
+    // best_fit: a row of a 50 and four 3s and a 2 (six pieces in the first 63 tokens), more
+    // than one copy of each tiny document can make: counted without the repeats, the bound
+    // would be 3 pieces. concat: a window cuts a 50, holds a 2 and a 3, and cuts the next.
+    EXPECT_EQ(most, mode == PackMode::kBestFit ? 6u : 4u);
   }
 }
 

@@ -201,6 +201,69 @@ TEST(PackTest, PositionIdsAgreeWithCuSeqlensAndPieces) {
   }
 }
 
+// RowPiecesBound: the shortest pieces that fit the width (best_fit), plus the two a window
+// cuts (concat); a document's copies count as more pieces; best_fit's long documents count
+// as their chunks.
+TEST(PackTest, RowPiecesBoundOfWorkedExamples) {
+  const std::vector<uint64_t> lengths = {3, 0, 5, 2, 40, 9};
+  RowPiecesBound best_fit(PackKind::kBestFit, 16);
+  best_fit.Add(lengths, 1);
+  EXPECT_EQ(best_fit.Bound(), 3u);  // 2 + 3 + 5 = 10; with the 9, 19 > 16
+  RowPiecesBound concat(PackKind::kConcat, 16);
+  concat.Add(lengths, 1);
+  EXPECT_EQ(concat.Bound(), 5u);  // the same 3 inside the window, a piece cut at each end
+  RowPiecesBound twice(PackKind::kBestFit, 16);
+  twice.Add(lengths, 2);
+  EXPECT_EQ(twice.Bound(), 5u);  // 2 + 2 + 3 + 3 + 5 = 15
+  // 40 tokens in rows of 16: chunks of 16, 16 and a piece of 8, which fits beside 2 + 3.
+  RowPiecesBound chunks(PackKind::kBestFit, 16);
+  chunks.Add(std::vector<uint64_t>{40, 3, 2}, 1);
+  EXPECT_EQ(chunks.Bound(), 3u);
+  // Tokens of one each, more than a row: the width; and never more than the width.
+  RowPiecesBound ones(PackKind::kConcat, 16);
+  ones.Add(std::vector<uint64_t>(100, 1), 1000);
+  EXPECT_EQ(ones.Bound(), 16u);
+  // Pieces longer than the histogram (64 Ki tokens) count as shorter than they are.
+  const uint64_t wide = uint64_t{1} << 20;
+  RowPiecesBound long_pieces(PackKind::kBestFit, wide);
+  long_pieces.Add(std::vector<uint64_t>{(uint64_t{1} << 16) + 5, 300000, 500000}, 1);
+  EXPECT_EQ(long_pieces.Bound(), 3u);  // 65541 + 300000 + 500000 fit; counted 65537 each
+  RowPiecesBound empty(PackKind::kBestFit, 16);
+  EXPECT_EQ(empty.Bound(), 0u);
+}
+
+// The bound holds for every row of both packings, and is reached where the shortest
+// documents can meet in a row.
+TEST(PackTest, RowPiecesBoundHoldsForEveryRowAndIsReached) {
+  for (const uint64_t seed : {1, 2, 3}) {
+    std::vector<uint64_t> lengths = LogNormalLengths(3000, seed);
+    for (uint64_t i = 0; i < 20; ++i) lengths[i * 97] = 1 + i % 3;  // some tiny documents
+    const uint64_t seq_len = 255;
+    for (const PackKind kind : {PackKind::kBestFit, PackKind::kConcat}) {
+      const bool best_fit = kind == PackKind::kBestFit;
+      RowPiecesBound bound(kind, seq_len + 1);
+      bound.Add(lengths, 1);
+      absl::StatusOr<Packing> packing =
+          best_fit ? PackBestFit(lengths, seq_len, 256) : PackConcat(lengths, seq_len);
+      ASSERT_TRUE(packing.ok());
+      uint64_t most = 0;
+      for (uint64_t r = 0; r < packing->rows(); ++r) most = std::max(most, packing->Row(r).size());
+      EXPECT_LE(most, bound.Bound()) << "seed " << seed << (best_fit ? " best_fit" : " concat");
+      EXPECT_LT(bound.Bound(), (seq_len + 1) / 2);  // narrow: that is what it is for
+    }
+  }
+  // Tight: best_fit puts the 4 short documents into the room the 60s leave.
+  const std::vector<uint64_t> lengths = {60, 1, 60, 1, 1, 60, 1};
+  RowPiecesBound bound(PackKind::kBestFit, 64);
+  bound.Add(lengths, 1);
+  absl::StatusOr<Packing> packing = PackBestFit(lengths, 63, 8);
+  ASSERT_TRUE(packing.ok());
+  uint64_t most = 0;
+  for (uint64_t r = 0; r < packing->rows(); ++r) most = std::max(most, packing->Row(r).size());
+  EXPECT_EQ(bound.Bound(), 5u);  // 1 + 1 + 1 + 1 + 60
+  EXPECT_EQ(most, 5u);
+}
+
 TEST(PackTest, RefusesABadSeqLenOrLookahead) {
   const std::vector<uint64_t> lengths = {4};
   EXPECT_EQ(PackConcat(lengths, 0).status().message(),

@@ -948,9 +948,22 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
 }
 
 absl::Status LmDataset::CuWidthExceeded(uint64_t row, size_t pieces) const {
-  return absl::InternalError(absl::StrCat(
-      "stream row ", row, " holds ", pieces, " pieces, more than cu_seqlens' ", cu_width_,
-      " entries can describe: the bound on a row's documents is wrong; please report it"));
+  // The bound holds for every blend this daemon wrote: a source's picks run through its own
+  // order, epoch after epoch. A blend_history given at Attach whose ledgers add up (all that
+  // Blend::Create can check without replaying the run) but send a source back over documents
+  // it already delivered repeats them beyond it: a history this feed did not write.
+  const std::string what =
+      absl::StrCat("stream row ", row, " holds ", pieces, " pieces, more than cu_seqlens' ",
+                   cu_width_, " entries can describe");
+  if (blend_->spec().segments.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": dataset.blend_history sends a source back over documents it delivered (a "
+        "segment's ledger is not where the segment before it left off); resume with the "
+        "history the feed reported (state_dict's \"blend\"), unchanged"));
+  }
+  return absl::InternalError(
+      absl::StrCat(what, ": the bound on a row's pieces is wrong; please report it"));
 }
 
 absl::Status LmDataset::CheckNotShrunk() const {

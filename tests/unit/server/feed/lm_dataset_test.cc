@@ -609,6 +609,44 @@ TEST(LmDatasetTest, CuSeqlensIsAsWideAsTheMostPiecesARowCanHold) {
   }
 }
 
+// A hand-made blend_history whose ledgers add up but rewind a source at each segment start
+// repeats one document past the bound (a review's example): refused, naming the history,
+// never written past cu_seqlens.
+TEST(LmDatasetTest, AHistoryThatRewindsASourcePastTheBoundIsRefused) {
+  TempDir dir;
+  std::vector<uint32_t> a(16, 64);
+  a[0] = 1;  // an eos alone
+  dir.WriteFile("a.bin", DocumentFile(0, a));
+  dir.WriteFile("b.bin", DocumentFile(1, std::vector<uint32_t>(16, 30)));
+  LmSpec lm;
+  lm.sources.push_back({{dir.Join("a.bin")}, 1.0, "a.bin"});
+  lm.sources.push_back({{dir.Join("b.bin")}, 1.0, "b.bin"});
+  lm.eos_id = kEos;
+  lm.pack = PackMode::kBestFit;
+  lm.lookahead = 16;
+  // Segment i starts at pick i with ledger (0, i): each pick is a's document 0 again.
+  for (uint64_t i = 0; i < 16; ++i) lm.history.push_back({i, {1.0, 1.0}, {0, i}});
+  absl::StatusOr<std::unique_ptr<LmDataset>> d =
+      LmDataset::Open(Tokens(dir.path(), 63), lm, 1, false, PosixFileSystem());
+  ASSERT_TRUE(d.ok()) << d.status();
+  // 3 copies of each document: three 1s and two 30s fit a row, plus 0 and the end.
+  ASSERT_EQ((*d)->tensors()[3].shape, std::vector<int64_t>{7});
+  std::vector<uint32_t> tokens(64);
+  std::vector<int32_t> positions(64), cu(8, -7);
+  std::vector<uint8_t> mask(64);
+  const std::vector<std::span<std::byte>> rows = {
+      {reinterpret_cast<std::byte*>(tokens.data()), 64 * 4},
+      {reinterpret_cast<std::byte*>(positions.data()), 64 * 4},
+      {reinterpret_cast<std::byte*>(mask.data()), 64},
+      {reinterpret_cast<std::byte*>(cu.data()), 7 * 4}};
+  absl::StatusOr<uint64_t> got = (*d)->ReadSampleAt(0, SampleContext{}, rows);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_THAT(got.status().message(),
+              HasSubstr("stream row 0 holds 16 pieces, more than cu_seqlens' 7 entries"));
+  EXPECT_THAT(got.status().message(), HasSubstr("dataset.blend_history sends a source back"));
+  EXPECT_EQ(cu[7], -7);  // nothing past the tensor
+}
+
 // The process's lm-ahead threads are bounded (a user's many packed feeds must not cost the
 // node unbounded threads): past kMaxAheadThreads a feed gets no workers and its fill
 // threads pack, giving the same rows; a closed feed's workers go back to the budget.

@@ -253,6 +253,91 @@ def test_a_view_keeps_the_slot_and_garbage_returns_it(daemon, job, datasets):
         assert lease() is None  # the last view gone: the slot went back
 
 
+# ---- batches of several tensors: one carrier a batch (host delivery) ----
+
+M = 43  # rows of the xyw arrays; batches of 10: 5 a epoch, the last short (3 rows)
+
+
+@pytest.fixture
+def xyw(tmp_path):
+    """Records of several arrays: x float32 [M, 3, 4], y int64 [M], w uint8 [M, 5] (rows of
+    odd bytes), each row's values its own."""
+    rng = np.random.default_rng(7)
+    arrays = {"x": rng.standard_normal((M, 3, 4)).astype(np.float32),
+              "y": rng.integers(-(1 << 40), 1 << 40, size=M, dtype=np.int64),
+              "w": rng.integers(0, 256, size=(M, 5), dtype=np.uint8)}
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    return {name: str(tmp_path / f"{name}.npy") for name in arrays}, arrays
+
+
+def _xyw_loader(daemon, job, paths, device, **kw):
+    return gpufeed.torch.Loader(paths, kind="records", socket=daemon.socket, job=job,
+                                device=device, batch_size=10, seed=3, timeout=20, **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_tensor_of_a_batch_of_several_is_its_rows_in_place(daemon, job, xyw, device,
+                                                                monkeypatch):
+    """Host delivery makes a batch's tensors as views of one carrier over the slot (never
+    through gpufeed.Tensor.view, the per-tensor path, made to fail here; device delivery
+    takes that path): each has its dtype, shape and strides, its file's rows byte for byte,
+    the short last batch its first rows; copy=True gives the same values, owned."""
+    paths, arrays = xyw
+
+    def per_tensor(*args, **kwargs):
+        raise AssertionError("the per-tensor path was taken")
+
+    if device == "cpu":
+        monkeypatch.setattr(gpufeed.client.Tensor, "view", per_tensor)
+    for copy in (False, True):
+        with _xyw_loader(daemon, job, paths, device, drop_last=False, copy=copy) as loader:
+            batches = list(loader)
+            assert [b.valid_count for b in batches] == [10, 10, 10, 10, 3]
+            for b in batches:
+                assert b.in_place != copy
+                for name, a in arrays.items():
+                    want = a[b.ids]
+                    x = b[name]
+                    assert x.device == torch.device(device)
+                    assert x.dtype == torch.from_numpy(want).dtype
+                    assert tuple(x.shape) == want.shape and x.is_contiguous()
+                    assert _host(x).tobytes() == want.tobytes(), (name, b.step)
+                assert b["valid"].tolist() == [True] * b.valid_count
+            del batches, b, x  # the next loader attaches as the same job
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_view_of_one_tensor_of_a_batch_of_several_keeps_the_slot(daemon, job, xyw, device):
+    """The batch's tensors share one carrier holding the slot's lease: a view of a view of
+    one of them, the batch and its other tensors dropped, keeps the slot unrefilled while
+    the rest of the epoch goes through the other slot; dropping it returns the slot."""
+    paths, arrays = xyw
+    with _xyw_loader(daemon, job, paths, device, ring_slots=2) as loader:
+        it = iter(loader)
+        b = next(it)
+        lease = weakref.ref(b._lease)
+        want = arrays["y"][b.ids][2:].view(np.int32)[1:].tobytes()
+        view = b["y"][2:].view(torch.int32)[1:]  # a view of a view, another dtype
+        w = b["w"][::2]
+        want_w = arrays["w"][b.ids][::2].tobytes()
+        del b
+        gc.collect()
+        assert lease() is not None  # the views still read the slot
+        rest = [s.step for s in it]  # the rest of the epoch, in the other slot
+        assert rest == [1, 2, 3]
+        _slow_stream(device)  # device: reads queued behind a slow kernel, as a late refill's
+        assert _host(view).tobytes() == want
+        assert _host(w).tobytes() == want_w
+        del w
+        gc.collect()
+        assert lease() is not None  # one view is enough
+        assert _host(view).tobytes() == want
+        del view
+        gc.collect()
+        assert lease() is None  # the last view gone: the slot went back
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_close_keeps_a_referenced_batch_until_it_is_garbage(daemon, job, datasets, device):
     expected = np.load(datasets.records)

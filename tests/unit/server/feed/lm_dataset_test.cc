@@ -803,6 +803,13 @@ TEST(LmDatasetTest, RefusesWhatCannotBeServedNamingTheField) {
   lm.lookahead = 8;
   EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
               HasSubstr("dataset.pack_lookahead: only for pack best_fit"));
+  lm.pack = PackMode::kBestFit;
+  lm.lookahead = kMaxPackLookahead + 1;  // a group's packing is bounded
+  EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),
+              HasSubstr("dataset.pack_lookahead: at most 16384 documents, got 16385"));
+  lm.lookahead = kMaxPackLookahead;
+  EXPECT_TRUE(lm.Validate(Tokens(dir.path(), 7)).ok());
+  lm.pack = PackMode::kConcat;
   lm.lookahead = 0;
   lm.history.push_back({0, {1.0}, {0}});
   EXPECT_THAT(lm.Validate(Tokens(dir.path(), 7)).message(),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket as socketlib
 import subprocess
 import sys
@@ -328,6 +329,19 @@ def test_gpufeedctl_feeds_shows_a_blends_sources_weights_and_pack_mode(daemon, j
                                capture_output=True, text=True, timeout=30, check=True).stdout
     assert (list(zip(sources.names, WEIGHTS)), "") in blends
     assert "blend " + ",".join(f"{n}={w:g}" for n, w in zip(sources.names, WEIGHTS)) in table
+    # A source named with a comma and an '=' is quoted in the table, so the column reads one
+    # way; the JSON carries it as it is.
+    odd = Path(sources.names[2]).parent / "odd,name=1"
+    odd.mkdir(exist_ok=True)
+    shutil.copy(sources.names[2], odd / "math.npy")
+    with attach_blend(daemon.socket, Sources([sources.names[0], f"{odd}/"], sources.windows[:2]),
+                      job=f"{job}-odd", weights=[0.5, 0.5]) as s:
+        read(s, 1)
+        table = subprocess.run([gpufeedctl(), "--socket", daemon.socket, "feeds"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+        blends = [[b["source"] for b in f["blend"]] for f in feeds()]
+    assert f'blend {sources.names[0]}=0.5,"{odd}/"=0.5' in table, table
+    assert [sources.names[0], f"{odd}/"] in blends
     with attach_packed(daemon.socket, documents, "concat", job=f"{job}-packed") as s:
         read_packed(s, 1)
         packed = [(f["dataset"], f["blend"]) for f in feeds() if f["pack"] == "concat"]

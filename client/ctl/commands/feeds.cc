@@ -20,11 +20,14 @@ int64_t BadTotal(const client::FeedInfo& f) {
   return total;
 }
 
-// The DATASET column: the path, or for a blend its sources and weights.
+// The DATASET column: the path, or for a blend its sources and weights, NAME=WEIGHT joined
+// by commas; a name holding a comma, '=', a quote or a space is JSON-quoted, so that the
+// column reads back one way ("/data/a,b/"=0.5).
 std::string DatasetText(const client::FeedInfo& f) {
   if (f.blend.empty()) return f.dataset;
   return absl::StrCat("blend ", absl::StrJoin(f.blend, ",", [](std::string* out, const auto& s) {
-                        absl::StrAppend(out, s.first, "=", s.second);
+                        const bool plain = s.first.find_first_of(",=\" \t\n") == std::string::npos;
+                        absl::StrAppend(out, plain ? s.first : JsonString(s.first), "=", s.second);
                       }));
 }
 

@@ -57,12 +57,13 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
              }(),
              options.feed_limits, options.clock),
       share_cache_(options.share_cache_bytes),
-      // Submitted work: each session is queued at most once at a time (closed ones may linger
-      // briefly), and each slot in flight to a GPU has at most one CPU redo of rows nvJPEG
-      // refused. ParallelFor's helpers, which outlive the calls that queued them until a
-      // worker pops them (about sessions x threads of them when every worker is busy: more
-      // than threads^2 on a many-core node), take at most as much again: the pool keeps half
-      // of its queue for submitted work (common/thread_pool.h).
+      // Submitted work: each session is queued at most once at a time (closed ones linger
+      // until popped, max_sessions of them at most: CheckQueuedFills), and each slot in
+      // flight to a GPU has at most one CPU redo of rows nvJPEG refused. ParallelFor's
+      // helpers, which outlive the calls that queued them until a worker pops them (about
+      // sessions x threads of them when every worker is busy: more than threads^2 on a
+      // many-core node), take at most as much again: the pool keeps half of its queue for
+      // submitted work (common/thread_pool.h).
       workers_("read", options.threads,
                2 * (static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) +
                     16)),
@@ -235,12 +236,29 @@ bool SessionManager::draining() const {
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
   const uint64_t id = session->id();
-  absl::Status s = workers_.TrySubmit([session = std::move(session)] { session->FillOne(); });
+  queued_fills_.fetch_add(1, std::memory_order_relaxed);
+  absl::Status s = workers_.TrySubmit([this, session = std::move(session)] {
+    queued_fills_.fetch_sub(1, std::memory_order_relaxed);
+    session->FillOne();
+  });
+  if (!s.ok()) queued_fills_.fetch_sub(1, std::memory_order_relaxed);
   if (!s.ok() && !workers_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
     Remove(id, absl::InternalError("gpufeedd fill queue overflow"), "abort");
   }
+}
+
+absl::Status SessionManager::CheckQueuedFills() const {
+  const int64_t gone =
+      queued_fills_.load(std::memory_order_relaxed) - static_cast<int64_t>(sessions_.size());
+  if (gone < options_.max_sessions) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "gpufeedd: ", gone, " fills of sessions already gone wait for a fill thread, at most ",
+      options_.max_sessions,
+      " may (max_sessions): sessions were attached and detached faster "
+      "than the busy fill threads (--threads ",
+      options_.threads, ") get through them; retry when they have"));
 }
 
 void SessionManager::Submit(std::function<void()> work) {

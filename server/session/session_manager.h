@@ -223,6 +223,10 @@ class SessionManager final : public FillScheduler {
                                        StageMode stage);
   // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
   // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
+  // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach max_sessions:
+  // sessions attached and detached faster than busy fill threads pop their entries would
+  // otherwise fill workers_' queue, and a fill that cannot be queued ends a live session.
+  absl::Status CheckQueuedFills() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PlacedRing> AllocateRing(const AttachSpec& spec, const Feed& feed,
                                           StageMode stage, uint64_t stride, int32_t slots);
 
@@ -234,6 +238,9 @@ class SessionManager final : public FillScheduler {
   ShareCache share_cache_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;
+  // Session fills queued in workers_ and not yet begun: at most one a live session, plus
+  // those of sessions already gone, which stay until a worker pops them (Schedule).
+  std::atomic<int64_t> queued_fills_{0};
   absl::Notification stop_reaper_;
   std::atomic<int64_t> reap_rounds_{0};
   std::atomic<uint64_t> resumed_{0};

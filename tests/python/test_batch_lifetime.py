@@ -308,11 +308,18 @@ def test_each_tensor_of_a_batch_of_several_is_its_rows_in_place(daemon, job, xyw
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_view_of_one_tensor_of_a_batch_of_several_keeps_the_slot(daemon, job, xyw, device):
-    """The batch's tensors share one carrier holding the slot's lease: a view of a view of
-    one of them, the batch and its other tensors dropped, keeps the slot unrefilled while
-    the rest of the epoch goes through the other slot; dropping it returns the slot."""
+def test_a_view_of_one_tensor_of_a_batch_of_several_keeps_the_slot(daemon, job, xyw, device,
+                                                                   monkeypatch):
+    """The batch's tensors share one carrier holding the slot's lease (host delivery; the
+    per-tensor path, made to fail there, is device delivery's): a view of a view of one of
+    them, the batch and its other tensors dropped, keeps the slot unrefilled while the rest
+    of the epoch goes through the other slot; dropping it returns the slot."""
     paths, arrays = xyw
+    if device == "cpu":
+        def per_tensor(*args, **kwargs):
+            raise AssertionError("the per-tensor path was taken")
+
+        monkeypatch.setattr(gpufeed.client.Tensor, "view", per_tensor)
     with _xyw_loader(daemon, job, paths, device, ring_slots=2) as loader:
         it = iter(loader)
         b = next(it)

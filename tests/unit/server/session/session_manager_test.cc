@@ -3,6 +3,7 @@
 // own tests: attach_spec_test, admission_test, job_registry_test, ring_planner_test.
 #include "server/session/session_manager.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "tests/unit/server/session/session_manager_fixture.h"
 
 namespace gpufeed::server {
@@ -665,6 +666,72 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
   EXPECT_FALSE(
       FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50)).has_value());
   manager_.reset();  // stop the workers before `fs` goes away
+}
+
+// Sessions attached and detached while every fill thread is stuck leave their queued fills
+// behind (each pops as a no-op, later). Past max_sessions of them Attach is refused, naming
+// the cause, before they could fill the workers' queue, where a fill that cannot be queued
+// ends a live session. Once the threads move, the entries drain, attaching works again and
+// the live session's batches come.
+TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueued) {
+  char resolved[PATH_MAX];
+  ASSERT_NE(::realpath(path_.c_str(), resolved), nullptr);
+  gpufeed::testing::FakeFileSystem fs;
+  fs.AddFile(resolved, tokens_);
+  SessionManagerOptions options;
+  options.max_sessions = 4;
+  options.max_ring_slots = 2;  // the workers' queue: 2 x (4 x (2 + 2) + 16) = 64 entries
+  StartManager(options, &fs);
+  std::shared_ptr<absl::Notification> gate = fs.BlockReads(resolved, /*pass=*/1);
+  // On any way out (a failed ASSERT too) the reads go on and the workers stop, before `fs`
+  // goes away.
+  absl::Cleanup stop = [&] {
+    if (!gate->HasBeenNotified()) gate->Notify();
+    manager_.reset();
+  };
+  AttachSpec victim = Spec();
+  victim.job = "victim";
+  victim.feed.world_size = 1;
+  absl::StatusOr<Attachment> v = manager_->Attach(victim);
+  ASSERT_TRUE(v.ok()) << v.status();
+  // Its two slots' fills take both workers into the blocked read; nothing left queued.
+  ASSERT_TRUE(Eventually([&] {
+    return manager_->queue_depth() == 0 &&
+           FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(20)).has_value();
+  }));
+  AttachSpec churn = Spec();
+  churn.job = "churn";
+  churn.feed.world_size = 1;
+  int attached = 0, refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<Attachment> a = manager_->Attach(churn);
+    if (!a.ok()) {
+      ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+      ASSERT_THAT(a.status().message(),
+                  HasSubstr("fills of sessions already gone wait for a fill thread, at most 4"));
+      ++refused;
+      continue;
+    }
+    ++attached;
+    // Started with its fill queued, not ended for want of room in the queue.
+    ASSERT_TRUE(manager_->Find(a->session_id, a->token).ok()) << "attach " << i;
+    ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  }
+  // Admitted while fewer than 4 entries of gone sessions waited: the live victim, whose
+  // fills are running, counts as one queued entry it does not have, hence 5.
+  EXPECT_EQ(attached, 5);
+  EXPECT_EQ(refused, 95);
+  EXPECT_EQ(manager_->queue_depth(), 5u);
+  gate->Notify();
+  ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
+  absl::StatusOr<Attachment> again = manager_->Attach(churn);
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::shared_ptr<Session> session = MustFind(*v);
+  ASSERT_TRUE(session->BindStream([] {}).ok());
+  StreamEvent e;
+  ASSERT_TRUE(Eventually([&] { return (e = session->NextEvent()).kind == StreamEvent::kBatch; },
+                         absl::Seconds(5)));
+  EXPECT_EQ(e.batch.position.step, 0);
 }
 
 TEST_F(SessionManagerTest, AnotherUidsSessionAnswersExactlyAsAMissingOne) {

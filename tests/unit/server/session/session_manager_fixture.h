@@ -196,6 +196,18 @@ class SessionManagerTest : public ::testing::Test {
     return s.ok() ? *s : nullptr;
   }
 
+  // Streams session `a` and waits (5 s at most) for its first batch, step 0 of epoch 0.
+  void ExpectFirstBatch(const Attachment& a) {
+    std::shared_ptr<Session> session = MustFind(a);
+    ASSERT_NE(session, nullptr);
+    ASSERT_TRUE(session->BindStream([] {}).ok());
+    StreamEvent e;
+    ASSERT_TRUE(::gpufeed::testing::Eventually(
+        [&] { return (e = session->NextEvent()).kind == StreamEvent::kBatch; }, absl::Seconds(5)));
+    EXPECT_EQ(e.batch.position.epoch, 0);
+    EXPECT_EQ(e.batch.position.step, 0);
+  }
+
   // Checks that `batch`'s slot holds, row by row, the token windows of its sample ids, as a
   // consumer would see them through its own mapping of the ring's memfd.
   void ExpectSlotBytes(const Session& session, const Attachment& a, const ReadyBatch& batch) {

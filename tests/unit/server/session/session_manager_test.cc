@@ -652,12 +652,7 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
   EXPECT_THAT(stall->mark->name(), ::testing::StartsWith("read/"));
   EXPECT_GE(stall->busy, absl::Milliseconds(50));
   gate->Notify();
-  std::shared_ptr<Session> session = MustFind(*a);
-  ASSERT_TRUE(session->BindStream([] {}).ok());
-  StreamEvent e;
-  ASSERT_TRUE(Eventually([&] { return (e = session->NextEvent()).kind == StreamEvent::kBatch; },
-                         absl::Seconds(5)));
-  EXPECT_EQ(e.batch.position.step, 0);
+  ExpectFirstBatch(*a);
   // Both slots filled and held by the "consumer": the workers are idle, not stalled.
   ASSERT_TRUE(Eventually([&] {
     return !FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(50)).has_value();
@@ -726,12 +721,7 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
   ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
   absl::StatusOr<Attachment> again = manager_->Attach(churn);
   ASSERT_TRUE(again.ok()) << again.status();
-  std::shared_ptr<Session> session = MustFind(*v);
-  ASSERT_TRUE(session->BindStream([] {}).ok());
-  StreamEvent e;
-  ASSERT_TRUE(Eventually([&] { return (e = session->NextEvent()).kind == StreamEvent::kBatch; },
-                         absl::Seconds(5)));
-  EXPECT_EQ(e.batch.position.step, 0);
+  ExpectFirstBatch(*v);
 }
 
 TEST_F(SessionManagerTest, AnotherUidsSessionAnswersExactlyAsAMissingOne) {

@@ -267,14 +267,23 @@ Position Session::delivered() const {
   return delivered_;
 }
 
-void Session::FillOne() {
+bool Session::MarkQueuedFillGone() {
+  absl::MutexLock lock(&mu_);
+  if (!queued_) return false;
+  fill_gone_ = true;
+  return true;
+}
+
+bool Session::FillOne() {
   Slot* slot = nullptr;
   bool more;
   CpuRows cpu;
   {
     absl::MutexLock lock(&mu_);
     queued_ = false;
-    if (!FillableLocked()) return;
+    // Marked only once closed, so such a fill ends right here.
+    if (std::exchange(fill_gone_, false)) return true;
+    if (!FillableLocked()) return false;
     for (Slot& s : slots_) {
       if (s.state == SlotState::kFree) {
         slot = &s;
@@ -365,9 +374,10 @@ void Session::FillOne() {
   if (copy) {
     std::shared_ptr<Session> self = shared_from_this();
     backend_->Post(params_.gpu_uuid, [self, slot] { self->CopyOne(slot); });
-    return;
+    return false;
   }
   Notify();
+  return false;
 }
 
 void Session::KeepRingPagesForConsumer() {

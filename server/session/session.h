@@ -202,7 +202,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- producer side ----
   // Claims one free slot, reads its batch into it and publishes it. Run by pool workers.
-  void FillOne();
+  // True for a fill that was queued when the session was removed (MarkQueuedFillGone): it
+  // does nothing and its scheduler stops counting it.
+  bool FillOne();
+  // Whether a fill of this closed session is queued; if so, that fill is marked, so that
+  // FillOne says so when a worker pops it. Called once, after Close, by the scheduler that
+  // counts such fills.
+  bool MarkQueuedFillGone();
 
   // Ends the session: no more fills, the stream is told `reason`, and the ring returns to the
   // pool as soon as no fill is writing into it. Idempotent: the first reason wins.
@@ -279,6 +285,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int fills_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reads and device copies
   int64_t batches_delivered_ ABSL_GUARDED_BY(mu_) = 0;
   bool queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool fill_gone_ ABSL_GUARDED_BY(mu_) = false;  // MarkQueuedFillGone
   bool end_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // OK while open

@@ -58,7 +58,7 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
              options.feed_limits, options.clock),
       share_cache_(options.share_cache_bytes),
       // Submitted work: each session is queued at most once at a time (closed ones linger
-      // until popped, max_sessions of them at most: CheckQueuedFills), and each slot in
+      // until popped, max_sessions of them at most: CheckGoneFills), and each slot in
       // flight to a GPU has at most one CPU redo of rows nvJPEG refused. ParallelFor's
       // helpers, which outlive the calls that queued them until a worker pops them (about
       // sessions x threads of them when every worker is busy: more than threads^2 on a
@@ -147,6 +147,9 @@ void SessionManager::Remove(uint64_t id, const absl::Status& why, const char* ve
     admission_.Remove(session->owner_uid(), session->quota_bytes());
   }
   session->Close(why);
+  // A fill of it still queued stays until a worker pops it: counted until then, so that
+  // Attach can refuse before such fills fill the queue (CheckGoneFills).
+  if (session->MarkQueuedFillGone()) CountGoneFill(session->owner_uid(), 1);
   spdlog::info("{}: session {} uid {} job '{}' rank {} feed {} ({})", verb, id,
                session->owner_uid(), EscapeForLog(session->job()), session->rank(),
                session->feed().key(), EscapeForLog(why.ToString()));
@@ -236,12 +239,9 @@ bool SessionManager::draining() const {
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
   const uint64_t id = session->id();
-  queued_fills_.fetch_add(1, std::memory_order_relaxed);
   absl::Status s = workers_.TrySubmit([this, session = std::move(session)] {
-    queued_fills_.fetch_sub(1, std::memory_order_relaxed);
-    session->FillOne();
+    if (session->FillOne()) GoneFillPopped(session->owner_uid());
   });
-  if (!s.ok()) queued_fills_.fetch_sub(1, std::memory_order_relaxed);
   if (!s.ok() && !workers_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
@@ -249,17 +249,36 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
   }
 }
 
-absl::Status SessionManager::CheckQueuedFills() const {
-  const int64_t gone =
-      queued_fills_.load(std::memory_order_relaxed) - static_cast<int64_t>(sessions_.size());
-  if (gone < options_.max_sessions) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "gpufeedd: ", gone, " fills of sessions already gone wait for a fill thread, at most ",
-      options_.max_sessions,
-      " may (max_sessions): sessions were attached and detached faster "
-      "than the busy fill threads (--threads ",
-      options_.threads, ") get through them; retry when they have"));
+absl::Status SessionManager::CheckGoneFills(const Caller& caller) const {
+  auto refuse = [&](int64_t gone, int most, absl::string_view whose, absl::string_view bound) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "gpufeedd: ", gone, " fills of ", whose,
+        " sessions already gone wait for a fill thread, at most ", most, " may (", bound,
+        "): sessions were attached and detached faster than the busy fill threads "
+        "(--threads ",
+        options_.threads, ") get through them; retry when they have"));
+  };
+  if (!caller.admin) {
+    auto it = gone_fills_by_uid_.find(caller.uid());
+    if (it != gone_fills_by_uid_.end() && it->second >= options_.max_sessions_per_uid) {
+      return refuse(it->second, options_.max_sessions_per_uid, "this uid's",
+                    "max_sessions_per_uid");
+    }
+  }
+  if (gone_fills_ >= options_.max_sessions) {
+    return refuse(gone_fills_, options_.max_sessions, "all", "max_sessions");
+  }
+  return absl::OkStatus();
 }
+
+void SessionManager::CountGoneFill(uint32_t uid, int64_t n) {
+  absl::MutexLock lock(&mu_);
+  gone_fills_ += n;
+  // A fill may be popped before its removal counted it: the uid's count passes through -1.
+  if ((gone_fills_by_uid_[uid] += n) == 0) gone_fills_by_uid_.erase(uid);
+}
+
+void SessionManager::GoneFillPopped(uint32_t uid) { CountGoneFill(uid, -1); }
 
 void SessionManager::Submit(std::function<void()> work) {
   absl::Status s = workers_.TrySubmit(work);

@@ -223,10 +223,15 @@ class SessionManager final : public FillScheduler {
                                        StageMode stage);
   // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
   // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
-  // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach max_sessions:
+  // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach
+  // max_sessions_per_uid of the caller's uid (admins: not capped) or max_sessions in all:
   // sessions attached and detached faster than busy fill threads pop their entries would
-  // otherwise fill workers_' queue, and a fill that cannot be queued ends a live session.
-  absl::Status CheckQueuedFills() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // otherwise fill workers_' queue, where a fill that cannot be queued ends a live session.
+  absl::Status CheckGoneFills(const Caller& caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts n fills queued for sessions of `uid` already removed (Remove: +1; a worker
+  // popping one: -1, GoneFillPopped).
+  void CountGoneFill(uint32_t uid, int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  void GoneFillPopped(uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<PlacedRing> AllocateRing(const AttachSpec& spec, const Feed& feed,
                                           StageMode stage, uint64_t stride, int32_t slots);
 
@@ -238,9 +243,7 @@ class SessionManager final : public FillScheduler {
   ShareCache share_cache_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;
-  // Session fills queued in workers_ and not yet begun: at most one a live session, plus
-  // those of sessions already gone, which stay until a worker pops them (Schedule).
-  std::atomic<int64_t> queued_fills_{0};
+
   absl::Notification stop_reaper_;
   std::atomic<int64_t> reap_rounds_{0};
   std::atomic<uint64_t> resumed_{0};
@@ -250,6 +253,10 @@ class SessionManager final : public FillScheduler {
   Admission admission_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Fills queued for sessions already removed, not yet popped (CheckGoneFills): in all and
+  // by owner uid.
+  int64_t gone_fills_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint32_t, int64_t> gone_fills_by_uid_ ABSL_GUARDED_BY(mu_);
   JobRegistry jobs_ ABSL_GUARDED_BY(mu_);
 
   std::thread reaper_;

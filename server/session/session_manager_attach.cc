@@ -106,7 +106,7 @@ absl::Status SessionManager::Admit(const AttachSpec& spec) const {
   absl::MutexLock lock(&mu_);
   // Refused before the dataset is opened; checked again, with the ring's bytes, below.
   GPUFEED_RETURN_IF_ERROR(admission_.Admit(spec.caller, 0, Admission::Step::kBeforeOpen));
-  return CheckQueuedFills();
+  return CheckGoneFills(spec.caller);
 }
 
 std::shared_ptr<const UniqueFd> SessionManager::TakeLifeline(const AttachSpec& spec) {
@@ -244,7 +244,7 @@ absl::StatusOr<Attachment> SessionManager::Attach(const AttachSpec& request) {
     // that inserts the session.
     GPUFEED_RETURN_IF_ERROR(
         admission_.Admit(spec.caller, ring.host.size() + ids_bytes, Admission::Step::kInsert));
-    GPUFEED_RETURN_IF_ERROR(CheckQueuedFills());
+    GPUFEED_RETURN_IF_ERROR(CheckGoneFills(spec.caller));
     GPUFEED_RETURN_IF_ERROR(jobs_.CheckJoin(member));
     params.id = next_id_++;
     // Made before the job is registered: if it throws (std::bad_alloc), nothing is left

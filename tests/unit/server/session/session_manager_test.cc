@@ -664,10 +664,11 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
 }
 
 // Sessions attached and detached while every fill thread is stuck leave their queued fills
-// behind (each pops as a no-op, later). Past max_sessions of them Attach is refused, naming
-// the cause, before they could fill the workers' queue, where a fill that cannot be queued
-// ends a live session. Once the threads move, the entries drain, attaching works again and
-// the live session's batches come.
+// behind (each pops as a no-op, later). Past max_sessions_per_uid of a uid's, that uid's
+// Attach is refused, and past max_sessions in all everyone's, naming the cause, before they
+// could fill the workers' queue, where a fill that cannot be queued ends a live session.
+// Once the threads move, the entries drain, attaching works again and the live session's
+// batches come.
 TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueued) {
   char resolved[PATH_MAX];
   ASSERT_NE(::realpath(path_.c_str(), resolved), nullptr);
@@ -675,7 +676,9 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
   fs.AddFile(resolved, tokens_);
   SessionManagerOptions options;
   options.max_sessions = 4;
+  options.max_sessions_per_uid = 2;
   options.max_ring_slots = 2;  // the workers' queue: 2 x (4 x (2 + 2) + 16) = 64 entries
+  options.attach_timeout = absl::Hours(1);  // the victim streams only at the end
   StartManager(options, &fs);
   std::shared_ptr<absl::Notification> gate = fs.BlockReads(resolved, /*pass=*/1);
   // On any way out (a failed ASSERT too) the reads go on and the workers stop, before `fs`
@@ -690,37 +693,41 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
   absl::StatusOr<Attachment> v = manager_->Attach(victim);
   ASSERT_TRUE(v.ok()) << v.status();
   // Its two slots' fills take both workers into the blocked read; nothing left queued.
-  ASSERT_TRUE(Eventually([&] {
-    return manager_->queue_depth() == 0 &&
-           FindStall(manager_->busy_marks(), absl::Now(), absl::Milliseconds(20)).has_value();
-  }));
-  AttachSpec churn = Spec();
-  churn.job = "churn";
-  churn.feed.world_size = 1;
-  int attached = 0, refused = 0;
-  for (int i = 0; i < 100; ++i) {
-    absl::StatusOr<Attachment> a = manager_->Attach(churn);
-    if (!a.ok()) {
-      ASSERT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
-      ASSERT_THAT(a.status().message(),
-                  HasSubstr("fills of sessions already gone wait for a fill thread, at most 4"));
-      ++refused;
-      continue;
+  ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
+  // Attaches and detaches `times` sessions of `uid` (0: an admin); how many were admitted,
+  // each refusal RESOURCE_EXHAUSTED with `refusal` in its message.
+  auto churn = [&](uint32_t uid, int times, const std::string& refusal) {
+    AttachSpec spec = Spec();
+    spec.job = "churn";
+    spec.feed.world_size = 1;
+    int admitted = 0;
+    for (int i = 0; i < times; ++i) {
+      absl::StatusOr<Attachment> a = manager_->Attach(uid == 0 ? spec : SpecOf(spec, uid));
+      if (!a.ok()) {
+        EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted) << a.status();
+        EXPECT_THAT(a.status().message(), HasSubstr(refusal)) << "uid " << uid;
+        continue;
+      }
+      ++admitted;
+      // Started with its fill queued, not ended for want of room in the queue.
+      EXPECT_TRUE(manager_->Find(a->session_id, a->token).ok()) << "uid " << uid;
+      EXPECT_TRUE(manager_->Detach(a->session_id, a->token).ok());
     }
-    ++attached;
-    // Started with its fill queued, not ended for want of room in the queue.
-    ASSERT_TRUE(manager_->Find(a->session_id, a->token).ok()) << "attach " << i;
-    ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
-  }
-  // Admitted while fewer than 4 entries of gone sessions waited: the live victim, whose
-  // fills are running, counts as one queued entry it does not have, hence 5.
-  EXPECT_EQ(attached, 5);
-  EXPECT_EQ(refused, 95);
-  EXPECT_EQ(manager_->queue_depth(), 5u);
+    return admitted;
+  };
+  const std::string per_uid =
+      "fills of this uid's sessions already gone wait for a fill thread, at most 2 may "
+      "(max_sessions_per_uid)";
+  EXPECT_EQ(churn(1001, 20, per_uid), 2);
+  EXPECT_EQ(churn(1002, 20, per_uid), 2);  // another uid is not held up by the first's
+  // 4 in all: everyone's attaches wait, admins' too (admins are not capped per uid).
+  const std::string all =
+      "fills of all sessions already gone wait for a fill thread, at most 4 may (max_sessions)";
+  EXPECT_EQ(churn(0, 20, all), 0);
+  EXPECT_EQ(manager_->queue_depth(), 4u);
   gate->Notify();
   ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
-  absl::StatusOr<Attachment> again = manager_->Attach(churn);
-  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(churn(1001, 1, per_uid), 1);
   ExpectFirstBatch(*v);
 }
 

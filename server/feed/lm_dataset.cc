@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -409,28 +410,17 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   }
   // Up to kAheadWorkers, within the process's kMaxAheadThreads (a user's many packed feeds
   // must not cost the node unbounded threads); a feed left without workers packs on its fill
-  // threads, as before them: slower, the same rows.
-  out->ahead_.reserve(kAheadWorkers);  // before the grant: only a thread's start can fail
-  int running = ahead_threads.load();
-  auto grant = [](int in_use) { return std::clamp(kMaxAheadThreads - in_use, 0, kAheadWorkers); };
-  while (!ahead_threads.compare_exchange_weak(running, running + grant(running))) {
+  // threads, as before them: slower, the same rows, and takes workers later as others go.
+  int workers, running;
+  {
+    absl::MutexLock lock(&out->ahead_mu_);
+    out->ahead_.reserve(kAheadWorkers);  // before the grant: only a thread's start can fail
+    std::tie(workers, running) = out->StartAheadWorkersLocked();
   }
-  const int workers = grant(running);
-  for (int i = 0; i < workers; ++i) {
-    try {
-      out->ahead_.emplace_back([d = out.get()] { d->AheadLoop(); });
-    } catch (const std::exception& e) {  // no thread (or its state) to be had: fewer workers
-      spdlog::warn("{}: lm-ahead worker {} not started ({})", out->display_, i, e.what());
-      break;
-    }
-    pthread_setname_np(out->ahead_.back().native_handle(), "lm-ahead");
-  }
-  // Those granted and not started go back (the destructor gives back the started ones).
-  ahead_threads.fetch_sub(workers - static_cast<int>(out->ahead_.size()));
   if (workers < kAheadWorkers) {
     spdlog::warn(
         "{}: {} of {} lm-ahead workers ({} running in the daemon, at most {}): the "
-        "fill threads pack this feed's rows (slower, the same rows)",
+        "fill threads pack this feed's rows (slower, the same rows) until others end",
         out->display_, workers, kAheadWorkers, running, kMaxAheadThreads);
   }
   return out;
@@ -438,14 +428,43 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
 
 int LmDataset::AheadThreads() { return ahead_threads.load(); }
 
+std::pair<int, int> LmDataset::StartAheadWorkersLocked() const {
+  const int want = kAheadWorkers - static_cast<int>(ahead_.size());
+  int running = ahead_threads.load();
+  auto grant = [want](int in_use) { return std::clamp(kMaxAheadThreads - in_use, 0, want); };
+  while (!ahead_threads.compare_exchange_weak(running, running + grant(running))) {
+  }
+  const int granted = grant(running);
+  int started = 0;
+  for (; started < granted; ++started) {
+    try {
+      ahead_.emplace_back([this] { AheadLoop(); });
+    } catch (const std::exception& e) {  // no thread (or its state) to be had: fewer workers
+      spdlog::warn("{}: lm-ahead worker not started ({})", display_, e.what());
+      break;
+    }
+    pthread_setname_np(ahead_.back().native_handle(), "lm-ahead");
+  }
+  // Those granted and not started go back (the destructor gives back the started ones).
+  ahead_threads.fetch_sub(granted - started);
+  return {static_cast<int>(ahead_.size()), running};
+}
+
+int LmDataset::ahead_workers() const {
+  absl::MutexLock lock(&ahead_mu_);
+  return static_cast<int>(ahead_.size());
+}
+
 LmDataset::~LmDataset() {
+  std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&ahead_mu_);
     stop_ = true;
     ahead_cv_.SignalAll();
+    threads.swap(ahead_);  // none is added once stopped (Reached checks)
   }
-  for (std::thread& t : ahead_) t.join();
-  ahead_threads.fetch_sub(static_cast<int>(ahead_.size()));
+  for (std::thread& t : threads) t.join();
+  ahead_threads.fetch_sub(static_cast<int>(threads.size()));
 }
 
 void LmDataset::ResetCaches() {
@@ -671,6 +690,16 @@ void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   fronts_.push_back(g);
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
   ++reached_;
+  // A feed opened past the process's kMaxAheadThreads takes workers as other feeds end:
+  // tried every kAheadTopUpEvery wake-ups (each try one atomic exchange when none is free).
+  if (!stop_ && ahead_.size() < static_cast<size_t>(kAheadWorkers) &&
+      reached_ % kAheadTopUpEvery == 0) {
+    const size_t had = ahead_.size();
+    StartAheadWorkersLocked();
+    if (ahead_.size() > had) {
+      spdlog::info("{}: {} of {} lm-ahead workers now", display_, ahead_.size(), kAheadWorkers);
+    }
+  }
   ahead_cv_.SignalAll();
 }
 

@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -150,8 +151,11 @@ class LmDataset final : public Dataset {
   static constexpr int kMaxAheadThreads = 64;
   // The lm-ahead threads running in this process, every LmDataset's.
   static int AheadThreads();
-  // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads).
-  int ahead_workers() const { return static_cast<int>(ahead_.size()); }
+  // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads, topped up as other
+  // datasets end and this one's rows find the workers behind).
+  int ahead_workers() const ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // A feed short of workers tries for more every this many Reached wake-ups.
+  static constexpr uint64_t kAheadTopUpEvery = 64;
 
  private:
   struct Source;
@@ -200,6 +204,9 @@ class LmDataset final : public Dataset {
   // `moved_from`: a front of the caller's own that `g` replaces (Reach moving along).
   void Reached(uint64_t g, std::optional<uint64_t> moved_from = std::nullopt) const
       ABSL_LOCKS_EXCLUDED(ahead_mu_);
+  // Starts ahead workers up to kAheadWorkers, as many as the process's kMaxAheadThreads
+  // grants; (this dataset's workers now, the process's count before the grant).
+  std::pair<int, int> StartAheadWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ahead_mu_);
   // An ahead worker: for each front, packs the kPackAhead groups after it and fills the chunk
   // of picks after theirs (a blend of windows: the chunk after the front), each claimed as a
   // fill thread would claim it, until the destructor stops it.
@@ -281,7 +288,9 @@ class LmDataset final : public Dataset {
   mutable std::vector<uint64_t> fronts_ ABSL_GUARDED_BY(ahead_mu_);
   mutable uint64_t reached_ ABSL_GUARDED_BY(ahead_mu_) = 0;  // Reached's wake-ups so far
   bool stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
-  std::vector<std::thread> ahead_;  // started last in Open, joined first in the destructor
+  // Started last in Open (more by Reached, past kMaxAheadThreads), joined first in the
+  // destructor.
+  mutable std::vector<std::thread> ahead_ ABSL_GUARDED_BY(ahead_mu_);
 };
 
 }  // namespace gpufeed::server

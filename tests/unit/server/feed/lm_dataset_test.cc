@@ -671,15 +671,24 @@ TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTh
     ASSERT_EQ(feeds.back()->ahead_workers(), LmDataset::kAheadWorkers) << "feed " << i;
   }
   EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads);
-  const std::unique_ptr<LmDataset> without = open();
+  std::unique_ptr<LmDataset> without = open();
   EXPECT_EQ(without->ahead_workers(), 0);
   EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads);
   const uint64_t n = without->num_samples();
   for (uint64_t r = 0; r < 2 * n; ++r) {
     ASSERT_EQ(ReadRow(*without, r % n, r / n), ReadRow(*feeds[0], r % n, r / n)) << "row " << r;
   }
+  EXPECT_EQ(without->ahead_workers(), 0);  // none to be had while it read
   feeds.pop_back();
   EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads - LmDataset::kAheadWorkers);
+  // One feed gone: the feed without workers takes its 4 as its rows find the workers behind
+  // (a try every kAheadTopUpEvery new fronts), and reads the same rows on.
+  for (uint64_t r = 2 * n; r < 4 * n; ++r) {
+    ASSERT_EQ(ReadRow(*without, r % n, r / n), ReadRow(*feeds[0], r % n, r / n)) << "row " << r;
+  }
+  EXPECT_EQ(without->ahead_workers(), LmDataset::kAheadWorkers);
+  EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads);
+  without.reset();
   EXPECT_EQ(open()->ahead_workers(), LmDataset::kAheadWorkers);
   feeds.clear();
   EXPECT_EQ(LmDataset::AheadThreads(), 0);

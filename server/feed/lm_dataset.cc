@@ -416,6 +416,7 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     absl::MutexLock lock(&out->ahead_mu_);
     out->ahead_.reserve(kAheadWorkers);  // before the grant: only a thread's start can fail
     std::tie(workers, running) = out->StartAheadWorkersLocked();
+    out->opened_ = true;  // from here on Reached may start more
   }
   if (workers < kAheadWorkers) {
     spdlog::warn(
@@ -690,10 +691,12 @@ void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   fronts_.push_back(g);
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
   ++reached_;
-  // A feed opened past the process's kMaxAheadThreads takes workers as other feeds end:
-  // tried every kAheadTopUpEvery wake-ups (each try one atomic exchange when none is free).
-  if (!stop_ && ahead_.size() < static_cast<size_t>(kAheadWorkers) &&
-      reached_ % kAheadTopUpEvery == 0) {
+  // A feed opened past the process's kMaxAheadThreads takes workers as other feeds end: tried
+  // at each new front while the process has some to spare (an atomic load otherwise). Not
+  // before Open is done: its Reach (a resume with new weights) places groups with the old
+  // blend, which Open then replaces under any worker.
+  if (opened_ && !stop_ && ahead_.size() < static_cast<size_t>(kAheadWorkers) &&
+      ahead_threads.load(std::memory_order_relaxed) < kMaxAheadThreads) {
     const size_t had = ahead_.size();
     StartAheadWorkersLocked();
     if (ahead_.size() > had) {

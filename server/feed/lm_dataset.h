@@ -154,8 +154,6 @@ class LmDataset final : public Dataset {
   // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads, topped up as other
   // datasets end and this one's rows find the workers behind).
   int ahead_workers() const ABSL_LOCKS_EXCLUDED(ahead_mu_);
-  // A feed short of workers tries for more every this many Reached wake-ups.
-  static constexpr uint64_t kAheadTopUpEvery = 64;
 
  private:
   struct Source;
@@ -288,6 +286,7 @@ class LmDataset final : public Dataset {
   mutable std::vector<uint64_t> fronts_ ABSL_GUARDED_BY(ahead_mu_);
   mutable uint64_t reached_ ABSL_GUARDED_BY(ahead_mu_) = 0;  // Reached's wake-ups so far
   bool stop_ ABSL_GUARDED_BY(ahead_mu_) = false;
+  bool opened_ ABSL_GUARDED_BY(ahead_mu_) = false;  // Open done: Reached may add workers
   // Started last in Open (more by Reached, past kMaxAheadThreads), joined first in the
   // destructor.
   mutable std::vector<std::thread> ahead_ ABSL_GUARDED_BY(ahead_mu_);

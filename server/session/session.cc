@@ -267,6 +267,11 @@ Position Session::delivered() const {
   return delivered_;
 }
 
+void Session::DropQueued() {
+  absl::MutexLock lock(&mu_);
+  queued_ = false;
+}
+
 bool Session::MarkQueuedFillGone() {
   absl::MutexLock lock(&mu_);
   if (!queued_) return false;

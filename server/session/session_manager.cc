@@ -58,7 +58,7 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
              options.feed_limits, options.clock),
       share_cache_(options.share_cache_bytes),
       // Submitted work: each session is queued at most once at a time (closed ones linger
-      // until popped, max_sessions of them at most: CheckGoneFills), and each slot in
+      // until popped, under 2 x max_sessions of them: CheckGoneFills), and each slot in
       // flight to a GPU has at most one CPU redo of rows nvJPEG refused. ParallelFor's
       // helpers, which outlive the calls that queued them until a worker pops them (about
       // sessions x threads of them when every worker is busy: more than threads^2 on a
@@ -239,10 +239,18 @@ bool SessionManager::draining() const {
 
 void SessionManager::Schedule(std::shared_ptr<Session> session) {
   const uint64_t id = session->id();
-  absl::Status s = workers_.TrySubmit([this, session = std::move(session)] {
-    if (session->FillOne()) GoneFillPopped(session->owner_uid());
-  });
-  if (!s.ok() && !workers_.closed()) {
+  absl::Status s;
+  try {
+    s = workers_.TrySubmit([this, session] {
+      if (session->FillOne()) GoneFillPopped(session->owner_uid());
+    });
+  } catch (const std::exception& e) {  // the entry's allocation: as a full queue
+    s = absl::ResourceExhaustedError(e.what());
+  }
+  if (s.ok()) return;
+  // No entry: the session must not count as one queued (nor as a gone fill once removed).
+  session->DropQueued();
+  if (!workers_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());
     Remove(id, absl::InternalError("gpufeedd fill queue overflow"), "abort");
@@ -260,7 +268,8 @@ absl::Status SessionManager::CheckGoneFills(const Caller& caller) const {
   };
   if (!caller.admin) {
     auto it = gone_fills_by_uid_.find(caller.uid());
-    if (it != gone_fills_by_uid_.end() && it->second >= options_.max_sessions_per_uid) {
+    if (it != gone_fills_by_uid_.end() && options_.max_sessions_per_uid > 0 &&
+        it->second >= options_.max_sessions_per_uid) {
       return refuse(it->second, options_.max_sessions_per_uid, "this uid's",
                     "max_sessions_per_uid");
     }

@@ -682,7 +682,7 @@ TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTh
   feeds.pop_back();
   EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreads - LmDataset::kAheadWorkers);
   // One feed gone: the feed without workers takes its 4 as its rows find the workers behind
-  // (a try every kAheadTopUpEvery new fronts), and reads the same rows on.
+  // (a try at a new front while the process has some to spare), and reads the same rows on.
   for (uint64_t r = 2 * n; r < 4 * n; ++r) {
     ASSERT_EQ(ReadRow(*without, r % n, r / n), ReadRow(*feeds[0], r % n, r / n)) << "row " << r;
   }

@@ -692,8 +692,15 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
   victim.feed.world_size = 1;
   absl::StatusOr<Attachment> v = manager_->Attach(victim);
   ASSERT_TRUE(v.ok()) << v.status();
-  // Its two slots' fills take both workers into the blocked read; nothing left queued.
-  ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
+  // Its two slots' fills take both workers into the blocked read, nothing left queued (the
+  // second fill is queued by the first: an empty queue alone could be the moment between).
+  ASSERT_TRUE(Eventually([&] {
+    int stuck = 0;
+    for (const BusyMark* mark : manager_->busy_marks()) {
+      if (mark->BusyFor(absl::Now()) >= absl::Milliseconds(20)) ++stuck;
+    }
+    return stuck == 2 && manager_->queue_depth() == 0;
+  }));
   // Attaches and detaches `times` sessions of `uid` (0: an admin); how many were admitted,
   // each refusal RESOURCE_EXHAUSTED with `refusal` in its message.
   auto churn = [&](uint32_t uid, int times, const std::string& refusal) {

@@ -58,14 +58,15 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
              options.feed_limits, options.clock),
       share_cache_(options.share_cache_bytes),
       // Submitted work: each session is queued at most once at a time (closed ones linger
-      // until popped, under 2 x max_sessions of them: CheckGoneFills), and each slot in
+      // until popped, under 3 x max_sessions of them: CheckGoneFills' 2 x max_sessions at
+      // the last admit, then the live ones removed), and each slot in
       // flight to a GPU has at most one CPU redo of rows nvJPEG refused. ParallelFor's
       // helpers, which outlive the calls that queued them until a worker pops them (about
       // sessions x threads of them when every worker is busy: more than threads^2 on a
       // many-core node), take at most as much again: the pool keeps half of its queue for
       // submitted work (common/thread_pool.h).
       workers_("read", options.threads,
-               2 * (static_cast<size_t>(options.max_sessions) * (2 + options.max_ring_slots) +
+               2 * (static_cast<size_t>(options.max_sessions) * (4 + options.max_ring_slots) +
                     16)),
       admission_(AdmissionLimits{options.max_sessions, options.max_sessions_per_uid,
                                  options.max_staging_bytes_per_uid}) {
@@ -266,16 +267,18 @@ absl::Status SessionManager::CheckGoneFills(const Caller& caller) const {
         "(--threads ",
         options_.threads, ") get through them; retry when they have"));
   };
+  // Twice the sessions one may hold: a uid (the daemon) detaching all its sessions and
+  // attaching them again while their fills wait is not refused; only churn past that is.
   if (!caller.admin) {
     auto it = gone_fills_by_uid_.find(caller.uid());
     if (it != gone_fills_by_uid_.end() && options_.max_sessions_per_uid > 0 &&
-        it->second >= options_.max_sessions_per_uid) {
-      return refuse(it->second, options_.max_sessions_per_uid, "this uid's",
-                    "max_sessions_per_uid");
+        it->second >= 2 * int64_t{options_.max_sessions_per_uid}) {
+      return refuse(it->second, 2 * options_.max_sessions_per_uid, "this uid's",
+                    "2 x max_sessions_per_uid");
     }
   }
-  if (gone_fills_ >= options_.max_sessions) {
-    return refuse(gone_fills_, options_.max_sessions, "all", "max_sessions");
+  if (gone_fills_ >= 2 * int64_t{options_.max_sessions}) {
+    return refuse(gone_fills_, 2 * options_.max_sessions, "all", "2 x max_sessions");
   }
   return absl::OkStatus();
 }

@@ -223,8 +223,8 @@ class SessionManager final : public FillScheduler {
                                        StageMode stage);
   // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
   // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
-  // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach
-  // max_sessions_per_uid of the caller's uid (admins: not capped) or max_sessions in all:
+  // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach twice
+  // max_sessions_per_uid of the caller's uid (admins: not capped) or twice max_sessions in all:
   // sessions attached and detached faster than busy fill threads pop their entries would
   // otherwise fill workers_' queue, where a fill that cannot be queued ends a live session.
   absl::Status CheckGoneFills(const Caller& caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

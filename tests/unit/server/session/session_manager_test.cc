@@ -664,8 +664,8 @@ TEST_F(SessionManagerTest, AStuckReadIsAStallOfItsWorkerAndClearsWhenItReturns) 
 }
 
 // Sessions attached and detached while every fill thread is stuck leave their queued fills
-// behind (each pops as a no-op, later). Past max_sessions_per_uid of a uid's, that uid's
-// Attach is refused, and past max_sessions in all everyone's, naming the cause, before they
+// behind (each pops as a no-op, later). Past twice max_sessions_per_uid of a uid's, that uid's
+// Attach is refused, and past twice max_sessions in all everyone's, naming the cause, before they
 // could fill the workers' queue, where a fill that cannot be queued ends a live session.
 // Once the threads move, the entries drain, attaching works again and the live session's
 // batches come.
@@ -677,7 +677,7 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
   SessionManagerOptions options;
   options.max_sessions = 4;
   options.max_sessions_per_uid = 2;
-  options.max_ring_slots = 2;  // the workers' queue: 2 x (4 x (2 + 2) + 16) = 64 entries
+  options.max_ring_slots = 2;  // the workers' queue: 2 x (4 x (4 + 2) + 16) = 80 entries
   options.attach_timeout = absl::Hours(1);  // the victim streams only at the end
   StartManager(options, &fs);
   std::shared_ptr<absl::Notification> gate = fs.BlockReads(resolved, /*pass=*/1);
@@ -723,15 +723,16 @@ TEST_F(SessionManagerTest, SessionsChurnedPastStuckFillThreadsAreRefusedNotQueue
     return admitted;
   };
   const std::string per_uid =
-      "fills of this uid's sessions already gone wait for a fill thread, at most 2 may "
-      "(max_sessions_per_uid)";
-  EXPECT_EQ(churn(1001, 20, per_uid), 2);
-  EXPECT_EQ(churn(1002, 20, per_uid), 2);  // another uid is not held up by the first's
-  // 4 in all: everyone's attaches wait, admins' too (admins are not capped per uid).
+      "fills of this uid's sessions already gone wait for a fill thread, at most 4 may "
+      "(2 x max_sessions_per_uid)";
+  EXPECT_EQ(churn(1001, 30, per_uid), 4);
+  EXPECT_EQ(churn(1002, 30, per_uid), 4);  // another uid is not held up by the first's
+  // 8 in all: everyone's attaches wait, admins' too (admins are not capped per uid).
   const std::string all =
-      "fills of all sessions already gone wait for a fill thread, at most 4 may (max_sessions)";
-  EXPECT_EQ(churn(0, 20, all), 0);
-  EXPECT_EQ(manager_->queue_depth(), 4u);
+      "fills of all sessions already gone wait for a fill thread, at most 8 may (2 x "
+      "max_sessions)";
+  EXPECT_EQ(churn(0, 30, all), 0);
+  EXPECT_EQ(manager_->queue_depth(), 8u);
   gate->Notify();
   ASSERT_TRUE(Eventually([&] { return manager_->queue_depth() == 0; }));
   EXPECT_EQ(churn(1001, 1, per_uid), 1);

@@ -176,7 +176,8 @@ class LmDataset final : public Dataset {
   std::shared_ptr<const std::vector<BlendPick>> FillChunk(uint64_t c) const
       ABSL_LOCKS_EXCLUDED(chunk_mu_);
   uint64_t DocLength(const BlendPick& pick) const;
-  // INTERNAL: stream row `row`'s pieces need more cu_seqlens entries than cu_width_.
+  // Stream row `row`'s pieces need more cu_seqlens entries than cu_width_: FAILED_PRECONDITION
+  // under a blend_history (one this feed did not write), else INTERNAL.
   absl::Status CuWidthExceeded(uint64_t row, size_t pieces) const;
   // Group g's picks and packing, computed with no lock held.
   std::shared_ptr<const Group> MakeGroup(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -59,12 +59,11 @@ SessionManager::SessionManager(const SessionManagerOptions& options, StagingPool
       share_cache_(options.share_cache_bytes),
       // Submitted work: each session is queued at most once at a time (closed ones linger
       // until popped, under 3 x max_sessions of them: CheckGoneFills' 2 x max_sessions at
-      // the last admit, then the live ones removed), and each slot in
-      // flight to a GPU has at most one CPU redo of rows nvJPEG refused. ParallelFor's
-      // helpers, which outlive the calls that queued them until a worker pops them (about
-      // sessions x threads of them when every worker is busy: more than threads^2 on a
-      // many-core node), take at most as much again: the pool keeps half of its queue for
-      // submitted work (common/thread_pool.h).
+      // the last admit, then the live ones removed), and each slot in flight to a GPU has at
+      // most one CPU redo of rows nvJPEG refused. ParallelFor's helpers, which outlive the
+      // calls that queued them until a worker pops them (about sessions x threads of them
+      // when every worker is busy: more than threads^2 on a many-core node), take at most as
+      // much again: the pool keeps half of its queue for submitted work (common/thread_pool.h).
       workers_("read", options.threads,
                2 * (static_cast<size_t>(options.max_sessions) * (4 + options.max_ring_slots) +
                     16)),
@@ -243,7 +242,7 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
   absl::Status s;
   try {
     s = workers_.TrySubmit([this, session] {
-      if (session->FillOne()) GoneFillPopped(session->owner_uid());
+      if (session->FillOne()) CountGoneFill(session->owner_uid(), -1);
     });
   } catch (const std::exception& e) {  // the entry's allocation: as a full queue
     s = absl::ResourceExhaustedError(e.what());
@@ -289,8 +288,6 @@ void SessionManager::CountGoneFill(uint32_t uid, int64_t n) {
   // A fill may be popped before its removal counted it: the uid's count passes through -1.
   if ((gone_fills_by_uid_[uid] += n) == 0) gone_fills_by_uid_.erase(uid);
 }
-
-void SessionManager::GoneFillPopped(uint32_t uid) { CountGoneFill(uid, -1); }
 
 void SessionManager::Submit(std::function<void()> work) {
   absl::Status s = workers_.TrySubmit(work);

@@ -221,17 +221,16 @@ class SessionManager final : public FillScheduler {
   // The deepest ring of RingDepths that fits now (AllocateRing at each depth).
   absl::StatusOr<PlacedRing> PlaceRing(const AttachSpec& spec, const Feed& feed,
                                        StageMode stage);
-  // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
-  // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
   // RESOURCE_EXHAUSTED while the fills queued for sessions already gone reach twice
   // max_sessions_per_uid of the caller's uid (admins: not capped) or twice max_sessions in all:
   // sessions attached and detached faster than busy fill threads pop their entries would
   // otherwise fill workers_' queue, where a fill that cannot be queued ends a live session.
   absl::Status CheckGoneFills(const Caller& caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts n fills queued for sessions of `uid` already removed (Remove: +1; a worker
-  // popping one: -1, GoneFillPopped).
+  // Counts n fills queued for sessions of `uid` already removed (Remove: +1; the worker that
+  // pops one: -1).
   void CountGoneFill(uint32_t uid, int64_t n) ABSL_LOCKS_EXCLUDED(mu_);
-  void GoneFillPopped(uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_);
+  // A ring of `slots` within the caller's quota now (checked again, authoritatively, where
+  // the session is inserted): the host ring, then the device ring; nothing kept on a refusal.
   absl::StatusOr<PlacedRing> AllocateRing(const AttachSpec& spec, const Feed& feed,
                                           StageMode stage, uint64_t stride, int32_t slots);
 
@@ -243,7 +242,6 @@ class SessionManager final : public FillScheduler {
   ShareCache share_cache_;
   // The fill workers ("read/N"): fills of sessions, chunks of a parallel fill, CPU redos.
   ThreadPool workers_;
-
   absl::Notification stop_reaper_;
   std::atomic<int64_t> reap_rounds_{0};
   std::atomic<uint64_t> resumed_{0};

@@ -75,6 +75,9 @@ void Session::RedoRows(Slot* slot, std::vector<int> rows) {
   auto labels = std::make_shared<std::vector<int64_t>>(rows.size());
   absl::Status s;
   for (size_t i = 0; i < rows.size() && s.ok(); ++i) {
+    // A session closed meanwhile (detached, expired, failed) reads no more, as CopyOne: its
+    // rings go back once this returns, not after a batch's reads.
+    if (closed()) return FinishCopy(slot, absl::OkStatus(), true);
     const size_t k = static_cast<size_t>(rows[i]);
     const std::span<std::byte> out[] = {
         {images->data() + i * output.image_row_bytes, output.image_row_bytes},

@@ -4,6 +4,7 @@
 // the CPU path's batch for the same (seed, epoch, id), byte for byte.
 #include <fcntl.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "tests/testing/fake_device_backend.h"
 #include "tests/testing/image_files.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wrapping_file_system.h"
 
 namespace gpufeed::server {
 namespace {
@@ -57,6 +59,12 @@ class StagedSessionTest : public ::testing::Test {
     auto pool = StagingPool::Create(64 << 20, 64 << 20);
     ASSERT_TRUE(pool.ok());
     pool_ = std::move(*pool);
+    StartManager(PosixFileSystem());
+  }
+
+  // (Re)starts manager_ reading through `fs`.
+  void StartManager(FileSystem* fs) {
+    manager_.reset();
     SessionManagerOptions options;
     options.threads = 2;
     // decode auto's adaptive CPU share (session/decode_share.h) on, paced by the test's clock:
@@ -64,7 +72,7 @@ class StagedSessionTest : public ::testing::Test {
     options.adaptive_decode = true;
     options.clock = clock_.AsClock();
     options.feed_limits.counters = counters_;
-    manager_ = std::make_unique<SessionManager>(options, pool_.get(), PosixFileSystem(), &devices_);
+    manager_ = std::make_unique<SessionManager>(options, pool_.get(), fs, &devices_);
   }
 
   AttachSpec Spec(std::vector<PipelineStep> pipeline) {
@@ -612,6 +620,52 @@ TEST_F(StagedSessionTest, RowsNvjpegRefusesAreRedoneOnTheCpu) {
   EXPECT_EQ(
       counters_->decodes(metrics::Decoder::kCpu) + counters_->decodes(metrics::Decoder::kCpuRegion),
       12u);
+}
+
+// Counts the reads that reach the files (any file, any thread).
+class CountingFileSystem final : public testing::WrappingFileSystem {
+ public:
+  CountingFileSystem() : WrappingFileSystem(PosixFileSystem()) {}
+  int reads() const { return reads_.load(); }
+
+ private:
+  void OnRead(const RandomAccessFile&, uint64_t, std::span<std::byte>) override { ++reads_; }
+  std::atomic<int> reads_{0};
+};
+
+// A session detached while nvJPEG works on its batch: the rows it refuses are not read and
+// decoded again on the CPU for nobody (CopyOne's rule for a closed session), and the
+// session's rings go back to the pool.
+TEST_F(StagedSessionTest, RowsRefusedAfterTheSessionClosedAreNotRedone) {
+  CountingFileSystem fs;
+  StartManager(&fs);
+  devices_.refuse_jpeg = true;
+  absl::Notification staging, detached;
+  devices_.before_stage = [&](std::byte*, const StagedLayout&) {
+    staging.Notify();
+    detached.WaitForNotification();
+  };
+  const uint64_t free_before = pool_->free_bytes();
+  AttachSpec spec = Spec(TrainPipeline(DType::kUInt8, Layout::kNHWC));
+  spec.feed.batch_size = 6;  // the whole folder: one batch, one fill, its 4 JPEGs refused
+  spec.stop_epoch = 1;
+  absl::StatusOr<Attachment> a = manager_->Attach(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->stage, StageMode::kNvjpeg);
+  ASSERT_TRUE(staging.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const int reads = fs.reads();
+  EXPECT_GT(reads, 0);  // the fill read its files (a redo would read the 4 JPEGs again)
+  ASSERT_TRUE(manager_->Detach(a->session_id, a->token).ok());
+  detached.Notify();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (pool_->free_bytes() != free_before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(pool_->free_bytes(), free_before);
+  EXPECT_EQ(devices_.last->jpegs.load(), 4);
+  EXPECT_EQ(fs.reads(), reads);
+  EXPECT_EQ(devices_.last->redone.load(), 0);
+  manager_.reset();  // before fs and the hook's notifications
 }
 
 TEST_F(StagedSessionTest, ACorruptJpegFoundOnTheGpuFollowsTheBadSamplePolicy) {

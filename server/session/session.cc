@@ -267,9 +267,10 @@ Position Session::delivered() const {
   return delivered_;
 }
 
-void Session::DropQueued() {
+bool Session::DropQueued() {
   absl::MutexLock lock(&mu_);
   queued_ = false;
+  return std::exchange(fill_gone_, false);
 }
 
 bool Session::MarkQueuedFillGone() {

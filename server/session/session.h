@@ -209,8 +209,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // FillOne says so when a worker pops it. Called once, after Close, by the scheduler that
   // counts such fills.
   bool MarkQueuedFillGone();
-  // The scheduler could not queue the fill WantScheduleLocked asked for: not queued.
-  void DropQueued();
+  // The scheduler could not queue the fill WantScheduleLocked asked for: not queued. True
+  // when MarkQueuedFillGone marked it meanwhile: the scheduler uncounts it (no worker will).
+  bool DropQueued();
 
   // Ends the session: no more fills, the stream is told `reason`, and the ring returns to the
   // pool as soon as no fill is writing into it. Idempotent: the first reason wins.

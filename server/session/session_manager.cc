@@ -248,8 +248,9 @@ void SessionManager::Schedule(std::shared_ptr<Session> session) {
     s = absl::ResourceExhaustedError(e.what());
   }
   if (s.ok()) return;
-  // No entry: the session must not count as one queued (nor as a gone fill once removed).
-  session->DropQueued();
+  // No entry: the session must not count as one queued (nor as a gone fill once removed);
+  // removed meanwhile (between the mark and here), its count comes back now, no worker will.
+  if (session->DropQueued()) CountGoneFill(session->owner_uid(), -1);
   if (!workers_.closed()) {
     // Cannot happen while the capacity bound holds; never leave a session silently stuck.
     spdlog::error("session {}: fill queue full ({}); ending the session", id, s.ToString());

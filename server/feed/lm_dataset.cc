@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -225,8 +226,48 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
   return absl::OkStatus();
 }
 
-// The lm-ahead threads of every LmDataset of the process (kMaxAheadThreads at most).
+// The lm-ahead threads of every LmDataset of the process (kMaxAheadThreads at most), and by
+// the uid charged for the feed (kMaxAheadThreadsPerUid at most; an admin's feeds are in the
+// total only). `ahead_threads` mirrors the total for Reached's check without the lock.
 std::atomic<int> ahead_threads{0};
+struct AheadBudget {
+  absl::Mutex mu;
+  int total ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<uint32_t, int> by_uid ABSL_GUARDED_BY(mu);
+};
+AheadBudget& ahead_budget() {
+  static auto* budget = new AheadBudget;  // never destroyed: feeds may end at exit
+  return *budget;
+}
+
+// Up to `want` more threads for a feed charged to `uid`; (granted, the total before).
+std::pair<int, int> GrantAhead(std::optional<uint32_t> uid, int want) {
+  AheadBudget& b = ahead_budget();
+  absl::MutexLock lock(&b.mu);
+  int most = LmDataset::kMaxAheadThreads - b.total;
+  if (uid.has_value()) {
+    auto it = b.by_uid.find(*uid);
+    most = std::min(most, LmDataset::kMaxAheadThreadsPerUid - (it == b.by_uid.end() ? 0 : it->second));
+  }
+  const int granted = std::clamp(most, 0, want);
+  const int before = b.total;
+  b.total += granted;
+  if (uid.has_value() && granted > 0) b.by_uid[*uid] += granted;
+  ahead_threads.store(b.total, std::memory_order_relaxed);
+  return {granted, before};
+}
+
+void ReturnAhead(std::optional<uint32_t> uid, int n) {
+  if (n == 0) return;
+  AheadBudget& b = ahead_budget();
+  absl::MutexLock lock(&b.mu);
+  b.total -= n;
+  if (uid.has_value()) {
+    auto it = b.by_uid.find(*uid);
+    if ((it->second -= n) == 0) b.by_uid.erase(it);
+  }
+  ahead_threads.store(b.total, std::memory_order_relaxed);
+}
 
 // "dataset.paths[3]: ..." of a source's open: "dataset.sources[1].paths[3]: ...".
 absl::Status OfSource(const absl::Status& s, size_t i, const std::string& name) {
@@ -409,8 +450,9 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     out->ResetCaches();
   }
   // Up to kAheadWorkers, within the process's kMaxAheadThreads (a user's many packed feeds
-  // must not cost the node unbounded threads); a feed left without workers packs on its fill
-  // threads, as before them: slower, the same rows, and takes workers later as others go.
+  // must not cost the node unbounded threads) and the uid's kMaxAheadThreadsPerUid (nor take
+  // all of them from other users); a feed left without workers packs on its fill threads, as
+  // before them: slower, the same rows, and takes workers later as others go.
   int workers, running;
   {
     absl::MutexLock lock(&out->ahead_mu_);
@@ -419,23 +461,34 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
     out->opened_ = true;  // from here on Reached may start more
   }
   if (workers < kAheadWorkers) {
+    const std::optional<uint32_t> uid = out->limits_.charge_uid;
     spdlog::warn(
-        "{}: {} of {} lm-ahead workers ({} running in the daemon, at most {}): the "
+        "{}: {} of {} lm-ahead workers ({} running in the daemon, at most {}{}): the "
         "fill threads pack this feed's rows (slower, the same rows) until others end",
-        out->display_, workers, kAheadWorkers, running, kMaxAheadThreads);
+        out->display_, workers, kAheadWorkers, running, kMaxAheadThreads,
+        uid.has_value() ? absl::StrCat("; ", AheadThreadsOf(*uid), " of uid ", *uid,
+                                       "'s feeds, at most ", kMaxAheadThreadsPerUid)
+                        : "");
   }
   return out;
 }
 
-int LmDataset::AheadThreads() { return ahead_threads.load(); }
+int LmDataset::AheadThreads() {
+  AheadBudget& b = ahead_budget();
+  absl::MutexLock lock(&b.mu);
+  return b.total;
+}
+
+int LmDataset::AheadThreadsOf(uint32_t uid) {
+  AheadBudget& b = ahead_budget();
+  absl::MutexLock lock(&b.mu);
+  auto it = b.by_uid.find(uid);
+  return it == b.by_uid.end() ? 0 : it->second;
+}
 
 std::pair<int, int> LmDataset::StartAheadWorkersLocked() const {
-  const int want = kAheadWorkers - static_cast<int>(ahead_.size());
-  int running = ahead_threads.load();
-  auto grant = [want](int in_use) { return std::clamp(kMaxAheadThreads - in_use, 0, want); };
-  while (!ahead_threads.compare_exchange_weak(running, running + grant(running))) {
-  }
-  const int granted = grant(running);
+  const auto [granted, running] =
+      GrantAhead(limits_.charge_uid, kAheadWorkers - static_cast<int>(ahead_.size()));
   int started = 0;
   for (; started < granted; ++started) {
     try {
@@ -447,7 +500,7 @@ std::pair<int, int> LmDataset::StartAheadWorkersLocked() const {
     pthread_setname_np(ahead_.back().native_handle(), "lm-ahead");
   }
   // Those granted and not started go back (the destructor gives back the started ones).
-  ahead_threads.fetch_sub(granted - started);
+  ReturnAhead(limits_.charge_uid, granted - started);
   return {static_cast<int>(ahead_.size()), running};
 }
 
@@ -465,7 +518,7 @@ LmDataset::~LmDataset() {
     threads.swap(ahead_);  // none is added once stopped (Reached checks)
   }
   for (std::thread& t : threads) t.join();
-  ahead_threads.fetch_sub(static_cast<int>(threads.size()));
+  ReturnAhead(limits_.charge_uid, static_cast<int>(threads.size()));
 }
 
 void LmDataset::ResetCaches() {

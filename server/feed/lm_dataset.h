@@ -149,10 +149,16 @@ class LmDataset final : public Dataset {
   // The daemon's lm-ahead threads at most, all feeds together: 16 feeds' workers. A feed
   // opened past it gets fewer (none) and packs on its fill threads.
   static constexpr int kMaxAheadThreads = 64;
-  // The lm-ahead threads running in this process, every LmDataset's.
+  // Of those, the most the feeds one uid opened may hold (8 feeds' workers), so that another
+  // uid's packed feed finds workers however many feeds one user opens; an admin's feeds
+  // (dataset.walk.charge_uid unset) count in the process's bound only.
+  static constexpr int kMaxAheadThreadsPerUid = kMaxAheadThreads / 2;
+  // The lm-ahead threads running in this process, every LmDataset's; those of `uid`'s feeds.
   static int AheadThreads();
-  // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads, topped up as other
-  // datasets end and this one's rows find the workers behind).
+  static int AheadThreadsOf(uint32_t uid);
+  // This dataset's own (kAheadWorkers, or fewer past kMaxAheadThreads or its uid's
+  // kMaxAheadThreadsPerUid, topped up as other datasets end and this one's rows find the
+  // workers behind).
   int ahead_workers() const ABSL_LOCKS_EXCLUDED(ahead_mu_);
 
  private:
@@ -203,8 +209,9 @@ class LmDataset final : public Dataset {
   // `moved_from`: a front of the caller's own that `g` replaces (Reach moving along).
   void Reached(uint64_t g, std::optional<uint64_t> moved_from = std::nullopt) const
       ABSL_LOCKS_EXCLUDED(ahead_mu_);
-  // Starts ahead workers up to kAheadWorkers, as many as the process's kMaxAheadThreads
-  // grants; (this dataset's workers now, the process's count before the grant).
+  // Starts ahead workers up to kAheadWorkers, as many as the process's kMaxAheadThreads and
+  // the uid's kMaxAheadThreadsPerUid grant; (this dataset's workers now, the process's count
+  // before the grant).
   std::pair<int, int> StartAheadWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ahead_mu_);
   // An ahead worker: for each front, packs the kPackAhead groups after it and fills the chunk
   // of picks after theirs (a blend of windows: the chunk after the front), each claimed as a

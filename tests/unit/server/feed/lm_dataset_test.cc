@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -647,11 +648,9 @@ TEST(LmDatasetTest, AHistoryThatRewindsASourcePastTheBoundIsRefused) {
   EXPECT_EQ(cu[7], -7);  // nothing past the tensor
 }
 
-// The process's lm-ahead threads are bounded (a user's many packed feeds must not cost the
-// node unbounded threads): past kMaxAheadThreads a feed gets no workers and its fill
-// threads pack, giving the same rows; a closed feed's workers go back to the budget.
-TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTheSameRows) {
-  TempDir dir;
+// 400 short documents in one source, packed best_fit 4 at a time: a feed cheap to open
+// many times (the lm-ahead thread bounds' tests).
+LmSpec SmallBestFit(TempDir& dir) {
   std::vector<uint32_t> lengths(400);
   for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 1 + static_cast<uint32_t>(i * 37 % 60);
   dir.WriteFile("d.bin", DocumentFile(0, lengths));
@@ -660,6 +659,15 @@ TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTh
   lm.eos_id = kEos;
   lm.pack = PackMode::kBestFit;
   lm.lookahead = 4;
+  return lm;
+}
+
+// The process's lm-ahead threads are bounded (a user's many packed feeds must not cost the
+// node unbounded threads): past kMaxAheadThreads a feed gets no workers and its fill
+// threads pack, giving the same rows; a closed feed's workers go back to the budget.
+TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTheSameRows) {
+  TempDir dir;
+  const LmSpec lm = SmallBestFit(dir);
   auto open = [&] {
     return *LmDataset::Open(Tokens(dir.path(), 31), lm, 2, true, PosixFileSystem());
   };
@@ -692,6 +700,60 @@ TEST(LmDatasetTest, AheadWorkersAreBoundedInTheProcessAndAFeedWithoutThemReadsTh
   EXPECT_EQ(open()->ahead_workers(), LmDataset::kAheadWorkers);
   feeds.clear();
   EXPECT_EQ(LmDataset::AheadThreads(), 0);
+}
+
+// One uid's feeds hold at most kMaxAheadThreadsPerUid of the workers, so that another uid's
+// packed feed gets its own however many feeds one user opens (a feed past the share packs on
+// its fill threads, the same rows, until one of its uid's feeds ends); an admin's feeds count
+// in the process's bound only.
+TEST(LmDatasetTest, OneUidsFeedsHoldAtMostItsShareOfTheAheadWorkers) {
+  TempDir dir;
+  const LmSpec lm = SmallBestFit(dir);
+  auto open = [&](std::optional<uint32_t> uid) {
+    DatasetSpec spec = Tokens(dir.path(), 31);
+    spec.walk.charge_uid = uid;
+    return *LmDataset::Open(spec, lm, 2, true, PosixFileSystem());
+  };
+  ASSERT_EQ(LmDataset::AheadThreads(), 0) << "another test left datasets open";
+  std::vector<std::unique_ptr<LmDataset>> mine;
+  for (int i = 0; i < LmDataset::kMaxAheadThreadsPerUid / LmDataset::kAheadWorkers; ++i) {
+    mine.push_back(open(1001));
+    ASSERT_EQ(mine.back()->ahead_workers(), LmDataset::kAheadWorkers) << "feed " << i;
+  }
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1001), LmDataset::kMaxAheadThreadsPerUid);
+  std::unique_ptr<LmDataset> past = open(1001);
+  EXPECT_EQ(past->ahead_workers(), 0);
+  const uint64_t n = past->num_samples();
+  for (uint64_t r = 0; r < 2 * n; ++r) {
+    ASSERT_EQ(ReadRow(*past, r % n, r / n), ReadRow(*mine[0], r % n, r / n)) << "row " << r;
+  }
+  // The process had workers to spare all along; the uid had none.
+  EXPECT_EQ(past->ahead_workers(), 0);
+  EXPECT_EQ(LmDataset::AheadThreads(), LmDataset::kMaxAheadThreadsPerUid);
+  std::unique_ptr<LmDataset> other = open(1002);
+  EXPECT_EQ(other->ahead_workers(), LmDataset::kAheadWorkers);
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1002), LmDataset::kAheadWorkers);
+  std::unique_ptr<LmDataset> admin = open(std::nullopt);
+  EXPECT_EQ(admin->ahead_workers(), LmDataset::kAheadWorkers);
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1001), LmDataset::kMaxAheadThreadsPerUid);
+  EXPECT_EQ(LmDataset::AheadThreads(),
+            LmDataset::kMaxAheadThreadsPerUid + 2 * LmDataset::kAheadWorkers);
+  // One of the uid's feeds gone: the feed past its share takes the 4 at a new front.
+  mine.pop_back();
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1001),
+            LmDataset::kMaxAheadThreadsPerUid - LmDataset::kAheadWorkers);
+  for (uint64_t r = 2 * n; r < 4 * n; ++r) {
+    ASSERT_EQ(ReadRow(*past, r % n, r / n), ReadRow(*mine[0], r % n, r / n)) << "row " << r;
+  }
+  EXPECT_EQ(past->ahead_workers(), LmDataset::kAheadWorkers);
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1001), LmDataset::kMaxAheadThreadsPerUid);
+  mine.clear();
+  past.reset();
+  other.reset();
+  admin.reset();
+  EXPECT_EQ(LmDataset::AheadThreads(), 0);
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1001), 0);
+  EXPECT_EQ(LmDataset::AheadThreadsOf(1002), 0);
 }
 
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at

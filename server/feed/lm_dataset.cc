@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <queue>
 #include <tuple>
 #include <utility>
 
@@ -226,6 +228,37 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
   return absl::OkStatus();
 }
 
+// The most pieces one best_fit group of `picks` consecutive picks can make: each pick at
+// least one, a document longer than a row one more for each further chunk. The largest of
+// those extras, `picks` of them, each document counted as often as its source's picks can
+// wrap into its next epoch within a group (2 + ceil(picks / its documents), as
+// RowPiecesBound counts). O(documents x log picks) once at Open.
+uint64_t GroupPiecesBound(const std::vector<const std::vector<uint64_t>*>& sources,
+                          uint64_t picks, uint64_t width) {
+  // A min-heap of the largest extras so far, at most `picks`.
+  std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> top;
+  for (const std::vector<uint64_t>* lengths : sources) {
+    const uint64_t n = std::max<uint64_t>(lengths->size(), 1);
+    const uint64_t copies = 2 + (picks + n - 1) / n;
+    for (const uint64_t length : *lengths) {
+      const uint64_t extra = (length + width - 1) / width - 1;
+      for (uint64_t c = 0; c < copies && extra > 0; ++c) {
+        if (top.size() < picks) {
+          top.push(extra);
+        } else if (extra > top.top()) {
+          top.pop();
+          top.push(extra);
+        } else {
+          break;
+        }
+      }
+    }
+  }
+  uint64_t pieces = picks;
+  for (; !top.empty(); top.pop()) pieces += top.top();
+  return pieces;
+}
+
 // The lm-ahead threads of every LmDataset of the process (kMaxAheadThreads at most), and by
 // the uid charged for the feed (kMaxAheadThreadsPerUid at most; an admin's feeds are in the
 // total only). `ahead_threads` mirrors the total for Reached's check without the lock.
@@ -399,6 +432,24 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
             " rows each (", out->names_[where], " holds a document of ", longest,
             " tokens) could make more than 2^22 pieces in one group: lower pack_lookahead, "
             "raise seq_len, or split the longest documents"));
+      }
+      // The groups a feed holds at once (kept, packed ahead, being packed) are charged to
+      // max_index_bytes as the document tables are, at their most for these documents: the
+      // count of groups bounds them, not their bytes, and a group of long documents is large
+      // (2^22 pieces, ~130 MB kept, more while packed), so one user's feeds could otherwise
+      // hold gigabytes each.
+      std::vector<const std::vector<uint64_t>*> lengths;
+      for (const auto& source : out->sources_) lengths.push_back(&source->doc_length);
+      const uint64_t pieces = GroupPiecesBound(lengths, out->group_picks_, width);
+      const uint64_t held = pieces * (kKeptPieceBytes * kGroupsKept +
+                                      kPackingPieceBytes * kGroupsPacking) +
+                            out->group_picks_ * kPickBytes * (kGroupsKept + kGroupsPacking);
+      if (out->charge_ != nullptr) {
+        GPUFEED_RETURN_IF_ERROR(out->charge_->GrowTo(
+            index_bytes + held,
+            absl::StrCat("the packed groups kept at once (", kGroupsKept + kGroupsPacking,
+                         " groups of ", out->group_picks_, " documents, up to ", pieces,
+                         " pieces each: lower pack_lookahead or raise seq_len to need less)")));
       }
     }
     // cu_seqlens: as wide as the most pieces a row can hold needs (0, an end for each,

@@ -258,6 +258,16 @@ class LmDataset final : public Dataset {
   static constexpr uint64_t kPackAhead = 8;
   // The groups ahead, the furthest one read, and as many behind it for ranks a little apart.
   static constexpr size_t kCachedGroups = 2 * kPackAhead + 4;
+  // What Open charges to max_index_bytes for the groups a feed holds at once, at their most:
+  // kept (the cache, and those packed ahead of the last placed one) and being packed (the
+  // ahead workers and a reader at each front); a kept piece (PackPiece and its share of
+  // row_begin, with a vector's slack) and one being packed (PackGroup's copies, its rows'
+  // vectors and open set), and a pick (BlendPick and its prefix entry).
+  static constexpr uint64_t kGroupsKept = kCachedGroups + kPackAhead;
+  static constexpr uint64_t kGroupsPacking = 4 + 4 + 1;  // workers, fronts, Reach
+  static constexpr uint64_t kKeptPieceBytes = 48;
+  static constexpr uint64_t kPackingPieceBytes = 200;
+  static constexpr uint64_t kPickBytes = 48;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a
   // few table entries. Lock order: mu_ before chunk_mu_ (stats(), ResetCaches()) and before
@@ -289,6 +299,7 @@ class LmDataset final : public Dataset {
   // The reading fronts (groups, or chunks of a blend of windows) the workers work ahead of,
   // latest last, and their wake-ups.
   static constexpr size_t kAheadFronts = 4;
+  static_assert(kGroupsPacking == kAheadWorkers + kAheadFronts + 1);
   mutable absl::Mutex ahead_mu_ ABSL_ACQUIRED_AFTER(mu_);  // a claim checks its front
   mutable absl::CondVar ahead_cv_ ABSL_GUARDED_BY(ahead_mu_);
   mutable std::vector<uint64_t> fronts_ ABSL_GUARDED_BY(ahead_mu_);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/byte_budget.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/feed/feed.h"
@@ -754,6 +755,46 @@ TEST(LmDatasetTest, OneUidsFeedsHoldAtMostItsShareOfTheAheadWorkers) {
   EXPECT_EQ(LmDataset::AheadThreads(), 0);
   EXPECT_EQ(LmDataset::AheadThreadsOf(1001), 0);
   EXPECT_EQ(LmDataset::AheadThreadsOf(1002), 0);
+}
+
+// The groups a best_fit feed holds at once are charged to max_index_bytes at their most for
+// its documents (a review: bounded by count only, one user's feeds of long documents could
+// hold gigabytes each, unaccounted): past the uid's share Open is refused naming them, and
+// the charge goes back with the feed.
+TEST(LmDatasetTest, APackedFeedsGroupsAreChargedToTheIndexBudgetAtTheirMost) {
+  TempDir dir;
+  dir.WriteFile("d.bin", DocumentFile(0, std::vector<uint32_t>(64, 1280)));  // 40 rows each
+  LmSpec lm;
+  lm.sources.push_back({{dir.Join("d.bin")}, 1.0, "d.bin"});
+  lm.eos_id = kEos;
+  auto open = [&](PackMode mode, uint64_t per_uid) {
+    DatasetSpec spec = Tokens(dir.path(), 31);
+    spec.walk.index_bytes = ByteBudget::Create("max_index_bytes", uint64_t{1} << 30,
+                                               "max_index_bytes_per_uid", per_uid, "retry");
+    spec.walk.charge_uid = 1001;
+    lm.pack = mode;
+    lm.lookahead = mode == PackMode::kBestFit ? 16 : 0;
+    absl::StatusOr<std::unique_ptr<LmDataset>> d =
+        LmDataset::Open(spec, lm, 2, true, PosixFileSystem());
+    return std::make_pair(std::move(d), spec.walk.index_bytes);
+  };
+  // The document tables alone: concat keeps no groups.
+  auto [concat, tables] = open(PackMode::kConcat, 64 << 20);
+  ASSERT_TRUE(concat.ok()) << concat.status();
+  // A group of 16 documents of 40 pieces each (16 + 16 x 39 = 640 pieces); 28 kept and 9 being
+  // packed: 640 x (48 x 28 + 200 x 9) bytes of pieces and 16 x 48 x 37 of picks.
+  auto [best_fit, budget] = open(PackMode::kBestFit, 64 << 20);
+  ASSERT_TRUE(best_fit.ok()) << best_fit.status();
+  EXPECT_EQ(budget->used_by(1001) - tables->used_by(1001), 640u * (48 * 28 + 200 * 9) + 16 * 48 * 37);
+  best_fit->reset();
+  EXPECT_EQ(budget->used_by(1001), 0u);
+  auto [refused, small] = open(PackMode::kBestFit, 1 << 20);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("the packed groups kept at once (37 groups of 16 documents, up to 640 "
+                        "pieces each: lower pack_lookahead or raise seq_len to need less)"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("max_index_bytes_per_uid"));
+  EXPECT_EQ(small->used_by(1001), 0u);
 }
 
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at

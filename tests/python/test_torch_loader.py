@@ -673,6 +673,29 @@ def test_a_failed_next_is_retried_by_the_next_iter(daemon, job, datasets):
         assert again.ids.tolist() == reference.rank_slice(157, 5, 0, 2, 0, 1, 10)[0]
 
 
+def test_a_batch_that_failed_to_convert_is_not_skipped(daemon, job, datasets, monkeypatch):
+    """A batch taken from the daemon but not made into tensors (out of memory in a copy, an
+    interrupt) was not yielded: state_dict stays before it and the next iter() attaches anew
+    and yields it, so a resume neither skips it nor a training loop loses it."""
+    with _loader(daemon, datasets.records, kind="records", batch_size=10, seed=5, job=job,
+                 ring_slots=2, copy=True) as loader:
+        it = iter(loader)
+        first = next(it)
+        to_torch = gpufeed.torch.Loader._to_torch
+
+        def out_of_memory(self, core):
+            monkeypatch.setattr(gpufeed.torch.Loader, "_to_torch", to_torch)  # once
+            raise MemoryError("a copy of the batch")
+
+        monkeypatch.setattr(gpufeed.torch.Loader, "_to_torch", out_of_memory)
+        with pytest.raises(MemoryError):
+            next(it)
+        assert (loader.state_dict()["epoch"], loader.state_dict()["step"]) == (first.epoch, 1)
+        again = next(iter(loader))
+        assert (again.epoch, again.step) == (first.epoch, 1)
+        assert again.ids.tolist() == reference.rank_slice(157, 5, 0, 1, 0, 1, 10)[0]
+
+
 def test_image_batches_unpack_as_images_and_labels(daemon, job, datasets):
     """`for images, labels in loader` (torchvision's convention) while batch["image"] and
     the dict's keys work as before; valid is not part of the tuple."""

@@ -907,11 +907,17 @@ class Loader:
             # yielded past the position, so the next iter() retries this batch.
             self._yielded = False
             raise
+        try:
+            batch, zero_copy = self._to_torch(core)
+        except BaseException:
+            # Not made (out of memory in a copy or a widening, an interrupt): not yielded, so
+            # the position stays before it and the next iter() attaches anew to retry it.
+            self._yielded = False
+            raise
         # From the daemon's end-of-epoch mark: an epoch an elastic resume began mid-way may
         # have another number of steps than steps_per_epoch.
         self._position = core.after
         self._yielded = True
-        batch, zero_copy = self._to_torch(core)
         if zero_copy:
             self._held.append(_Held(core.epoch, core.step, weakref.ref(batch),
                                     weakref.ref(core._lease),

@@ -324,7 +324,12 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   std::unique_ptr<LmDataset> out(new LmDataset());
   out->limits_ = dataset.walk;
   out->display_ = dataset.path;
-  GPUFEED_ASSIGN_OR_RETURN(out->charge_, TakeIndexCharge(dataset.walk));
+  {
+    absl::StatusOr<std::unique_ptr<ByteBudget::Charge>> charge = TakeIndexCharge(dataset.walk);
+    if (!charge.ok()) return charge.status();
+    absl::MutexLock lock(&out->charge_mu_);
+    out->charge_ = *std::move(charge);
+  }
   uint64_t index_bytes = 0;  // the document tables and sequence sizes kept
   out->pack_ = lm.pack;
   out->seq_len_ = static_cast<uint64_t>(dataset.seq_len);
@@ -372,6 +377,7 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
                                             &source->doc_start, &source->doc_length));
       for (const TokenShard& s : shards) index_bytes += s.sequences.size() * sizeof(uint32_t);
       index_bytes += source->doc_start.size() * 2 * sizeof(uint64_t);
+      absl::MutexLock lock(&out->charge_mu_);
       if (out->charge_ != nullptr) {
         GPUFEED_RETURN_IF_ERROR(out->charge_->GrowTo(
             index_bytes, absl::StrCat("the document tables of ", name)));
@@ -444,6 +450,7 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
       const uint64_t held = pieces * (kKeptPieceBytes * kGroupsKept +
                                       kPackingPieceBytes * kGroupsPacking) +
                             out->group_picks_ * kPickBytes * (kGroupsKept + kGroupsPacking);
+      absl::MutexLock lock(&out->charge_mu_);
       if (out->charge_ != nullptr) {
         GPUFEED_RETURN_IF_ERROR(out->charge_->GrowTo(
             index_bytes + held,
@@ -451,6 +458,10 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
                          " groups of ", out->group_picks_, " documents, up to ", pieces,
                          " pieces each: lower pack_lookahead or raise seq_len to need less)")));
       }
+    }
+    {
+      absl::MutexLock lock(&out->charge_mu_);
+      out->open_charge_ = out->charge_ == nullptr ? 0 : out->charge_->bytes();
     }
     // cu_seqlens: as wide as the most pieces a row can hold needs (0, an end for each,
     // seq_len), not the row's width. A document repeats in a row only where its source wraps
@@ -659,6 +670,11 @@ std::shared_ptr<const std::vector<BlendPick>> LmDataset::FillChunk(uint64_t c) c
       if (it != ahead_of_count_.end()) {
         next = std::move(it->second);
         ahead_of_count_.erase(it);
+      } else if (auto cached = chunks_.find(counted_chunks_); cached != chunks_.end()) {
+        // Filled too far ahead of the count to wait for it (a reader more than kCachedChunks
+        // ahead of the others) but still kept: counted now, or never (read from the cache
+        // from here on, it is not filled again, and the count would stop at it).
+        next = cached->second;
       }
     }
   }
@@ -895,8 +911,27 @@ absl::Status LmDataset::PlaceThrough(bool by_rows, uint64_t value, const WalkBud
       front = next;
     }
     GroupAt(next);  // packed (or waited for) and placed, with the kept ones after it
-    if (budget != nullptr) GPUFEED_RETURN_IF_ERROR(budget->Poll());
+    if (budget != nullptr) {
+      GPUFEED_RETURN_IF_ERROR(budget->Poll());
+      // Placing only grows the tables 16 bytes a group, but a far start places millions.
+      GPUFEED_RETURN_IF_ERROR(ChargeTables(by_rows, value));
+    }
   }
+}
+
+absl::Status LmDataset::ChargeTables(bool by_rows, uint64_t value) const {
+  uint64_t bytes, groups;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    bytes = (group_tokens_.capacity() + group_rows_.capacity()) * sizeof(uint64_t);
+    groups = group_rows_.size() - 1;
+  }
+  absl::MutexLock lock(&charge_mu_);
+  if (charge_ == nullptr) return absl::OkStatus();
+  return charge_->GrowTo(
+      open_charge_ + bytes,
+      absl::StrCat("the prefix tables of ", groups, " placed groups (reaching ",
+                   by_rows ? "row " : "token ", value, " of the packed stream)"));
 }
 
 uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {

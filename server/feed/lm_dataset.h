@@ -220,9 +220,14 @@ class LmDataset final : public Dataset {
   // One piece of ahead work for front `f` claimed and done; false when there was none.
   bool AheadStep(uint64_t f) const ABSL_LOCKS_EXCLUDED(mu_, chunk_mu_);
   // Places groups until group_tokens_ (by_rows: group_rows_) passes `value`, packing them
-  // where need be, polling `budget` between groups when given.
+  // where need be, polling `budget` between groups when given, and charging the prefix
+  // tables as they grow then (ChargeTables).
   absl::Status PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Grows charge_ to Open's part and the placed groups' prefix tables as allocated now:
+  // RESOURCE_EXHAUSTED past max_index_bytes or the uid's share, for reaching `value`.
+  absl::Status ChargeTables(bool by_rows, uint64_t value) const
+      ABSL_LOCKS_EXCLUDED(mu_, charge_mu_);
   // The group holding `value` (the last whose start is <= value), placed first.
   uint64_t GroupHolding(bool by_rows, uint64_t value) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReadPiece(const BlendPick& pick, uint64_t offset, uint64_t length,
@@ -246,8 +251,12 @@ class LmDataset final : public Dataset {
   std::vector<DatasetNotice> notices_;
   FolderWalkLimits limits_;  // the attach-time scans' bounds (Reach)
   std::string display_;      // the dataset, as messages name it
-  // The document tables and Megatron sequence sizes, charged to max_index_bytes.
-  std::unique_ptr<ByteBudget::Charge> charge_;
+  // The document tables and Megatron sequence sizes, charged to max_index_bytes; best_fit,
+  // the groups held at once at their most; and, grown by an Attach's Reach, the prefix
+  // tables of the placed groups. Open's part is open_charge_ bytes.
+  std::unique_ptr<ByteBudget::Charge> charge_ ABSL_PT_GUARDED_BY(charge_mu_);
+  mutable absl::Mutex charge_mu_;
+  uint64_t open_charge_ = 0;
 
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;

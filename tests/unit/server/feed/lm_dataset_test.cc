@@ -797,6 +797,82 @@ TEST(LmDatasetTest, APackedFeedsGroupsAreChargedToTheIndexBudgetAtTheirMost) {
   EXPECT_EQ(small->used_by(1001), 0u);
 }
 
+// An Attach far into a packed stream places every group before its start: their prefix
+// tables (16 bytes a group, millions for a far start) are charged to max_index_bytes as they
+// grow, and past the uid's share the Reach is refused naming them (a review: they grew
+// unaccounted with each far Attach).
+TEST(LmDatasetTest, AFarReachChargesThePlacedGroupsTablesToTheIndexBudget) {
+  TempDir dir;
+  const LmSpec lm = SmallBestFit(dir);
+  DatasetSpec spec = Tokens(dir.path(), 31);
+  spec.walk.index_bytes = ByteBudget::Create("max_index_bytes", uint64_t{1} << 30,
+                                             "max_index_bytes_per_uid", 1 << 20, "retry");
+  spec.walk.charge_uid = 1001;
+  const std::shared_ptr<ByteBudget> budget = spec.walk.index_bytes;
+  absl::StatusOr<std::unique_ptr<LmDataset>> d =
+      LmDataset::Open(spec, lm, 2, true, PosixFileSystem());
+  ASSERT_TRUE(d.ok()) << d.status();
+  const uint64_t opened = budget->used_by(1001);
+  ASSERT_TRUE((*d)->Reach(10'000).ok());
+  const uint64_t near = budget->used_by(1001);
+  EXPECT_GT(near, opened);
+  EXPECT_LE(near, opened + (64 << 10));  // ~2,500 groups: room for 4,096 in each table
+  const absl::Status far = (*d)->Reach(uint64_t{1} << 24);
+  EXPECT_EQ(far.code(), absl::StatusCode::kResourceExhausted) << far;
+  EXPECT_THAT(std::string(far.message()), HasSubstr(" placed groups (reaching row 16777216 of "
+                                                    "the packed stream) need "));
+  EXPECT_THAT(std::string(far.message()), HasSubstr("max_index_bytes_per_uid 1048576"));
+  EXPECT_LE(budget->used_by(1001), uint64_t{1} << 20);
+  d->reset();
+  EXPECT_EQ(budget->used_by(1001), 0u);
+}
+
+// An unpacked blend counts each chunk of picks once, in order, also where a reader ran more
+// than kCachedChunks ahead of the count (sessions of a shared feed far apart): a chunk filled
+// too far ahead to wait for the count but still cached is counted when the count reaches it
+// (a review: it was never counted, read from the cache from then on, and the per-source
+// tokens stopped there for good).
+TEST(LmDatasetTest, AnUnpackedBlendCountsAChunkFilledFarAheadOfTheCount) {
+  TempDir workers_dir;
+  const LmSpec small = SmallBestFit(workers_dir);
+  std::vector<std::unique_ptr<LmDataset>> holders;  // hold every ahead worker: none fills
+  while (LmDataset::AheadThreads() < LmDataset::kMaxAheadThreads) {
+    holders.push_back(*LmDataset::Open(Tokens(workers_dir.path(), 31), small, 1, true,
+                                       PosixFileSystem()));
+  }
+  TempDir dir;
+  const int64_t seq_len = 7;
+  LmSpec lm;
+  const uint64_t windows[] = {45000, 27000, 18000};
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = absl::StrCat("w", k, ".bin");
+    dir.WriteFile(name, WindowFile(k, windows[k] * (seq_len + 1) + 1));
+    lm.sources.push_back({{dir.Join(name)}, 1.0 + k, name});
+  }
+  const std::unique_ptr<LmDataset> d =
+      *LmDataset::Open(Tokens(dir.path(), seq_len), lm, 5, true, PosixFileSystem());
+  ASSERT_EQ(d->ahead_workers(), 0);
+  const uint64_t n = d->num_samples();
+  auto read_chunk = [&](uint64_t c) {
+    const uint64_t r = c * 65536;
+    ReadRow(*d, r % n, static_cast<int64_t>(r / n));
+  };
+  auto counted = [&] {
+    const LmDataset::Stats st = d->stats();
+    return (st.source_tokens[0] + st.source_tokens[1] + st.source_tokens[2]) /
+           (65536 * uint64_t{seq_len + 1});
+  };
+  read_chunk(5);  // the count starts here: 5 counted
+  EXPECT_EQ(counted(), 1u);
+  for (uint64_t c = 10; c <= 15; ++c) read_chunk(c);  // 10-14 wait for 6-9; 15 is too far
+  EXPECT_EQ(counted(), 1u);
+  for (uint64_t c = 6; c <= 9; ++c) read_chunk(c);  // 6-14 counted, and 15 from the cache
+  EXPECT_EQ(counted(), 11u);
+  read_chunk(15);
+  read_chunk(16);
+  EXPECT_EQ(counted(), 12u);
+}
+
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at
 // the first pick those rows left untouched, each source carrying on from its ledger.
 TEST(LmDatasetTest, AResumeWithOtherWeightsKeepsTheRowsBeforeIt) {

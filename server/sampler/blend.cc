@@ -86,6 +86,10 @@ absl::Status CheckGrowth(std::span<const uint64_t> before, std::span<const uint6
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Blend>> Blend::Create(BlendSpec spec) {
+  return Create(std::move(spec), kMaxSnapshots);
+}
+
+absl::StatusOr<std::unique_ptr<Blend>> Blend::Create(BlendSpec spec, size_t max_snapshots) {
   const size_t k = spec.sizes.size();
   if (k == 0) return absl::InvalidArgumentError("sizes is empty; a blend needs a source");
   if (k > static_cast<size_t>(kMaxBlendSources)) {
@@ -133,10 +137,11 @@ absl::StatusOr<std::unique_ptr<Blend>> Blend::Create(BlendSpec spec) {
       return status;
     }
   }
-  return std::unique_ptr<Blend>(new Blend(std::move(spec)));
+  return std::unique_ptr<Blend>(new Blend(std::move(spec), max_snapshots));
 }
 
-Blend::Blend(BlendSpec spec) : spec_(std::move(spec)) {
+Blend::Blend(BlendSpec spec, size_t max_snapshots)
+    : spec_(std::move(spec)), max_snapshots_(max_snapshots) {
   uint64_t offset = 0;
   uint64_t state = spec_.seed;
   for (uint64_t size : spec_.sizes) {
@@ -212,14 +217,28 @@ std::vector<uint64_t> Blend::Replay(uint64_t t) const {
   if (!passed.empty()) {
     absl::MutexLock lock(&mu_);
     for (auto& [position, ledger] : passed) {
-      if (snapshots_ >= kMaxSnapshots) break;
-      if (known_.emplace(position, std::move(ledger)).second) ++snapshots_;
+      if (!known_.emplace(position, std::move(ledger)).second) continue;
+      snapshots_.push_back(position);
+      if (snapshots_.size() > max_snapshots_) {
+        known_.erase(snapshots_.front());
+        snapshots_.pop_front();
+      }
     }
   }
   return counts;
 }
 
 std::vector<uint64_t> Blend::LedgerAt(uint64_t t) const { return Replay(t); }
+
+uint64_t Blend::NearestKnown(uint64_t t) const {
+  absl::MutexLock lock(&mu_);
+  return std::prev(known_.upper_bound(t))->first;
+}
+
+size_t Blend::snapshots() const {
+  absl::MutexLock lock(&mu_);
+  return snapshots_.size();
+}
 
 BlendPick Blend::At(uint64_t t) const {
   const std::vector<uint64_t> counts = Replay(t);

@@ -21,11 +21,14 @@
 // Known ledgers are each segment's start, anchors (a ledger a checkpoint stored) and
 // snapshots every kSnapshotInterval samples of a segment, memoised the first time a replay
 // passes them, so that after the first pass any T replays at most one interval. Memory:
-// K counts per snapshot, at most kMaxSnapshots of them (beyond that, far positions replay from
-// the nearest kept one: slower, never different).
+// K counts per snapshot, at most kMaxSnapshots of them: past that the oldest memoised goes
+// (a run past 2^32 picks keeps its recent ones, so its next chunk replays one interval, not
+// all the way from the last one kept; a position before the kept ones replays from the
+// nearest known: slower once, never different).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -80,6 +83,13 @@ class Blend {
   // zero ledger, starts not increasing, a ledger that does not add up (its counts must grow
   // from the segment before by exactly start - previous start in all).
   static absl::StatusOr<std::unique_ptr<Blend>> Create(BlendSpec spec);
+  // As Create, memoising at most `max_snapshots` (tests: the bound's rule without 2^32 picks).
+  static absl::StatusOr<std::unique_ptr<Blend>> Create(BlendSpec spec, size_t max_snapshots);
+
+  // The known ledger nearest at or before `t` (its position): what a replay to t starts from.
+  uint64_t NearestKnown(uint64_t t) const;
+  // The snapshots memoised now.
+  size_t snapshots() const;
 
   // The spec as given (weights as given).
   const BlendSpec& spec() const { return spec_; }
@@ -109,7 +119,7 @@ class Blend {
   absl::StatusOr<BlendSpec> WithWeightsAt(uint64_t t, std::vector<double> weights) const;
 
  private:
-  explicit Blend(BlendSpec spec);
+  Blend(BlendSpec spec, size_t max_snapshots);
   // The segment sample `t` is in.
   size_t SegmentOf(uint64_t t) const;
   // The source the rule picks in `segment` at local sample `local` with `counts` (global).
@@ -127,7 +137,9 @@ class Blend {
   mutable absl::Mutex mu_;
   // Known ledgers by position: segment starts, anchors and snapshots.
   mutable std::map<uint64_t, std::vector<uint64_t>> known_ ABSL_GUARDED_BY(mu_);
-  mutable size_t snapshots_ ABSL_GUARDED_BY(mu_) = 0;
+  const size_t max_snapshots_;
+  // The memoised snapshots' positions, oldest first (segment starts and anchors never go).
+  mutable std::deque<uint64_t> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpufeed::server

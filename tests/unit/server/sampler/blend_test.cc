@@ -154,6 +154,30 @@ TEST(BlendTest, RandomAccessEqualsSequential) {
   }
 }
 
+// Past its bound on memoised snapshots a blend drops the oldest (a run past 2^32 picks, at
+// the real bound of 2^16): a reader going on finds a snapshot within one interval behind it,
+// not only those of the run's start (a review: memoising stopped at the bound, and every
+// later chunk replayed from the last one kept, seconds a chunk a billion picks on). The
+// picks stay the sequential ones, positions before the kept snapshots included.
+TEST(BlendTest, PastItsBoundTheOldestSnapshotsGoAndRecentOnesStay) {
+  const BlendSpec spec = Spec(kSizes, kWeights);
+  const uint64_t interval = Blend::kSnapshotInterval;
+  const uint64_t total = 12 * interval + 5;
+  const std::vector<BlendPick> picks = Sequence(*Make(spec), 0, total);
+  absl::StatusOr<std::unique_ptr<Blend>> blend = Blend::Create(spec, 4);
+  ASSERT_TRUE(blend.ok()) << blend.status();
+  for (uint64_t c = 1; c <= 12; ++c) {
+    const uint64_t t = c * interval + 3;
+    ASSERT_EQ((*blend)->At(t), picks[t]) << t;
+    EXPECT_EQ((*blend)->NearestKnown(t), c * interval) << "chunk " << c;
+    EXPECT_EQ((*blend)->snapshots(), std::min<uint64_t>(c, 4));
+  }
+  // Those of chunks 9-12 kept; an early position replays from the segment's start.
+  EXPECT_EQ((*blend)->NearestKnown(8 * interval + 1), 0u);
+  ASSERT_EQ((*blend)->At(8 * interval + 1), picks[8 * interval + 1]);
+  ASSERT_EQ((*blend)->At(2 * interval), picks[2 * interval]);
+}
+
 TEST(BlendTest, ConcurrentRandomAccessEqualsSequential) {
   const BlendSpec spec = Spec(kSizes, kWeights);
   const uint64_t total = 4 * Blend::kSnapshotInterval;

@@ -233,14 +233,17 @@ absl::Status FindDocuments(const std::vector<TokenShard>& shards,
 // those extras, `picks` of them, each document counted as often as its source's picks can
 // wrap into its next epoch within a group (2 + ceil(picks / its documents), as
 // RowPiecesBound counts). O(documents x log picks) once at Open.
-uint64_t GroupPiecesBound(const std::vector<const std::vector<uint64_t>*>& sources,
-                          uint64_t picks, uint64_t width) {
+// Polls `walk` every 2^20 documents (a corpus of billions takes seconds).
+absl::StatusOr<uint64_t> GroupPiecesBound(const std::vector<const std::vector<uint64_t>*>& sources,
+                                          uint64_t picks, uint64_t width, const WalkBudget& walk) {
   // A min-heap of the largest extras so far, at most `picks`.
   std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> top;
+  uint64_t seen = 0;
   for (const std::vector<uint64_t>* lengths : sources) {
     const uint64_t n = std::max<uint64_t>(lengths->size(), 1);
     const uint64_t copies = 2 + (picks + n - 1) / n;
     for (const uint64_t length : *lengths) {
+      if (++seen % (uint64_t{1} << 20) == 0) GPUFEED_RETURN_IF_ERROR(walk.Poll());
       const uint64_t extra = (length + width - 1) / width - 1;
       for (uint64_t c = 0; c < copies && extra > 0; ++c) {
         if (top.size() < picks) {
@@ -446,7 +449,8 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
       // hold gigabytes each.
       std::vector<const std::vector<uint64_t>*> lengths;
       for (const auto& source : out->sources_) lengths.push_back(&source->doc_length);
-      const uint64_t pieces = GroupPiecesBound(lengths, out->group_picks_, width);
+      GPUFEED_ASSIGN_OR_RETURN(const uint64_t pieces,
+                               GroupPiecesBound(lengths, out->group_picks_, width, walk));
       const uint64_t held = pieces * (kKeptPieceBytes * kGroupsKept +
                                       kPackingPieceBytes * kGroupsPacking) +
                             out->group_picks_ * kPickBytes * (kGroupsKept + kGroupsPacking);
@@ -772,10 +776,10 @@ std::shared_ptr<const LmDataset::Group> LmDataset::GroupAt(uint64_t g) const {
     absl::MutexLock lock(&mu_);
     while (true) {
       if (auto it = groups_.find(g); it != groups_.end()) return it->second;
-      if (!packing_.contains(g)) break;
-      packed_.Wait(&mu_);
+      if (!packing_.contains(g) && packing_.size() < kGroupsPacking) break;
+      packed_.Wait(&mu_);  // being packed, or kGroupsPacking others are (their memory)
     }
-    packing_.insert(g);
+    ClaimLocked(g);
   }
   return PackClaimed(g);
 }
@@ -795,13 +799,19 @@ std::shared_ptr<const LmDataset::Group> LmDataset::PackClaimed(uint64_t g) const
 
 std::optional<uint64_t> LmDataset::ClaimAheadLocked(uint64_t g) const {
   if (!IsFront(g)) return std::nullopt;  // checked again with the claim: no race to a stale one
+  if (packing_.size() >= kGroupsPacking) return std::nullopt;  // the fill threads go first
   for (uint64_t a = g + 1; a <= g + kPackAhead; ++a) {
     if (!groups_.contains(a) && !packing_.contains(a)) {
-      packing_.insert(a);
+      ClaimLocked(a);
       return a;
     }
   }
   return std::nullopt;
+}
+
+void LmDataset::ClaimLocked(uint64_t g) const {
+  packing_.insert(g);
+  stats_.packing_peak = std::max<uint64_t>(stats_.packing_peak, packing_.size());
 }
 
 void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
@@ -811,8 +821,9 @@ void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   fronts_.push_back(g);
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
   ++reached_;
-  // A feed opened past the process's kMaxAheadThreads takes workers as other feeds end: tried
-  // at each new front while the process has some to spare (an atomic load otherwise). Not
+  // A feed opened past the process's kMaxAheadThreads (or its uid's share) takes workers as
+  // other feeds end: tried at each new front while the process has some to spare (an atomic
+  // load otherwise; the budget's lock when only the uid has none). Not
   // before Open is done: its Reach (a resume with new weights) places groups with the old
   // blend, which Open then replaces under any worker.
   if (opened_ && !stop_ && ahead_.size() < static_cast<size_t>(kAheadWorkers) &&

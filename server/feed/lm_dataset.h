@@ -139,6 +139,8 @@ class LmDataset final : public Dataset {
     // packed again: placed, evicted from the cache and needed again (ranks or sessions
     // reading far apart).
     uint64_t groups = 0, groups_again = 0;
+    // The most groups packed at once so far: at most kGroupsPacking.
+    uint64_t packing_peak = 0;
   };
   Stats stats() const;
   const std::vector<std::string>& source_names() const { return names_; }
@@ -196,8 +198,11 @@ class LmDataset final : public Dataset {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Packs group g, claimed by this thread, and keeps it.
   std::shared_ptr<const Group> PackClaimed(uint64_t g) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks group g as being packed by this thread (packing_, and the peak in stats_).
+  void ClaimLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Claims the first of groups g + 1 .. g + kPackAhead neither kept nor being packed;
-  // nullopt when all are, or when g is no longer a reading front.
+  // nullopt when all are, when kGroupsPacking are being packed, or when g is no longer a
+  // reading front.
   std::optional<uint64_t> ClaimAheadLocked(uint64_t g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
       ABSL_LOCKS_EXCLUDED(ahead_mu_);
   // Whether `f` is one of the reading fronts now.
@@ -271,11 +276,13 @@ class LmDataset final : public Dataset {
   // kept (the cache, and those packed ahead of the last placed one) and being packed (the
   // ahead workers and a reader at each front); a kept piece (PackPiece and its share of
   // row_begin, with a vector's slack) and one being packed (PackGroup's copies, its rows'
-  // vectors and open set), and a pick (BlendPick and its prefix entry).
+  // vectors and open set), and a pick (BlendPick and its prefix entry). Groups packed at once
+  // are at most kGroupsPacking: a fill thread past it waits for one to be done (sessions far
+  // apart each packing their own would otherwise pack as many as there are fill threads).
   static constexpr uint64_t kGroupsKept = kCachedGroups + kPackAhead;
   static constexpr uint64_t kGroupsPacking = 4 + 4 + 1;  // workers, fronts, Reach
-  static constexpr uint64_t kKeptPieceBytes = 48;
-  static constexpr uint64_t kPackingPieceBytes = 200;
+  static constexpr uint64_t kKeptPieceBytes = 64;
+  static constexpr uint64_t kPackingPieceBytes = 256;
   static constexpr uint64_t kPickBytes = 48;
   // No lock is held while a group is packed or a chunk of picks filled (milliseconds): a
   // row's lookup takes mu_ shared, and a group's keeping or claim takes it exclusive for a

@@ -138,7 +138,8 @@ class Blend {
   // Known ledgers by position: segment starts, anchors and snapshots.
   mutable std::map<uint64_t, std::vector<uint64_t>> known_ ABSL_GUARDED_BY(mu_);
   const size_t max_snapshots_;
-  // The memoised snapshots' positions, oldest first (segment starts and anchors never go).
+  // The memoised snapshots' positions, oldest first (segment starts never go, nor anchors
+  // but one added where a snapshot was: the same ledger, only the replay's start moves).
   mutable std::deque<uint64_t> snapshots_ ABSL_GUARDED_BY(mu_);
 };
 

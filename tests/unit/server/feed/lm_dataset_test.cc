@@ -649,17 +649,17 @@ TEST(LmDatasetTest, AHistoryThatRewindsASourcePastTheBoundIsRefused) {
   EXPECT_EQ(cu[7], -7);  // nothing past the tensor
 }
 
-// 400 short documents in one source, packed best_fit 4 at a time: a feed cheap to open
-// many times (the lm-ahead thread bounds' tests).
-LmSpec SmallBestFit(TempDir& dir) {
-  std::vector<uint32_t> lengths(400);
+// `documents` short documents in one source, packed best_fit `lookahead` at a time (by
+// default a feed cheap to open many times: the lm-ahead thread bounds' tests).
+LmSpec SmallBestFit(TempDir& dir, size_t documents = 400, uint64_t lookahead = 4) {
+  std::vector<uint32_t> lengths(documents);
   for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 1 + static_cast<uint32_t>(i * 37 % 60);
   dir.WriteFile("d.bin", DocumentFile(0, lengths));
   LmSpec lm;
   lm.sources.push_back({{dir.Join("d.bin")}, 1.0, "d.bin"});
   lm.eos_id = kEos;
   lm.pack = PackMode::kBestFit;
-  lm.lookahead = 4;
+  lm.lookahead = lookahead;
   return lm;
 }
 
@@ -782,10 +782,10 @@ TEST(LmDatasetTest, APackedFeedsGroupsAreChargedToTheIndexBudgetAtTheirMost) {
   auto [concat, tables] = open(PackMode::kConcat, 64 << 20);
   ASSERT_TRUE(concat.ok()) << concat.status();
   // A group of 16 documents of 40 pieces each (16 + 16 x 39 = 640 pieces); 28 kept and 9 being
-  // packed: 640 x (48 x 28 + 200 x 9) bytes of pieces and 16 x 48 x 37 of picks.
+  // packed: 640 x (64 x 28 + 256 x 9) bytes of pieces and 16 x 48 x 37 of picks.
   auto [best_fit, budget] = open(PackMode::kBestFit, 64 << 20);
   ASSERT_TRUE(best_fit.ok()) << best_fit.status();
-  EXPECT_EQ(budget->used_by(1001) - tables->used_by(1001), 640u * (48 * 28 + 200 * 9) + 16 * 48 * 37);
+  EXPECT_EQ(budget->used_by(1001) - tables->used_by(1001), 640u * (64 * 28 + 256 * 9) + 16 * 48 * 37);
   best_fit->reset();
   EXPECT_EQ(budget->used_by(1001), 0u);
   auto [refused, small] = open(PackMode::kBestFit, 1 << 20);
@@ -871,6 +871,42 @@ TEST(LmDatasetTest, AnUnpackedBlendCountsAChunkFilledFarAheadOfTheCount) {
   read_chunk(15);
   read_chunk(16);
   EXPECT_EQ(counted(), 12u);
+}
+
+// However many readers need groups that are not kept (sessions of one feed far apart), at
+// most kGroupsPacking groups are packed at once, the memory Open charged for (a review: each
+// fill thread packed its own, as many groups as fill threads); the others wait for a turn,
+// and every row is the one a lone reader gets.
+TEST(LmDatasetTest, GroupsPackedAtOnceAreBoundedWhateverTheReaders) {
+  TempDir dir;
+  // ~15,000 rows a group, milliseconds to pack.
+  const LmSpec lm = SmallBestFit(dir, 40000, kMaxPackLookahead);
+  auto open = [&] { return *LmDataset::Open(Tokens(dir.path(), 31), lm, 2, true, PosixFileSystem()); };
+  const std::unique_ptr<LmDataset> lone = open();
+  const std::unique_ptr<LmDataset> d = open();
+  const uint64_t n = d->num_samples();
+  constexpr int kReaders = 32;
+  constexpr uint64_t kApart = 16'000;  // each reader in a group of its own
+  ASSERT_TRUE(d->Reach(kReaders * kApart).ok());  // ~34 groups placed, the last 20 kept
+  std::vector<Row> got(kReaders);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kReaders) std::this_thread::yield();
+      const uint64_t r = static_cast<uint64_t>(i) * kApart;  // the early groups: evicted
+      got[i] = ReadRow(*d, r % n, static_cast<int64_t>(r / n));
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  for (int i = 0; i < kReaders; ++i) {
+    const uint64_t r = static_cast<uint64_t>(i) * kApart;
+    ASSERT_EQ(got[i], ReadRow(*lone, r % n, static_cast<int64_t>(r / n))) << "reader " << i;
+  }
+  const LmDataset::Stats st = d->stats();
+  EXPECT_GE(st.groups_again, 10u);
+  EXPECT_LE(st.packing_peak, 9u);
 }
 
 // Weights changed at a resume: the rows before it are the old run's, the new weights start at

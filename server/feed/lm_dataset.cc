@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -262,47 +261,15 @@ absl::StatusOr<uint64_t> GroupPiecesBound(const std::vector<const std::vector<ui
   return pieces;
 }
 
-// The lm-ahead threads of every LmDataset of the process (kMaxAheadThreads at most), and by
-// the uid charged for the feed (kMaxAheadThreadsPerUid at most; an admin's feeds are in the
-// total only). `ahead_threads` mirrors the total for Reached's check without the lock.
-std::atomic<int> ahead_threads{0};
-struct AheadBudget {
-  absl::Mutex mu;
-  int total ABSL_GUARDED_BY(mu) = 0;
-  absl::flat_hash_map<uint32_t, int> by_uid ABSL_GUARDED_BY(mu);
-};
-AheadBudget& ahead_budget() {
-  static auto* budget = new AheadBudget;  // never destroyed: feeds may end at exit
-  return *budget;
-}
-
-// Up to `want` more threads for a feed charged to `uid`; (granted, the total before).
-std::pair<int, int> GrantAhead(std::optional<uint32_t> uid, int want) {
-  AheadBudget& b = ahead_budget();
-  absl::MutexLock lock(&b.mu);
-  int most = LmDataset::kMaxAheadThreads - b.total;
-  if (uid.has_value()) {
-    auto it = b.by_uid.find(*uid);
-    most = std::min(most, LmDataset::kMaxAheadThreadsPerUid - (it == b.by_uid.end() ? 0 : it->second));
-  }
-  const int granted = std::clamp(most, 0, want);
-  const int before = b.total;
-  b.total += granted;
-  if (uid.has_value() && granted > 0) b.by_uid[*uid] += granted;
-  ahead_threads.store(b.total, std::memory_order_relaxed);
-  return {granted, before};
-}
-
-void ReturnAhead(std::optional<uint32_t> uid, int n) {
-  if (n == 0) return;
-  AheadBudget& b = ahead_budget();
-  absl::MutexLock lock(&b.mu);
-  b.total -= n;
-  if (uid.has_value()) {
-    auto it = b.by_uid.find(*uid);
-    if ((it->second -= n) == 0) b.by_uid.erase(it);
-  }
-  ahead_threads.store(b.total, std::memory_order_relaxed);
+// The lm-ahead threads of every LmDataset of the process, counted as a ByteBudget of threads
+// (a charge of 1 held beside each started worker): kMaxAheadThreads in all, and
+// kMaxAheadThreadsPerUid for the feeds charged to one uid (an admin's in the total only).
+ByteBudget& ahead_budget() {
+  // Never destroyed: feeds may end at exit, and their charges hold the budget.
+  static auto* budget = new std::shared_ptr<ByteBudget>(
+      ByteBudget::Create("lm-ahead threads", LmDataset::kMaxAheadThreads, "per uid",
+                         LmDataset::kMaxAheadThreadsPerUid, "the fill threads pack the feed"));
+  return **budget;
 }
 
 // "dataset.paths[3]: ..." of a source's open: "dataset.sources[1].paths[3]: ...".
@@ -522,7 +489,9 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   int workers, running;
   {
     absl::MutexLock lock(&out->ahead_mu_);
-    out->ahead_.reserve(kAheadWorkers);  // before the grant: only a thread's start can fail
+    // Before the grant: only a thread's start can fail.
+    out->ahead_.reserve(kAheadWorkers);
+    out->ahead_charges_.reserve(kAheadWorkers);
     std::tie(workers, running) = out->StartAheadWorkersLocked();
     out->opened_ = true;  // from here on Reached may start more
   }
@@ -539,34 +508,29 @@ absl::StatusOr<std::unique_ptr<LmDataset>> LmDataset::Open(const DatasetSpec& da
   return out;
 }
 
-int LmDataset::AheadThreads() {
-  AheadBudget& b = ahead_budget();
-  absl::MutexLock lock(&b.mu);
-  return b.total;
-}
+int LmDataset::AheadThreads() { return static_cast<int>(ahead_budget().used()); }
 
 int LmDataset::AheadThreadsOf(uint32_t uid) {
-  AheadBudget& b = ahead_budget();
-  absl::MutexLock lock(&b.mu);
-  auto it = b.by_uid.find(uid);
-  return it == b.by_uid.end() ? 0 : it->second;
+  return static_cast<int>(ahead_budget().used_by(uid));
 }
 
 std::pair<int, int> LmDataset::StartAheadWorkersLocked() const {
-  const auto [granted, running] =
-      GrantAhead(limits_.charge_uid, kAheadWorkers - static_cast<int>(ahead_.size()));
-  int started = 0;
-  for (; started < granted; ++started) {
+  const int running = AheadThreads();
+  while (ahead_.size() < static_cast<size_t>(kAheadWorkers)) {
+    // Past the process's or the uid's bound: fewer workers (the refusal is the expected case,
+    // Open's warning says it).
+    absl::StatusOr<std::unique_ptr<ByteBudget::Charge>> charge =
+        ahead_budget().Take(limits_.charge_uid, 1, "an lm-ahead worker");
+    if (!charge.ok()) break;
     try {
       ahead_.emplace_back([this] { AheadLoop(); });
     } catch (const std::exception& e) {  // no thread (or its state) to be had: fewer workers
       spdlog::warn("{}: lm-ahead worker not started ({})", display_, e.what());
-      break;
+      break;  // its charge goes back here
     }
+    ahead_charges_.push_back(*std::move(charge));
     pthread_setname_np(ahead_.back().native_handle(), "lm-ahead");
   }
-  // Those granted and not started go back (the destructor gives back the started ones).
-  ReturnAhead(limits_.charge_uid, granted - started);
   return {static_cast<int>(ahead_.size()), running};
 }
 
@@ -584,7 +548,7 @@ LmDataset::~LmDataset() {
     threads.swap(ahead_);  // none is added once stopped (Reached checks)
   }
   for (std::thread& t : threads) t.join();
-  ReturnAhead(limits_.charge_uid, static_cast<int>(threads.size()));
+  // ahead_charges_ go with the members: each worker's thread back to the budget, once joined.
 }
 
 void LmDataset::ResetCaches() {
@@ -822,12 +786,12 @@ void LmDataset::Reached(uint64_t g, std::optional<uint64_t> moved_from) const {
   if (fronts_.size() > kAheadFronts) fronts_.erase(fronts_.begin());
   ++reached_;
   // A feed opened past the process's kMaxAheadThreads (or its uid's share) takes workers as
-  // other feeds end: tried at each new front while the process has some to spare (an atomic
-  // load otherwise; the budget's lock when only the uid has none). Not
-  // before Open is done: its Reach (a resume with new weights) places groups with the old
-  // blend, which Open then replaces under any worker.
+  // other feeds end: tried at each new front while the process has some to spare (a feed
+  // with all its workers takes no lock of the budget here). Not before Open is done: its
+  // Reach (a resume with new weights) places groups with the old blend, which Open then
+  // replaces under any worker.
   if (opened_ && !stop_ && ahead_.size() < static_cast<size_t>(kAheadWorkers) &&
-      ahead_threads.load(std::memory_order_relaxed) < kMaxAheadThreads) {
+      AheadThreads() < kMaxAheadThreads) {
     const size_t had = ahead_.size();
     StartAheadWorkersLocked();
     if (ahead_.size() > had) {

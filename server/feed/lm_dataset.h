@@ -215,8 +215,8 @@ class LmDataset final : public Dataset {
   void Reached(uint64_t g, std::optional<uint64_t> moved_from = std::nullopt) const
       ABSL_LOCKS_EXCLUDED(ahead_mu_);
   // Starts ahead workers up to kAheadWorkers, as many as the process's kMaxAheadThreads and
-  // the uid's kMaxAheadThreadsPerUid grant; (this dataset's workers now, the process's count
-  // before the grant).
+  // the uid's kMaxAheadThreadsPerUid allow; (this dataset's workers now, the process's count
+  // before).
   std::pair<int, int> StartAheadWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ahead_mu_);
   // An ahead worker: for each front, packs the kPackAhead groups after it and fills the chunk
   // of picks after theirs (a blend of windows: the chunk after the front), each claimed as a
@@ -325,6 +325,10 @@ class LmDataset final : public Dataset {
   // Started last in Open (more by Reached, past kMaxAheadThreads), joined first in the
   // destructor.
   mutable std::vector<std::thread> ahead_ ABSL_GUARDED_BY(ahead_mu_);
+  // A thread of the process's lm-ahead budget for each of ahead_, returned as the dataset goes
+  // (after the destructor joined them).
+  mutable std::vector<std::unique_ptr<ByteBudget::Charge>> ahead_charges_
+      ABSL_GUARDED_BY(ahead_mu_);
 };
 
 }  // namespace gpufeed::server

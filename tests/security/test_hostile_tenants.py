@@ -260,3 +260,41 @@ def test_14_one_uid_cannot_take_the_whole_ids_heap(node: Node, fresh, expected: 
     assert held["codes"].get("OK", 0) == 4, held
     assert "max_ids_bytes_per_uid 65536" in held["messages"].get("RESOURCE_EXHAUSTED", ""), held
     assert_serving(node, daemon, expected)
+
+
+# ---- 16. lm-ahead workers: one uid's packed feeds hold at most half ----
+
+def test_16_one_uids_packed_feeds_leave_lm_ahead_workers_to_the_others(node: Node, fresh,
+                                                                      expected: int) -> None:
+    # Before the defence (2765610) the daemon's 64 lm-ahead threads went to the first 16 packed
+    # feeds whoever opened them: the attacker's 16 feeds took all 64, and the victim's feed
+    # logged "0 of 4 lm-ahead workers" (its rows packed on the fill threads, slower).
+    daemon = fresh()
+    victim_pack = ("--pack", "best_fit", "--eos-id", str(int.from_bytes(b"VI", "little")),
+                   "--pack-lookahead", "4", "--job", "victim-packed", "--max-batches", "40")
+    alone = node.victim(daemon).consume(node.victim_tokens, *victim_pack)
+    assert alone.returncode == 0, alone.stderr
+    hogs = [node.attacker(daemon).popen(
+        "consume", "--dataset", str(node.attacker_tokens), "--token-dtype", "uint16",
+        "--seq-len", "16", "--batch-size", "4", "--pack", "best_fit", "--eos-id", "250",
+        "--pack-lookahead", "4", "--job", f"hog-{i}", "--seed", str(i), "--ring-slots", "2",
+        "--max-batches", "2", "--step-ms", "120000") for i in range(16)]
+    try:
+        daemon.wait_for(lambda: len(daemon.sessions()) == 16, 60,
+                        "the attacker's 16 packed sessions")
+        run = node.victim(daemon).consume(node.victim_tokens, *victim_pack)
+        log = daemon.log_text()
+        assert all(p.poll() is None for p in hogs), "an attacker's consume ended early"
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait(timeout=10)
+    assert run.returncode == 0, run.stderr
+    assert checksum_of(run) == checksum_of(alone), "the victim's packed rows changed"
+    starved = [line for line in log.splitlines() if "lm-ahead workers (" in line]
+    assert not [line for line in starved if str(node.victim_home) in line], starved
+    # The attacker's first 8 feeds have their 4 workers each (its share, 32); the other 8 none.
+    assert len(starved) == 8, starved
+    assert all(f"32 of uid {attacks.ATTACKER_UID}'s feeds, at most 32" in line
+               for line in starved), starved
+    assert_serving(node, daemon, expected)

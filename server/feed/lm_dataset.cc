@@ -701,6 +701,8 @@ void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const
     const size_t need = table->size() + group_order_.size();
     if (table->capacity() < need) table->reserve(std::max(2 * table->capacity(), need));
   }
+  tables_bytes_.store((group_tokens_.capacity() + group_rows_.capacity()) * sizeof(uint64_t),
+                      std::memory_order_relaxed);
   // Placed in stream order: this group if it is the next, and every kept one after it.
   for (auto it = groups_.find(group_rows_.size() - 1); it != groups_.end();
        it = groups_.find(group_rows_.size() - 1)) {
@@ -902,11 +904,14 @@ absl::Status LmDataset::ChargeTables(bool by_rows, uint64_t value) const {
     groups = group_rows_.size() - 1;
   }
   absl::MutexLock lock(&charge_mu_);
-  if (charge_ == nullptr) return absl::OkStatus();
-  return charge_->GrowTo(
-      open_charge_ + bytes,
-      absl::StrCat("the prefix tables of ", groups, " placed groups (reaching ",
-                   by_rows ? "row " : "token ", value, " of the packed stream)"));
+  if (charge_ != nullptr) {
+    GPUFEED_RETURN_IF_ERROR(charge_->GrowTo(
+        open_charge_ + bytes,
+        absl::StrCat("the prefix tables of ", groups, " placed groups (reaching ",
+                     by_rows ? "row " : "token ", value, " of the packed stream)")));
+  }
+  tables_charged_.store(bytes, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {
@@ -1060,6 +1065,12 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
   thread_local std::vector<PackPiece> pieces;
   thread_local std::vector<BlendPick> picks;
   RowPieces(row, &pieces, &picks);
+  // The tables grew since they were last charged (geometrically: a few rows in a run's life).
+  if (tables_bytes_.load(std::memory_order_relaxed) >
+      tables_charged_.load(std::memory_order_relaxed)) {
+    const bool by_rows = pack_ == PackMode::kBestFit;
+    GPUFEED_RETURN_IF_ERROR(ChargeTables(by_rows, by_rows ? row : row * seq_len_));
+  }
   const uint64_t width = seq_len_ + 1;
   std::byte* tokens = rows[0].data();
   uint64_t filled = 0;

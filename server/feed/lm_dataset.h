@@ -23,6 +23,7 @@
 // most pieces a row of these documents can hold plus 2, at most the row's: RowPiecesBound).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -229,8 +230,9 @@ class LmDataset final : public Dataset {
   // tables as they grow then (ChargeTables).
   absl::Status PlaceThrough(bool by_rows, uint64_t value, const WalkBudget* budget = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Grows charge_ to Open's part and the placed groups' prefix tables as allocated now:
-  // RESOURCE_EXHAUSTED past max_index_bytes or the uid's share, for reaching `value`.
+  // Grows charge_ to Open's part and the placed groups' prefix tables as allocated now
+  // (tables_charged_ then says how many): RESOURCE_EXHAUSTED past max_index_bytes or the
+  // uid's share, for reaching `value` (Reach's, or a row's that found the tables grown).
   absl::Status ChargeTables(bool by_rows, uint64_t value) const
       ABSL_LOCKS_EXCLUDED(mu_, charge_mu_);
   // The group holding `value` (the last whose start is <= value), placed first.
@@ -262,6 +264,11 @@ class LmDataset final : public Dataset {
   std::unique_ptr<ByteBudget::Charge> charge_ ABSL_PT_GUARDED_BY(charge_mu_);
   mutable absl::Mutex charge_mu_;
   uint64_t open_charge_ = 0;
+  // The prefix tables' bytes as allocated (set where they grow, KeepLocked) and as charged
+  // (ChargeTables): a row that finds them apart charges the growth, so that a feed read for
+  // days, not only a far Reach, stays within its share (16 bytes a group placed).
+  mutable std::atomic<uint64_t> tables_bytes_{0};
+  mutable std::atomic<uint64_t> tables_charged_{0};
 
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;

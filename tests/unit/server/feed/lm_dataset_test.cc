@@ -797,20 +797,29 @@ TEST(LmDatasetTest, APackedFeedsGroupsAreChargedToTheIndexBudgetAtTheirMost) {
   EXPECT_EQ(small->used_by(1001), 0u);
 }
 
+// A budget of max_index_bytes whose uid share is 1 MiB, and a best_fit feed (SmallBestFit)
+// charged to uid 1001's share of it.
+std::shared_ptr<ByteBudget> MiBShare() {
+  return ByteBudget::Create("max_index_bytes", uint64_t{1} << 30, "max_index_bytes_per_uid",
+                            1 << 20, "retry");
+}
+absl::StatusOr<std::unique_ptr<LmDataset>> OpenCharged(TempDir& dir,
+                                                       std::shared_ptr<ByteBudget> budget) {
+  const LmSpec lm = SmallBestFit(dir);
+  DatasetSpec spec = Tokens(dir.path(), 31);
+  spec.walk.index_bytes = std::move(budget);
+  spec.walk.charge_uid = 1001;
+  return LmDataset::Open(spec, lm, 2, true, PosixFileSystem());
+}
+
 // An Attach far into a packed stream places every group before its start: their prefix
 // tables (16 bytes a group, millions for a far start) are charged to max_index_bytes as they
 // grow, and past the uid's share the Reach is refused naming them (a review: they grew
 // unaccounted with each far Attach).
 TEST(LmDatasetTest, AFarReachChargesThePlacedGroupsTablesToTheIndexBudget) {
   TempDir dir;
-  const LmSpec lm = SmallBestFit(dir);
-  DatasetSpec spec = Tokens(dir.path(), 31);
-  spec.walk.index_bytes = ByteBudget::Create("max_index_bytes", uint64_t{1} << 30,
-                                             "max_index_bytes_per_uid", 1 << 20, "retry");
-  spec.walk.charge_uid = 1001;
-  const std::shared_ptr<ByteBudget> budget = spec.walk.index_bytes;
-  absl::StatusOr<std::unique_ptr<LmDataset>> d =
-      LmDataset::Open(spec, lm, 2, true, PosixFileSystem());
+  const std::shared_ptr<ByteBudget> budget = MiBShare();
+  absl::StatusOr<std::unique_ptr<LmDataset>> d = OpenCharged(dir, budget);
   ASSERT_TRUE(d.ok()) << d.status();
   const uint64_t opened = budget->used_by(1001);
   ASSERT_TRUE((*d)->Reach(10'000).ok());
@@ -823,6 +832,44 @@ TEST(LmDatasetTest, AFarReachChargesThePlacedGroupsTablesToTheIndexBudget) {
                                                     "the packed stream) need "));
   EXPECT_THAT(std::string(far.message()), HasSubstr("max_index_bytes_per_uid 1048576"));
   EXPECT_LE(budget->used_by(1001), uint64_t{1} << 20);
+  d->reset();
+  EXPECT_EQ(budget->used_by(1001), 0u);
+}
+
+// The prefix tables grow by 16 bytes a group placed for as long as a feed is read, not only at
+// a far Reach: a row that finds them grown charges them, so that one read for days (a hostile
+// one, epochs a second over a small corpus: ~2 GB a day) ends RESOURCE_EXHAUSTED at its share
+// instead of growing uncharged (a review: only Reach charged them).
+TEST(LmDatasetTest, TablesGrownByReadingAreChargedToTheIndexBudget) {
+  TempDir dir;
+  const std::shared_ptr<ByteBudget> budget = MiBShare();
+  absl::StatusOr<std::unique_ptr<LmDataset>> d = OpenCharged(dir, budget);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // All but 32 KiB of the uid's share held elsewhere: room for ~2,000 groups' entries.
+  const uint64_t opened = budget->used_by(1001);
+  absl::StatusOr<std::unique_ptr<ByteBudget::Charge>> rest =
+      budget->Take(1001, (uint64_t{1} << 20) - opened - (32 << 10), "the rest");
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  const uint64_t n = (*d)->num_samples();
+  const uint64_t width = (*d)->tensors().front().shape.front();
+  const uint64_t cu_width = (*d)->tensors()[3].shape.front();
+  std::vector<int32_t> tokens(width), positions(width), cu(cu_width);
+  std::vector<uint8_t> mask(width);
+  const std::vector<std::span<std::byte>> rows = {
+      std::as_writable_bytes(std::span(tokens)), std::as_writable_bytes(std::span(positions)),
+      std::as_writable_bytes(std::span(mask)), std::as_writable_bytes(std::span(cu))};
+  absl::Status failed;
+  uint64_t r = 0;
+  for (; r < 200'000 && failed.ok(); ++r) {
+    failed =
+        (*d)->ReadSampleAt(r % n, SampleContext{0, static_cast<int64_t>(r / n)}, rows).status();
+  }
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed << " at row " << r;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr(" placed groups (reaching row "));
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("max_index_bytes_per_uid 1048576"));
+  EXPECT_GT(r, 1000u);  // the 32 KiB held the first ~2,000 groups' entries
+  EXPECT_LE(budget->used_by(1001), uint64_t{1} << 20);
+  rest->reset();
   d->reset();
   EXPECT_EQ(budget->used_by(1001), 0u);
 }

@@ -177,8 +177,16 @@ class FakeDeviceRing final : public server::DeviceRing {
     log_->Add(absl::StrCat("finish-rows ", slot, " ", rows.size()));
     return absl::OkStatus();
   }
-  // Rows staged so far, by kind, and rows redone on the CPU.
-  std::atomic<int> finals{0}, raws{0}, jpegs{0}, redone{0};
+  // Rows staged so far, by kind, and rows redone on the CPU: kept in `counts`, which the
+  // backend keeps past the ring (a test reads them after its session's rings went back).
+  struct Counts {
+    std::atomic<int> finals{0}, raws{0}, jpegs{0}, redone{0};
+  };
+  const std::shared_ptr<Counts> counts = std::make_shared<Counts>();
+  std::atomic<int>& finals = counts->finals;
+  std::atomic<int>& raws = counts->raws;
+  std::atomic<int>& jpegs = counts->jpegs;
+  std::atomic<int>& redone = counts->redone;
   bool refuse_jpeg = false;  // set before the session starts
   // Runs on the host slot before StageIn reads it: how a test corrupts a staged slot.
   std::function<void(std::byte* host, const server::StagedLayout& layout)> before_stage;
@@ -227,6 +235,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
     ring->SetMps(mps);
     ring->before_stage = before_stage;
     last = ring.get();
+    last_counts = ring->counts;
     return std::unique_ptr<server::DeviceRing>(std::move(ring));
   }
   absl::Status NvjpegStatus(const std::string&) override {
@@ -250,6 +259,7 @@ class FakeDeviceBackend final : public server::DeviceBackend {
 
   std::shared_ptr<FakeDeviceLog> log = std::make_shared<FakeDeviceLog>();
   FakeDeviceRing* last = nullptr;  // the newest ring (alive while its session is)
+  std::shared_ptr<FakeDeviceRing::Counts> last_counts;  // its counts, kept past it
 
  private:
   const uint64_t budget_;

@@ -1,6 +1,8 @@
 #include "server/sampler/pack.h"
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 #include <set>
 #include <utility>
 
@@ -140,18 +142,41 @@ PackStats MeasurePacking(const Packing& packing, std::span<const uint64_t> lengt
   return stats;
 }
 
+namespace {
+
+// 0, 1, 2, ... for PositionIds to copy: libc's memcpy (as wide as the CPU has: AVX2 or
+// AVX-512, chosen at run time) writes a piece's positions several times faster than the loop
+// a baseline x86-64 build vectorizes to SSE2 (lm_rows_bench: PositionIds was 30 % of a packed
+// row). 256 KiB, made once; a piece longer than it is finished by the loop.
+constexpr size_t kIotaLength = size_t{1} << 16;
+
+const int32_t* Iota() {
+  static const int32_t* const table = [] {
+    auto* t = new int32_t[kIotaLength];  // never freed: rows may be read at exit
+    std::iota(t, t + kIotaLength, 0);
+    return t;
+  }();
+  return table;
+}
+
+void Ascending(int32_t* p, size_t n) {
+  const size_t copied = std::min(n, kIotaLength);
+  std::memcpy(p, Iota(), copied * sizeof(int32_t));
+  for (size_t i = copied; i < n; ++i) p[i] = static_cast<int32_t>(i);
+}
+
+}  // namespace
+
 void PositionIds(std::span<const PackPiece> row, std::span<int32_t> out) {
-  // Counted loops over raw pointers, which the compiler vectorizes (a packed feed writes
-  // these for every token it serves).
   int32_t* p = out.data();
   size_t left = out.size();
   for (const PackPiece& piece : row) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.length, left));
-    for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(i);
+    Ascending(p, n);
     p += n;
     left -= n;
   }
-  for (size_t i = 0; i < left; ++i) p[i] = static_cast<int32_t>(i);
+  Ascending(p, left);
 }
 
 std::vector<int32_t> CuSeqlens(std::span<const PackPiece> row, uint64_t tokens) {

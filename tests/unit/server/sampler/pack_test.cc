@@ -171,6 +171,18 @@ TEST(PackTest, PositionIdsAndCuSeqlensOfARow) {
   EXPECT_THAT(CuSeqlens(full, 7), ElementsAre(0, 7));
 }
 
+// Pieces longer than the table PositionIds copies from (64 Ki) go on counting past it.
+TEST(PackTest, PositionIdsOfPiecesLongerThanTheirTable) {
+  const uint64_t long_piece = (uint64_t{1} << 16) + 1000;
+  const std::vector<PackPiece> row = {{0, 0, 3}, {1, 5, long_piece}};
+  std::vector<int32_t> positions(3 + long_piece + 70000, -1);
+  PositionIds(row, positions);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const size_t want = i < 3 ? i : i < 3 + long_piece ? i - 3 : i - 3 - long_piece;
+    ASSERT_EQ(positions[i], static_cast<int32_t>(want)) << "token " << i;
+  }
+}
+
 // position_ids restart exactly at cu_seqlens' boundaries, and the sequences' lengths are the
 // pieces' (then the padding's), for every row of both packings.
 TEST(PackTest, PositionIdsAgreeWithCuSeqlensAndPieces) {

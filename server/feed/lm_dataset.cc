@@ -551,7 +551,13 @@ LmDataset::~LmDataset() {
   // ahead_charges_ go with the members: each worker's thread back to the budget, once joined.
 }
 
+uint64_t LmDataset::NewGroupsId() {
+  static std::atomic<uint64_t> next{1};  // 0 is no dataset's: a thread's hint before any
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 void LmDataset::ResetCaches() {
+  groups_id_.store(NewGroupsId(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   groups_.clear();
   group_order_.clear();
@@ -934,30 +940,51 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
   const uint64_t value = by_rows ? row : at;
   uint64_t g = 0, start = 0;
   std::shared_ptr<const Group> group;
-  bool behind = false;
-  while (true) {
-    uint64_t next;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
-      next = starts.size() - 1;
-      if (starts.back() > value) {
-        g = static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), value) -
-                                  starts.begin()) -
-            1;
-        start = starts[g];
-        if (auto it = groups_.find(g); it != groups_.end()) group = it->second;
-        // The workers fill the window after a front in order: its last group kept or being
-        // packed means they are on it (one lookup a row, not kPackAhead).
-        const uint64_t last = g + kPackAhead;
-        behind = !groups_.contains(last) && !packing_.contains(last);
-        break;
+  // The group of the row this thread read last, kept: a fill reads a batch of consecutive
+  // rows, most in the group of the row before (hundreds of rows a group), and finds it here
+  // with no lock, search or lookup (a fifth of a best_fit row's time in lm_rows_bench). Placed
+  // groups never move, so a hint of this dataset's holds until ResetCaches renames them;
+  // the workers were told of the group at its first row. It keeps one group alive a thread
+  // past its eviction.
+  struct Hint {
+    uint64_t groups_id = 0, g = 0, start = 0, end = 0;
+    std::shared_ptr<const Group> group;
+  };
+  thread_local Hint hint;
+  const uint64_t groups_id = groups_id_.load(std::memory_order_relaxed);
+  if (hint.groups_id == groups_id && value >= hint.start && value < hint.end) {
+    g = hint.g;
+    start = hint.start;
+    group = hint.group;
+  } else {
+    uint64_t end;
+    bool behind;
+    while (true) {
+      uint64_t next;
+      {
+        absl::ReaderMutexLock lock(&mu_);
+        const std::vector<uint64_t>& starts = by_rows ? group_rows_ : group_tokens_;
+        next = starts.size() - 1;
+        if (starts.back() > value) {
+          g = static_cast<uint64_t>(std::upper_bound(starts.begin(), starts.end(), value) -
+                                    starts.begin()) -
+              1;
+          start = starts[g];
+          end = starts[g + 1];
+          if (auto it = groups_.find(g); it != groups_.end()) group = it->second;
+          // The workers fill the window after a front in order: its last group kept or
+          // being packed means they are on it (one lookup a row, not kPackAhead).
+          const uint64_t last = g + kPackAhead;
+          behind = !groups_.contains(last) && !packing_.contains(last);
+          break;
+        }
       }
+      GroupAt(next);  // the row is past the groups placed: place the next (PlaceThrough's)
     }
-    GroupAt(next);  // the row is past the groups placed: place the next (PlaceThrough's step)
+    if (behind) Reached(g);
+    if (group == nullptr) group = GroupAt(g);  // evicted: a rank far behind the others
+    hint = Hint{groups_id, g, start, end, group};
   }
-  if (behind) Reached(g);
-  if (group == nullptr) group = GroupAt(g);  // evicted: a rank far behind the others
   if (by_rows) {
     for (const PackPiece& p : group->packing.Row(row - start)) {
       pieces->push_back({group->first + p.document, p.offset, p.length});

@@ -269,6 +269,10 @@ class LmDataset final : public Dataset {
   // days, not only a far Reach, stays within its share (16 bytes a group placed).
   mutable std::atomic<uint64_t> tables_bytes_{0};
   mutable std::atomic<uint64_t> tables_charged_{0};
+  // Names this dataset's placed groups to RowPieces' per-thread hint (the group of the row
+  // a thread read last): unique in the process, renewed when ResetCaches forgets them.
+  static uint64_t NewGroupsId();
+  std::atomic<uint64_t> groups_id_{NewGroupsId()};
 
   static constexpr uint64_t kPickChunk = Blend::kSnapshotInterval;
   static constexpr size_t kCachedChunks = 8;

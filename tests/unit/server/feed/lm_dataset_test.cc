@@ -663,6 +663,48 @@ LmSpec SmallBestFit(TempDir& dir, size_t documents = 400, uint64_t lookahead = 4
   return lm;
 }
 
+// Each thread keeps the group of the row it read last (RowPieces' hint): rows of three packed
+// feeds (two seeds of best_fit, and concat) read in turn on one thread, the same row numbers,
+// are each feed's own, read alone on a thread of its own; so are those of a feed opened
+// anew in place of a closed one.
+TEST(LmDatasetTest, RowsOfFeedsReadInTurnOnOneThreadAreEachFeedsOwn) {
+  TempDir dir;
+  const LmSpec best_fit = SmallBestFit(dir);
+  LmSpec concat = best_fit;
+  concat.pack = PackMode::kConcat;
+  concat.lookahead = 0;  // best_fit's only
+  const std::vector<std::pair<const LmSpec*, uint64_t>> feeds = {
+      {&best_fit, 2}, {&best_fit, 3}, {&concat, 2}};
+  auto open = [&](size_t k) {
+    return *LmDataset::Open(Tokens(dir.path(), 31), *feeds[k].first, feeds[k].second, true,
+                            PosixFileSystem());
+  };
+  auto read = [](const LmDataset& d, uint64_t r) {
+    return ReadRow(d, r % d.num_samples(), static_cast<int64_t>(r / d.num_samples()));
+  };
+  constexpr uint64_t kRows = 600;  // ~2 epochs, ~150 groups of best_fit
+  std::vector<std::vector<Row>> alone(feeds.size());
+  for (size_t k = 0; k < feeds.size(); ++k) {
+    std::thread([&, k] {
+      const std::unique_ptr<LmDataset> d = open(k);
+      for (uint64_t r = 0; r < kRows; ++r) alone[k].push_back(read(*d, r));
+    }).join();
+  }
+  ASSERT_NE(alone[0], alone[1]);
+  std::vector<std::unique_ptr<LmDataset>> open_now;
+  for (size_t k = 0; k < feeds.size(); ++k) open_now.push_back(open(k));
+  for (uint64_t r = 0; r < kRows; ++r) {
+    for (size_t k = 0; k < feeds.size(); ++k) {
+      ASSERT_EQ(read(*open_now[k], r), alone[k][r]) << "feed " << k << " row " << r;
+    }
+  }
+  open_now[0].reset();
+  open_now[0] = open(1);  // seed 3 where seed 2 was, read from the row this thread read last
+  for (uint64_t r = kRows - 1; r < kRows; --r) {
+    ASSERT_EQ(read(*open_now[0], r), alone[1][r]) << "row " << r;
+  }
+}
+
 // The process's lm-ahead threads are bounded (a user's many packed feeds must not cost the
 // node unbounded threads): past kMaxAheadThreads a feed gets no workers and its fill
 // threads pack, giving the same rows; a closed feed's workers go back to the budget.

@@ -557,12 +557,14 @@ uint64_t LmDataset::NewGroupsId() {
 }
 
 void LmDataset::ResetCaches() {
-  groups_id_.store(NewGroupsId(), std::memory_order_relaxed);
   absl::MutexLock lock(&mu_);
   groups_.clear();
   group_order_.clear();
   group_tokens_ = {0};
   group_rows_ = {0};
+  // Renamed once they are gone, under the lock a reader finds them with: a hint taken from
+  // the old ones carries the old name.
+  groups_id_.store(NewGroupsId(), std::memory_order_relaxed);
   const size_t k = stats_.source_tokens.size();
   stats_ = Stats();
   stats_.source_tokens.assign(k, 0);
@@ -707,8 +709,6 @@ void LmDataset::KeepLocked(uint64_t g, std::shared_ptr<const Group> group) const
     const size_t need = table->size() + group_order_.size();
     if (table->capacity() < need) table->reserve(std::max(2 * table->capacity(), need));
   }
-  tables_bytes_.store((group_tokens_.capacity() + group_rows_.capacity()) * sizeof(uint64_t),
-                      std::memory_order_relaxed);
   // Placed in stream order: this group if it is the next, and every kept one after it.
   for (auto it = groups_.find(group_rows_.size() - 1); it != groups_.end();
        it = groups_.find(group_rows_.size() - 1)) {
@@ -929,8 +929,8 @@ uint64_t LmDataset::GroupHolding(bool by_rows, uint64_t value) const {
          1;
 }
 
-void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
-                          std::vector<BlendPick>* picks) const {
+uint64_t LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
+                              std::vector<BlendPick>* picks) const {
   pieces->clear();
   picks->clear();
   // The row's first group: placed and found under a shared lock. Packed here only at a
@@ -944,19 +944,21 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
   // rows, most in the group of the row before (hundreds of rows a group), and finds it here
   // with no lock, search or lookup (a fifth of a best_fit row's time in lm_rows_bench). Placed
   // groups never move, so a hint of this dataset's holds until ResetCaches renames them;
-  // the workers were told of the group at its first row. It keeps one group alive a thread
-  // past its eviction.
+  // the workers were told of the group at its first row. Weak: a group evicted, or of a
+  // feed closed, is freed as it would be without the hint (the read threads outlive every
+  // feed; each holding a group of long documents would be gigabytes no budget counts).
   struct Hint {
     uint64_t groups_id = 0, g = 0, start = 0, end = 0;
-    std::shared_ptr<const Group> group;
+    std::weak_ptr<const Group> group;
   };
   thread_local Hint hint;
   const uint64_t groups_id = groups_id_.load(std::memory_order_relaxed);
   if (hint.groups_id == groups_id && value >= hint.start && value < hint.end) {
     g = hint.g;
     start = hint.start;
-    group = hint.group;
-  } else {
+    group = hint.group.lock();
+  }
+  if (group == nullptr) {
     uint64_t end;
     bool behind;
     while (true) {
@@ -1012,6 +1014,7 @@ void LmDataset::RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
       group = GroupAt(g);
     }
   }
+  return g;
 }
 
 uint64_t LmDataset::ChangePoint(uint64_t row) const {
@@ -1091,10 +1094,10 @@ absl::StatusOr<uint64_t> LmDataset::ReadSampleAt(uint64_t id, const SampleContex
   // Per thread, reused: a row allocates nothing.
   thread_local std::vector<PackPiece> pieces;
   thread_local std::vector<BlendPick> picks;
-  RowPieces(row, &pieces, &picks);
-  // The tables grew since they were last charged (geometrically: a few rows in a run's life).
-  if (tables_bytes_.load(std::memory_order_relaxed) >
-      tables_charged_.load(std::memory_order_relaxed)) {
+  const uint64_t last_group = RowPieces(row, &pieces, &picks);
+  // A row in a group past the tables charged (they grow geometrically: a few rows in a run's
+  // life) charges them as grown; each table holds an entry more than the groups placed.
+  if ((last_group + 2) * 2 * sizeof(uint64_t) > tables_charged_.load(std::memory_order_relaxed)) {
     const bool by_rows = pack_ == PackMode::kBestFit;
     GPUFEED_RETURN_IF_ERROR(ChargeTables(by_rows, by_rows ? row : row * seq_len_));
   }

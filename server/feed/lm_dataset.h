@@ -171,9 +171,10 @@ class LmDataset final : public Dataset {
 
   // Stream row `row`'s pieces (each piece's `document` is its pick's index in the stream)
   // and their picks, into `pieces` and `picks` (cleared first). Wakes the ahead workers when
-  // the groups after the row's are not all packed or being packed.
-  void RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
-                 std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
+  // the groups after the row's are not all packed or being packed. Returns the last group
+  // the row reads (concat: a row may run into the next).
+  uint64_t RowPieces(uint64_t row, std::vector<PackPiece>* pieces,
+                     std::vector<BlendPick>* picks) const ABSL_LOCKS_EXCLUDED(mu_);
   // Pick t of the stream, from its chunk (filled once, by one thread; others wait for it).
   BlendPick PickAt(uint64_t t) const ABSL_LOCKS_EXCLUDED(chunk_mu_);
   // Chunk c of picks: kept, or filled by this thread, or waited for while another fills it.
@@ -264,10 +265,10 @@ class LmDataset final : public Dataset {
   std::unique_ptr<ByteBudget::Charge> charge_ ABSL_PT_GUARDED_BY(charge_mu_);
   mutable absl::Mutex charge_mu_;
   uint64_t open_charge_ = 0;
-  // The prefix tables' bytes as allocated (set where they grow, KeepLocked) and as charged
-  // (ChargeTables): a row that finds them apart charges the growth, so that a feed read for
-  // days, not only a far Reach, stays within its share (16 bytes a group placed).
-  mutable std::atomic<uint64_t> tables_bytes_{0};
+  // The prefix tables' bytes as charged (ChargeTables): a row in a group past what they
+  // cover (16 bytes a group) charges the tables as grown, so that a feed read for days, not
+  // only a far Reach, stays within its share; a refusal fails only rows past the charge (a
+  // far Attach refused leaves the feed's running sessions reading).
   mutable std::atomic<uint64_t> tables_charged_{0};
   // Names this dataset's placed groups to RowPieces' per-thread hint (the group of the row
   // a thread read last): unique in the process, renewed when ResetCaches forgets them.

@@ -75,6 +75,17 @@ struct Row {
   bool operator==(const Row&) const = default;
 };
 
+// One row read into buffers of its own: the status ReadSampleAt gave.
+absl::StatusOr<uint64_t> ReadRowStatus(const LmDataset& d, uint64_t id, int64_t epoch) {
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<std::span<std::byte>> rows;
+  for (const auto& t : d.tensors()) {
+    buffers.emplace_back(t.byte_size);
+    rows.emplace_back(buffers.back());
+  }
+  return d.ReadSampleAt(id, SampleContext{0, epoch}, rows);
+}
+
 Row ReadRow(const LmDataset& d, uint64_t id, int64_t epoch = 0) {
   const uint64_t width = d.tensors().front().shape.front();
   Row r;
@@ -698,6 +709,7 @@ TEST(LmDatasetTest, RowsOfFeedsReadInTurnOnOneThreadAreEachFeedsOwn) {
       ASSERT_EQ(read(*open_now[k], r), alone[k][r]) << "feed " << k << " row " << r;
     }
   }
+  ASSERT_EQ(read(*open_now[0], kRows - 1), alone[0][kRows - 1]);  // the hint: feed 0's group
   open_now[0].reset();
   open_now[0] = open(1);  // seed 3 where seed 2 was, read from the row this thread read last
   for (uint64_t r = kRows - 1; r < kRows; --r) {
@@ -874,6 +886,14 @@ TEST(LmDatasetTest, AFarReachChargesThePlacedGroupsTablesToTheIndexBudget) {
                                                     "the packed stream) need "));
   EXPECT_THAT(std::string(far.message()), HasSubstr("max_index_bytes_per_uid 1048576"));
   EXPECT_LE(budget->used_by(1001), uint64_t{1} << 20);
+  // The far Attach refused, the feed's sessions reading near the start read on: their rows'
+  // groups are within the tables charged (a review: the tables grown past their charge
+  // failed every row of the feed from then on).
+  const uint64_t n = (*d)->num_samples();
+  for (uint64_t r = 0; r < 10'000; r += 7) {
+    absl::StatusOr<uint64_t> got = ReadRowStatus(**d, r % n, static_cast<int64_t>(r / n));
+    ASSERT_TRUE(got.ok()) << "row " << r << ": " << got.status();
+  }
   d->reset();
   EXPECT_EQ(budget->used_by(1001), 0u);
 }
@@ -893,18 +913,10 @@ TEST(LmDatasetTest, TablesGrownByReadingAreChargedToTheIndexBudget) {
       budget->Take(1001, (uint64_t{1} << 20) - opened - (32 << 10), "the rest");
   ASSERT_TRUE(rest.ok()) << rest.status();
   const uint64_t n = (*d)->num_samples();
-  const uint64_t width = (*d)->tensors().front().shape.front();
-  const uint64_t cu_width = (*d)->tensors()[3].shape.front();
-  std::vector<int32_t> tokens(width), positions(width), cu(cu_width);
-  std::vector<uint8_t> mask(width);
-  const std::vector<std::span<std::byte>> rows = {
-      std::as_writable_bytes(std::span(tokens)), std::as_writable_bytes(std::span(positions)),
-      std::as_writable_bytes(std::span(mask)), std::as_writable_bytes(std::span(cu))};
   absl::Status failed;
   uint64_t r = 0;
   for (; r < 200'000 && failed.ok(); ++r) {
-    failed =
-        (*d)->ReadSampleAt(r % n, SampleContext{0, static_cast<int64_t>(r / n)}, rows).status();
+    failed = ReadRowStatus(**d, r % n, static_cast<int64_t>(r / n)).status();
   }
   EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed << " at row " << r;
   EXPECT_THAT(std::string(failed.message()), HasSubstr(" placed groups (reaching row "));
